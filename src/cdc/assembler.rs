@@ -1,0 +1,350 @@
+//! Turns pgoutput messages into ordered change events.
+//!
+//! Ordinary transactions arrive whole, after their commit, and pass through
+//! one message at a time. Streamed transactions (protocol 2, `streaming
+//! on`) arrive in chunks between Stream Start and Stream Stop, interleaved
+//! with other transactions, before anyone knows whether they commit. Their
+//! messages are spooled to an anonymous temporary file, so memory stays
+//! flat, and replayed in order at Stream Commit; Stream Abort discards the
+//! spool, or only the aborted subtransaction's messages.
+//!
+//! Relation messages inside a stream belong to that transaction's view of
+//! the table: they are spooled too and applied during the replay, which is
+//! also what the server assumes once the stream commits.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
+
+use super::event::{BeforeImage, Change, Event, ImageKind, Op, TxInfo};
+use super::relation::{Catalog, RelationCache, RelationInfo, TupleRole};
+use super::temporal::pg_micros_to_unix;
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::lsn::Lsn;
+use crate::pg::pgoutput::{Decoder, Message, OldTupleKind};
+
+/// Spooled messages of one streamed top-level transaction.
+struct Spool {
+    writer: BufWriter<tokio::fs::File>,
+    /// Subtransactions rolled back while streaming: their messages are skipped.
+    aborted: HashSet<u32>,
+    messages: u64,
+}
+
+impl Spool {
+    fn create() -> Result<Spool> {
+        let file = tempfile::tempfile().map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                "cannot create a spool file for a streamed transaction",
+            )
+            .with_source(e)
+        })?;
+        Ok(Spool {
+            writer: BufWriter::new(tokio::fs::File::from_std(file)),
+            aborted: HashSet::new(),
+            messages: 0,
+        })
+    }
+
+    /// Frame: wal_start u64, subxid u32, length u32, payload.
+    async fn append(&mut self, lsn: Lsn, subxid: u32, payload: &[u8]) -> Result<()> {
+        let len = u32::try_from(payload.len())
+            .map_err(|_| Error::new(ErrorKind::Protocol, "a streamed message exceeds 4 GiB"))?;
+        self.writer.write_u64(lsn.0).await?;
+        self.writer.write_u32(subxid).await?;
+        self.writer.write_u32(len).await?;
+        self.writer.write_all(payload).await?;
+        self.messages += 1;
+        Ok(())
+    }
+
+    async fn into_replay(mut self, tx: TxInfo, end_lsn: Lsn) -> Result<Replay> {
+        self.writer.flush().await?;
+        let mut file = self.writer.into_inner();
+        file.rewind().await?;
+        Ok(Replay {
+            reader: BufReader::new(file),
+            remaining: self.messages,
+            aborted: self.aborted,
+            decoder: Decoder::streamed(),
+            tx,
+            end_lsn,
+            seq: 0,
+        })
+    }
+}
+
+/// A committed streamed transaction being read back from its spool.
+struct Replay {
+    reader: BufReader<tokio::fs::File>,
+    remaining: u64,
+    aborted: HashSet<u32>,
+    decoder: Decoder,
+    tx: TxInfo,
+    end_lsn: Lsn,
+    seq: u64,
+}
+
+/// The transaction whose messages are passing through now.
+struct OpenTx {
+    tx: TxInfo,
+    seq: u64,
+}
+
+pub struct Assembler {
+    decoder: Decoder,
+    catalog: Catalog,
+    relations: RelationCache,
+    open: Option<OpenTx>,
+    /// The top-level xid of the open Stream Start/Stop block.
+    streaming: Option<u32>,
+    spools: HashMap<u32, Spool>,
+    replay: Option<Replay>,
+    ready: VecDeque<Event>,
+}
+
+impl Assembler {
+    pub fn new(catalog: Catalog) -> Assembler {
+        Assembler {
+            decoder: Decoder::new(),
+            catalog,
+            relations: RelationCache::default(),
+            open: None,
+            streaming: None,
+            spools: HashMap::new(),
+            replay: None,
+            ready: VecDeque::new(),
+        }
+    }
+
+    /// True between transactions, with nothing spooled or pending: a
+    /// keepalive's position may then be confirmed.
+    pub fn is_idle(&self) -> bool {
+        self.open.is_none()
+            && self.spools.is_empty()
+            && self.replay.is_none()
+            && self.ready.is_empty()
+    }
+
+    /// Takes one XLogData payload.
+    pub async fn push(&mut self, wal_start: Lsn, payload: Bytes) -> Result<()> {
+        let message = self
+            .decoder
+            .decode(payload.clone())
+            .map_err(|e| Error::from(e).with_context("lsn", wal_start))?;
+        match message {
+            Message::Begin(b) => {
+                if self.open.is_some() {
+                    return Err(out_of_order("Begin inside an open transaction", wal_start));
+                }
+                let tx = TxInfo {
+                    xid: b.xid,
+                    commit_lsn: b.final_lsn,
+                    commit_ts: pg_micros_to_unix(b.commit_ts),
+                };
+                self.open = Some(OpenTx { tx, seq: 0 });
+                self.ready.push_back(Event::Begin(tx));
+            }
+            Message::Commit(c) => {
+                let open = self
+                    .open
+                    .take()
+                    .ok_or_else(|| out_of_order("Commit without Begin", wal_start))?;
+                self.ready.push_back(Event::Commit {
+                    tx: open.tx,
+                    end_lsn: c.end_lsn,
+                });
+            }
+            Message::StreamStart(s) => {
+                self.streaming = Some(s.xid);
+                if !self.spools.contains_key(&s.xid) {
+                    self.spools.insert(s.xid, Spool::create()?);
+                }
+            }
+            Message::StreamStop => self.streaming = None,
+            Message::StreamAbort(a) => {
+                if a.xid == a.subxid {
+                    self.spools.remove(&a.xid);
+                } else if let Some(spool) = self.spools.get_mut(&a.xid) {
+                    spool.aborted.insert(a.subxid);
+                }
+            }
+            Message::StreamCommit { xid, commit } => {
+                let spool = self.spools.remove(&xid).ok_or_else(|| {
+                    out_of_order("Stream Commit of a transaction never streamed", wal_start)
+                })?;
+                let tx = TxInfo {
+                    xid,
+                    commit_lsn: commit.commit_lsn,
+                    commit_ts: pg_micros_to_unix(commit.commit_ts),
+                };
+                self.ready.push_back(Event::Begin(tx));
+                self.replay = Some(spool.into_replay(tx, commit.end_lsn).await?);
+            }
+            Message::Relation(Some(subxid), _)
+            | Message::Type(Some(subxid), _)
+            | Message::Insert(Some(subxid), _)
+            | Message::Update(Some(subxid), _)
+            | Message::Delete(Some(subxid), _)
+            | Message::Truncate(Some(subxid), _)
+            | Message::Message(Some(subxid), _) => {
+                let top = self.streaming.ok_or_else(|| {
+                    out_of_order("a streamed change outside a stream block", wal_start)
+                })?;
+                let spool = self
+                    .spools
+                    .get_mut(&top)
+                    .expect("Stream Start created the spool");
+                spool.append(wal_start, subxid, &payload).await?;
+            }
+            Message::Origin { .. } | Message::Type(None, _) => {}
+            other => {
+                let mut open = self.open.take();
+                let result = self
+                    .apply(other, open.as_mut().map(|o| (o.tx, &mut o.seq)), wal_start)
+                    .await;
+                self.open = open;
+                result?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The next event, if one is ready; `None` means: push more.
+    pub async fn next_event(&mut self) -> Result<Option<Event>> {
+        loop {
+            if let Some(event) = self.ready.pop_front() {
+                return Ok(Some(event));
+            }
+            let Some(mut replay) = self.replay.take() else {
+                return Ok(None);
+            };
+            if replay.remaining == 0 {
+                self.ready.push_back(Event::Commit {
+                    tx: replay.tx,
+                    end_lsn: replay.end_lsn,
+                });
+                continue;
+            }
+            replay.remaining -= 1;
+            let lsn = Lsn(replay.reader.read_u64().await?);
+            let subxid = replay.reader.read_u32().await?;
+            let len = replay.reader.read_u32().await? as usize;
+            let mut payload = vec![0u8; len];
+            replay.reader.read_exact(&mut payload).await?;
+            if !replay.aborted.contains(&subxid) {
+                let message = replay
+                    .decoder
+                    .decode(Bytes::from(payload))
+                    .map_err(|e| Error::from(e).with_context("lsn", lsn))?;
+                let tx = replay.tx;
+                let result = self.apply(message, Some((tx, &mut replay.seq)), lsn).await;
+                if result.is_err() {
+                    return result.map(|()| None);
+                }
+            }
+            self.replay = Some(replay);
+        }
+    }
+
+    /// Applies a relation or change message of the transaction `tx`.
+    async fn apply(
+        &mut self,
+        message: Message,
+        tx: Option<(TxInfo, &mut u64)>,
+        lsn: Lsn,
+    ) -> Result<()> {
+        if let Message::Relation(_, rel) = message {
+            let relation = self.catalog.relation_from_message(rel).await?;
+            self.relations.insert(relation);
+            return Ok(());
+        }
+        if let Message::Type(..) = message {
+            return Ok(());
+        }
+        if let Message::Message(_, m) = message {
+            self.ready.push_back(Event::Message {
+                tx: if m.transactional {
+                    tx.map(|(t, _)| t)
+                } else {
+                    None
+                },
+                lsn: m.lsn,
+                prefix: m.prefix,
+                content: m.content.to_vec(),
+            });
+            return Ok(());
+        }
+        let (tx, seq) = tx.ok_or_else(|| out_of_order("a change outside a transaction", lsn))?;
+        let mut emit = |relation: Arc<RelationInfo>, op, before, after, truncate_options| {
+            self.ready.push_back(Event::Change(Change {
+                op,
+                relation,
+                tx,
+                seq: *seq,
+                lsn,
+                before,
+                after,
+                truncate_options,
+            }));
+            *seq += 1;
+        };
+        match message {
+            Message::Insert(_, m) => {
+                let relation = self.relations.get(m.relation_oid, lsn)?;
+                let after = relation.decode_tuple(m.new, TupleRole::Complete, lsn)?;
+                emit(relation, Op::Insert, None, Some(after), 0);
+            }
+            Message::Update(_, m) => {
+                let relation = self.relations.get(m.relation_oid, lsn)?;
+                let before = match m.old {
+                    Some((kind, old)) => Some(before_image(&relation, kind, old, lsn)?),
+                    None => None,
+                };
+                let after = relation.decode_tuple(m.new, TupleRole::Complete, lsn)?;
+                emit(relation, Op::Update, before, Some(after), 0);
+            }
+            Message::Delete(_, m) => {
+                let relation = self.relations.get(m.relation_oid, lsn)?;
+                let before = before_image(&relation, m.old_kind, m.old, lsn)?;
+                emit(relation, Op::Delete, Some(before), None, 0);
+            }
+            Message::Truncate(_, m) => {
+                for oid in m.relation_oids {
+                    let relation = self.relations.get(oid, lsn)?;
+                    emit(relation, Op::Truncate, None, None, m.options);
+                }
+            }
+            _ => {
+                return Err(out_of_order(
+                    "a transaction-control message inside a replayed stream",
+                    lsn,
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn before_image(
+    relation: &RelationInfo,
+    kind: OldTupleKind,
+    old: Vec<crate::pg::pgoutput::TupleValue>,
+    lsn: Lsn,
+) -> Result<BeforeImage> {
+    let (kind, role) = match kind {
+        OldTupleKind::Key => (ImageKind::Key, TupleRole::KeyOnly),
+        OldTupleKind::Full => (ImageKind::Full, TupleRole::Complete),
+    };
+    Ok(BeforeImage {
+        kind,
+        row: relation.decode_tuple(old, role, lsn)?,
+    })
+}
+
+fn out_of_order(what: &str, lsn: Lsn) -> Error {
+    Error::new(ErrorKind::Protocol, format!("the server sent {what}")).with_context("lsn", lsn)
+}

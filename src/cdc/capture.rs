@@ -1,0 +1,209 @@
+//! Opening a capture: preflight, publication, slot, then either an initial
+//! load followed by streaming (new slot) or streaming where the slot left
+//! off (existing slot).
+
+use std::sync::Arc;
+
+use super::assembler::Assembler;
+use super::relation::Catalog;
+use super::snapshot::SnapshotLoad;
+use super::stream::ChangeStream;
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::config::PgConfig;
+use crate::pg::conn::ReplicationConnection;
+use crate::pg::lsn::Lsn;
+use crate::pg::replication::StartOptions;
+use crate::pg::source::{self, CheckFailure, SourceClient, TableName};
+
+/// Default names; one slot and one publication per wal2iceberg pipeline.
+pub const DEFAULT_SLOT: &str = "wal2iceberg";
+pub const DEFAULT_PUBLICATION: &str = "wal2iceberg";
+
+#[derive(Debug, Clone)]
+pub struct CaptureOptions {
+    pub tables: Vec<TableName>,
+    pub slot: String,
+    pub publication: String,
+    /// pgoutput protocol version, 1 or 2.
+    pub proto_version: u32,
+    /// Stream large transactions before they commit (needs version 2).
+    pub streaming: bool,
+    /// Also deliver logical decoding messages.
+    pub messages: bool,
+    /// Create the slot as TEMPORARY (dropped when the connection closes).
+    pub temporary_slot: bool,
+}
+
+impl CaptureOptions {
+    pub fn new(tables: Vec<TableName>) -> CaptureOptions {
+        CaptureOptions {
+            tables,
+            slot: DEFAULT_SLOT.to_owned(),
+            publication: DEFAULT_PUBLICATION.to_owned(),
+            proto_version: 2,
+            streaming: false,
+            messages: true,
+            temporary_slot: false,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        let config_error = |m: String| Err(Error::new(ErrorKind::Config, m));
+        if self.tables.is_empty() {
+            return config_error("no tables given: name at least one schema.table".into());
+        }
+        if !(1..=2).contains(&self.proto_version) {
+            return config_error(format!(
+                "proto_version {} is not supported: use 1 or 2",
+                self.proto_version
+            ));
+        }
+        if self.streaming && self.proto_version < 2 {
+            return config_error("streaming needs proto_version 2".into());
+        }
+        for (what, name) in [("slot", &self.slot), ("publication", &self.publication)] {
+            let valid = !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+            if !valid {
+                return config_error(format!(
+                    "{what} name {name:?} must be 1 to 63 characters of a-z, 0-9 and _"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a capture starts.
+pub enum Capture {
+    /// The slot was just created: load first, then stream.
+    Fresh {
+        load: SnapshotLoad,
+        pending: PendingStream,
+    },
+    /// The slot existed: stream from its confirmed position.
+    Resume(ChangeStream),
+}
+
+/// A replication connection waiting, idle, until the initial load is done.
+pub struct PendingStream {
+    connection: ReplicationConnection,
+    start: StartOptions,
+    catalog: Catalog,
+}
+
+impl PendingStream {
+    /// Starts streaming at the consistent point. Call after the load has
+    /// been read to its end: this ends the exported snapshot.
+    pub async fn start(self) -> Result<ChangeStream> {
+        start_stream(self.connection, self.start, self.catalog).await
+    }
+}
+
+/// Preflight failures as one error listing each problem and its fix.
+pub fn preflight_error(failures: &[CheckFailure]) -> Error {
+    let list = failures
+        .iter()
+        .map(|f| format!("\n  {f}"))
+        .collect::<String>();
+    Error::new(
+        ErrorKind::Preflight,
+        format!("the source is not ready for replication:{list}"),
+    )
+}
+
+/// Runs the preflight checks; every failure is reported at once.
+pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<CheckFailure>> {
+    options.validate()?;
+    let client = SourceClient::connect(config).await?;
+    source::preflight(
+        &client,
+        &options.tables,
+        &options.slot,
+        &options.publication,
+    )
+    .await
+}
+
+pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture> {
+    options.validate()?;
+    let client = Arc::new(SourceClient::connect(config).await?);
+    let failures = source::preflight(
+        &client,
+        &options.tables,
+        &options.slot,
+        &options.publication,
+    )
+    .await?;
+    if !failures.is_empty() {
+        return Err(preflight_error(&failures));
+    }
+    source::ensure_publication(&client, &options.publication, &options.tables).await?;
+    let existing = source::slot_info(&client, &options.slot).await?;
+    let catalog = Catalog::new(client);
+    let mut connection = ReplicationConnection::connect(config).await?;
+    let start = StartOptions {
+        slot: options.slot.clone(),
+        start_lsn: Lsn::ZERO,
+        proto_version: options.proto_version,
+        publications: vec![options.publication.clone()],
+        messages: options.messages,
+        streaming: options.streaming,
+    };
+    if let Some(info) = existing {
+        tracing::info!(
+            slot = %options.slot,
+            confirmed_flush_lsn = %info.confirmed_flush_lsn.unwrap_or_default(),
+            "resuming from the existing slot"
+        );
+        return Ok(Capture::Resume(
+            start_stream(connection, start, catalog).await?,
+        ));
+    }
+    let created = connection
+        .create_slot(&options.slot, options.temporary_slot)
+        .await?;
+    tracing::info!(
+        slot = %created.slot_name,
+        consistent_point = %created.consistent_point,
+        "created replication slot; starting the initial load"
+    );
+    let load_client = SourceClient::connect(config).await?;
+    let load_catalog = Catalog::new(catalog.client().clone());
+    let load = SnapshotLoad::begin(
+        load_client,
+        load_catalog,
+        &created.snapshot_name,
+        created.consistent_point,
+        options.tables.clone(),
+    )
+    .await?;
+    Ok(Capture::Fresh {
+        load,
+        pending: PendingStream {
+            connection,
+            start: StartOptions {
+                start_lsn: created.consistent_point,
+                ..start
+            },
+            catalog,
+        },
+    })
+}
+
+async fn start_stream(
+    connection: ReplicationConnection,
+    start: StartOptions,
+    catalog: Catalog,
+) -> Result<ChangeStream> {
+    let start_lsn = start.start_lsn;
+    let replication = connection.start_replication(&start).await?;
+    Ok(ChangeStream::new(
+        replication,
+        Assembler::new(catalog),
+        start_lsn,
+    ))
+}

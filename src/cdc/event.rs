@@ -1,0 +1,199 @@
+//! Change events: what the rest of the program consumes.
+//!
+//! A transaction arrives as `Begin`, its changes in commit order, then
+//! `Commit`, one event at a time, so a transaction of any size streams
+//! through in flat memory. Rows of the initial load are changes with op
+//! [`Op::Read`] inside one snapshot "transaction" at the slot's consistent
+//! point. `(commit_lsn, seq)` identifies a change uniquely; the change's own
+//! LSN does not (rows of one multi-row insert can share it).
+
+use std::sync::Arc;
+
+use serde_json::{Map, json};
+
+use super::relation::RelationInfo;
+use super::temporal;
+use super::value::Value;
+use crate::pg::lsn::Lsn;
+
+/// The kind of change, with the codes of the bronze `_cdc_op` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `r`: a row of the initial load.
+    Read,
+    /// `c`: an insert.
+    Insert,
+    /// `u`: an update.
+    Update,
+    /// `d`: a delete.
+    Delete,
+    /// `t`: a truncate of the relation.
+    Truncate,
+}
+
+impl Op {
+    pub fn code(self) -> &'static str {
+        match self {
+            Op::Read => "r",
+            Op::Insert => "c",
+            Op::Update => "u",
+            Op::Delete => "d",
+            Op::Truncate => "t",
+        }
+    }
+}
+
+/// One column of a row image.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Datum {
+    /// The value (possibly SQL NULL).
+    Value(Value),
+    /// A TOASTed value the update did not change; the server did not send
+    /// it. Its value is the one the row had before.
+    UnchangedToast,
+    /// A column a key-only before image does not carry.
+    NotSent,
+}
+
+/// A before image: complete (REPLICA IDENTITY FULL) or the key only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    Key,
+    Full,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BeforeImage {
+    pub kind: ImageKind,
+    pub row: Vec<Datum>,
+}
+
+/// The transaction a change belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxInfo {
+    /// 0 for the snapshot of the initial load.
+    pub xid: u32,
+    /// The LSN of the commit record (the consistent point for the load).
+    pub commit_lsn: Lsn,
+    /// Microseconds since the Unix epoch, UTC.
+    pub commit_ts: i64,
+}
+
+/// One row change.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub op: Op,
+    pub relation: Arc<RelationInfo>,
+    pub tx: TxInfo,
+    /// Ordinal within the transaction, from 0.
+    pub seq: u64,
+    /// The WAL position of the change itself (the commit LSN for loads).
+    pub lsn: Lsn,
+    /// Updates and deletes, when the server sent an old tuple.
+    pub before: Option<BeforeImage>,
+    /// Reads, inserts and updates.
+    pub after: Option<Vec<Datum>>,
+    /// Truncates: the CASCADE and RESTART IDENTITY flags as sent.
+    pub truncate_options: u8,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    Begin(TxInfo),
+    Change(Change),
+    /// A logical decoding message (`pg_logical_emit_message`); `tx` is set
+    /// for transactional ones.
+    Message {
+        tx: Option<TxInfo>,
+        lsn: Lsn,
+        prefix: String,
+        content: Vec<u8>,
+    },
+    Commit {
+        tx: TxInfo,
+        /// The position to confirm once this transaction is durable.
+        end_lsn: Lsn,
+    },
+}
+
+impl Event {
+    /// One JSON object per event, as `wal2iceberg tail` prints it.
+    pub fn to_json(&self) -> serde_json::Value {
+        let tx_json = |tx: &TxInfo| {
+            json!({
+                "xid": tx.xid,
+                "commit_lsn": tx.commit_lsn.to_string(),
+                "commit_ts": temporal::format_timestamp_utc(tx.commit_ts),
+            })
+        };
+        match self {
+            Event::Begin(tx) => json!({"event": "begin", "tx": tx_json(tx)}),
+            Event::Commit { tx, end_lsn } => {
+                json!({"event": "commit", "tx": tx_json(tx), "end_lsn": end_lsn.to_string()})
+            }
+            Event::Message {
+                tx,
+                lsn,
+                prefix,
+                content,
+            } => json!({
+                "event": "message",
+                "xid": tx.map(|t| t.xid),
+                "lsn": lsn.to_string(),
+                "prefix": prefix,
+                "content": String::from_utf8_lossy(content),
+            }),
+            Event::Change(c) => {
+                let mut out = Map::new();
+                out.insert("event".into(), json!("change"));
+                out.insert("op".into(), json!(c.op.code()));
+                out.insert("table".into(), json!(c.relation.name.to_string()));
+                out.insert("commit_lsn".into(), json!(c.tx.commit_lsn.to_string()));
+                out.insert("seq".into(), json!(c.seq));
+                out.insert("lsn".into(), json!(c.lsn.to_string()));
+                out.insert("xid".into(), json!(c.tx.xid));
+                if let Some(before) = &c.before {
+                    out.insert(
+                        "before_kind".into(),
+                        json!(match before.kind {
+                            ImageKind::Key => "key",
+                            ImageKind::Full => "full",
+                        }),
+                    );
+                    out.insert("before".into(), row_json(&c.relation, &before.row));
+                }
+                if let Some(after) = &c.after {
+                    out.insert("after".into(), row_json(&c.relation, after));
+                }
+                if c.op == Op::Truncate {
+                    out.insert("truncate_options".into(), json!(c.truncate_options));
+                }
+                serde_json::Value::Object(out)
+            }
+        }
+    }
+}
+
+/// A row as a JSON object; columns not sent are left out and listed, by
+/// name, under `_unchanged_toast` or `_not_sent`, never filled in.
+fn row_json(relation: &RelationInfo, row: &[Datum]) -> serde_json::Value {
+    let mut out = Map::new();
+    let mut unchanged = Vec::new();
+    let mut not_sent = Vec::new();
+    for (column, datum) in relation.columns.iter().zip(row) {
+        match datum {
+            Datum::Value(v) => {
+                out.insert(column.name.clone(), v.to_json());
+            }
+            Datum::UnchangedToast => unchanged.push(column.name.clone()),
+            Datum::NotSent => not_sent.push(column.name.clone()),
+        }
+    }
+    if !unchanged.is_empty() {
+        out.insert("_unchanged_toast".into(), json!(unchanged));
+    }
+    if !not_sent.is_empty() {
+        out.insert("_not_sent".into(), json!(not_sent));
+    }
+    serde_json::Value::Object(out)
+}

@@ -1,0 +1,18 @@
+//! The change-data-capture domain.
+//!
+//! - `value`, `temporal`: typed values from PostgreSQL's text output.
+//! - `relation`: relation descriptions, their cache and catalog look-ups.
+//! - `event`: transactions and row changes as the rest of the program sees them.
+//! - `assembler`: pgoutput messages to events, streamed transactions spooled.
+//! - `snapshot`: the initial load from the slot's exported snapshot.
+//! - `stream`: the running change stream and its confirmation rules.
+//! - `capture`: preflight, publication and slot, then load or resume.
+
+pub mod assembler;
+pub mod capture;
+pub mod event;
+pub mod relation;
+pub mod snapshot;
+pub mod stream;
+pub mod temporal;
+pub mod value;

@@ -1,0 +1,250 @@
+//! Relations as the change stream knows them, the cache that keeps them by
+//! OID, and the catalog look-ups that complete what pgoutput sends.
+//!
+//! A Relation message carries column names, type OIDs and the replica
+//! identity flags, but not the primary key (under REPLICA IDENTITY FULL
+//! every column is flagged) and not what a user-defined type is. Both come
+//! from the catalog, read when the Relation message arrives. The server
+//! sends the message again after the table's definition changed; the cache
+//! entry is then replaced, and changes already emitted keep the `Arc` of the
+//! definition they were decoded with.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::event::Datum;
+use super::value::PgType;
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::lsn::Lsn;
+use crate::pg::pgoutput::{self, TupleValue};
+use crate::pg::source::{self, CatalogTable, SourceClient, TableName};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ColumnInfo {
+    pub name: String,
+    pub type_oid: u32,
+    pub type_modifier: i32,
+    pub pg_type: PgType,
+    /// Part of the replica identity: sent in a key-only before image.
+    pub is_identity_key: bool,
+    pub is_primary_key: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelationInfo {
+    pub oid: u32,
+    pub name: TableName,
+    /// `relreplident`: `d` default, `n` nothing, `f` full, `i` index.
+    pub replica_identity: u8,
+    pub columns: Vec<ColumnInfo>,
+}
+
+/// How a tuple is to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TupleRole {
+    /// A new tuple, or a complete old one.
+    Complete,
+    /// A key-only old tuple: non-key columns arrive as `n` but were not sent.
+    KeyOnly,
+}
+
+impl RelationInfo {
+    /// Decodes a pgoutput tuple into a row of this relation.
+    pub fn decode_tuple(
+        &self,
+        values: Vec<TupleValue>,
+        role: TupleRole,
+        lsn: Lsn,
+    ) -> Result<Vec<Datum>> {
+        if values.len() != self.columns.len() {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!(
+                    "tuple has {} columns, the relation has {}",
+                    values.len(),
+                    self.columns.len()
+                ),
+            )
+            .with_context("table", &self.name)
+            .with_context("lsn", lsn));
+        }
+        values
+            .into_iter()
+            .zip(&self.columns)
+            .map(|(value, column)| match value {
+                TupleValue::Null if role == TupleRole::KeyOnly && !column.is_identity_key => {
+                    Ok(Datum::NotSent)
+                }
+                TupleValue::Null => Ok(Datum::Value(super::value::Value::Null)),
+                TupleValue::UnchangedToast => Ok(Datum::UnchangedToast),
+                TupleValue::Text(bytes) => {
+                    let text = std::str::from_utf8(&bytes).map_err(|e| {
+                        self.decode_error(column, lsn, "the value is not valid UTF-8")
+                            .with_source(e)
+                    })?;
+                    self.parse_text(column, text, lsn).map(Datum::Value)
+                }
+                TupleValue::Binary(_) => Err(self.decode_error(
+                    column,
+                    lsn,
+                    "the server sent a binary value, which we did not request",
+                )),
+            })
+            .collect()
+    }
+
+    /// Decodes one field of the initial load (`None` is NULL).
+    pub fn decode_copy_row(&self, fields: Vec<Option<String>>, lsn: Lsn) -> Result<Vec<Datum>> {
+        fields
+            .into_iter()
+            .zip(&self.columns)
+            .map(|(field, column)| match field {
+                None => Ok(Datum::Value(super::value::Value::Null)),
+                Some(text) => self.parse_text(column, &text, lsn).map(Datum::Value),
+            })
+            .collect()
+    }
+
+    fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<super::value::Value> {
+        column.pg_type.parse(text).map_err(|e| {
+            self.decode_error(column, lsn, "cannot decode a value")
+                .with_source(e)
+        })
+    }
+
+    fn decode_error(&self, column: &ColumnInfo, lsn: Lsn, message: &str) -> Error {
+        Error::new(ErrorKind::Decode, message.to_owned())
+            .with_context("table", &self.name)
+            .with_context("column", &column.name)
+            .with_context("lsn", lsn)
+    }
+}
+
+/// Resolves types and keys through the source's catalog, caching types.
+pub struct Catalog {
+    client: Arc<SourceClient>,
+    types: HashMap<u32, PgType>,
+}
+
+/// Domains over domains over arrays...: a bound against a cyclic catalog.
+const MAX_TYPE_DEPTH: usize = 16;
+
+impl Catalog {
+    pub fn new(client: Arc<SourceClient>) -> Catalog {
+        Catalog {
+            client,
+            types: HashMap::new(),
+        }
+    }
+
+    pub fn client(&self) -> &Arc<SourceClient> {
+        &self.client
+    }
+
+    /// The decoding of a type: built-ins directly; domains as their base
+    /// type, enums as labels, arrays by element; anything else as text.
+    pub async fn resolve_type(&mut self, oid: u32) -> Result<PgType> {
+        self.resolve_type_at(oid, 0).await
+    }
+
+    async fn resolve_type_at(&mut self, oid: u32, depth: usize) -> Result<PgType> {
+        if let Some(t) = PgType::builtin(oid) {
+            return Ok(t);
+        }
+        if let Some(t) = self.types.get(&oid) {
+            return Ok(t.clone());
+        }
+        let resolved = match source::describe_type(&self.client, oid).await? {
+            _ if depth >= MAX_TYPE_DEPTH => PgType::Unknown,
+            None => PgType::Unknown,
+            Some(t) if t.typtype == b'd' => {
+                Box::pin(self.resolve_type_at(t.base_type, depth + 1)).await?
+            }
+            Some(t) if t.typtype == b'e' => PgType::Enum,
+            Some(t) if t.category == b'A' && t.element_type != 0 => PgType::Array(Box::new(
+                Box::pin(self.resolve_type_at(t.element_type, depth + 1)).await?,
+            )),
+            Some(_) => PgType::Unknown,
+        };
+        self.types.insert(oid, resolved.clone());
+        Ok(resolved)
+    }
+
+    /// The relation a pgoutput Relation message describes.
+    pub async fn relation_from_message(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
+        let primary_key = source::primary_key(&self.client, rel.oid).await?;
+        let mut columns = Vec::with_capacity(rel.columns.len());
+        for c in rel.columns {
+            columns.push(ColumnInfo {
+                pg_type: self.resolve_type(c.type_oid).await?,
+                is_primary_key: primary_key.contains(&c.name),
+                name: c.name,
+                type_oid: c.type_oid,
+                type_modifier: c.type_modifier,
+                is_identity_key: c.is_key,
+            });
+        }
+        Ok(RelationInfo {
+            oid: rel.oid,
+            name: TableName {
+                // pgoutput sends an empty namespace for pg_catalog.
+                schema: if rel.namespace.is_empty() {
+                    "pg_catalog".to_owned()
+                } else {
+                    rel.namespace
+                },
+                name: rel.name,
+            },
+            replica_identity: rel.replica_identity,
+            columns,
+        })
+    }
+
+    /// The relation as the catalog describes it now (for the initial load).
+    pub async fn relation_from_table(&mut self, table: &CatalogTable) -> Result<RelationInfo> {
+        let mut columns = Vec::with_capacity(table.columns.len());
+        for c in &table.columns {
+            columns.push(ColumnInfo {
+                name: c.name.clone(),
+                type_oid: c.type_oid,
+                type_modifier: c.type_modifier,
+                pg_type: self.resolve_type(c.type_oid).await?,
+                is_identity_key: c.is_identity_key,
+                is_primary_key: c.is_primary_key,
+            });
+        }
+        Ok(RelationInfo {
+            oid: table.oid,
+            name: table.name.clone(),
+            replica_identity: table.replica_identity,
+            columns,
+        })
+    }
+}
+
+/// Relations by OID, as last described by the server.
+#[derive(Default)]
+pub struct RelationCache {
+    by_oid: HashMap<u32, Arc<RelationInfo>>,
+}
+
+impl RelationCache {
+    pub fn insert(&mut self, relation: RelationInfo) -> Arc<RelationInfo> {
+        let relation = Arc::new(relation);
+        self.by_oid.insert(relation.oid, relation.clone());
+        relation
+    }
+
+    /// The relation for a change; the server always describes a relation
+    /// before its first change, so a miss is a protocol error.
+    pub fn get(&self, oid: u32, lsn: Lsn) -> Result<Arc<RelationInfo>> {
+        self.by_oid.get(&oid).cloned().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                "a change names a relation the server never described",
+            )
+            .with_context("relation_oid", oid)
+            .with_context("lsn", lsn)
+        })
+    }
+}

@@ -1,0 +1,155 @@
+//! The initial load: every published table read inside the snapshot the
+//! slot exported, as [`Op::Read`] changes of one snapshot transaction at the
+//! slot's consistent point.
+//!
+//! Why there is no gap and no duplicate: the exported snapshot sees exactly
+//! the transactions that committed before the consistent point, and the
+//! slot streams exactly those that commit after it
+//! (<https://www.postgresql.org/docs/current/protocol-replication.html>,
+//! CREATE_REPLICATION_SLOT). The snapshot is only valid while the
+//! replication connection that exported it stays idle, so the whole load
+//! runs before START_REPLICATION is sent.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio_postgres::CopyOutStream;
+
+use super::event::{Change, Datum, Event, Op, TxInfo};
+use super::relation::{Catalog, RelationInfo};
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::copy::{CopyTextReader, split_fields};
+use crate::pg::lsn::Lsn;
+use crate::pg::source::{self, SourceClient, TableName};
+
+struct TableCopy {
+    relation: Arc<RelationInfo>,
+    stream: Pin<Box<CopyOutStream>>,
+    reader: CopyTextReader,
+    rows: u64,
+}
+
+/// Yields the load as events: Begin, one Read change per row, Commit.
+pub struct SnapshotLoad {
+    client: SourceClient,
+    catalog: Catalog,
+    pending: std::vec::IntoIter<TableName>,
+    current: Option<TableCopy>,
+    tx: TxInfo,
+    seq: u64,
+    began: bool,
+    finished: bool,
+}
+
+impl SnapshotLoad {
+    /// Opens the exported snapshot on `client` (a connection of its own).
+    pub async fn begin(
+        client: SourceClient,
+        catalog: Catalog,
+        snapshot_name: &str,
+        consistent_point: Lsn,
+        tables: Vec<TableName>,
+    ) -> Result<SnapshotLoad> {
+        source::begin_snapshot(&client, snapshot_name).await?;
+        let commit_ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        Ok(SnapshotLoad {
+            client,
+            catalog,
+            pending: tables.into_iter(),
+            current: None,
+            tx: TxInfo {
+                xid: 0,
+                commit_lsn: consistent_point,
+                commit_ts,
+            },
+            seq: 0,
+            began: false,
+            finished: false,
+        })
+    }
+
+    /// The consistent point: confirm it once the load is durable.
+    pub fn consistent_point(&self) -> Lsn {
+        self.tx.commit_lsn
+    }
+
+    pub async fn next_event(&mut self) -> Result<Option<Event>> {
+        if !self.began {
+            self.began = true;
+            return Ok(Some(Event::Begin(self.tx)));
+        }
+        loop {
+            if self.finished {
+                return Ok(None);
+            }
+            let Some(copy) = self.current.as_mut() else {
+                match self.pending.next() {
+                    Some(table) => self.current = Some(self.start_copy(&table).await?),
+                    None => {
+                        self.client.batch_execute("COMMIT").await.map_err(|e| {
+                            crate::error::postgres(e, "cannot end the snapshot transaction")
+                        })?;
+                        self.finished = true;
+                        return Ok(Some(Event::Commit {
+                            tx: self.tx,
+                            end_lsn: self.tx.commit_lsn,
+                        }));
+                    }
+                }
+                continue;
+            };
+            if let Some(line) = copy.reader.next_line() {
+                let row = decode_row(&copy.relation, &line, self.tx.commit_lsn)?;
+                copy.rows += 1;
+                let change = Change {
+                    op: Op::Read,
+                    relation: copy.relation.clone(),
+                    tx: self.tx,
+                    seq: self.seq,
+                    lsn: self.tx.commit_lsn,
+                    before: None,
+                    after: Some(row),
+                    truncate_options: 0,
+                };
+                self.seq += 1;
+                return Ok(Some(Event::Change(change)));
+            }
+            match source::next_copy_chunk(&mut copy.stream, &copy.relation.name).await? {
+                Some(chunk) => copy.reader.push(&chunk),
+                None => {
+                    if copy.reader.has_partial_line() {
+                        return Err(Error::new(
+                            ErrorKind::Protocol,
+                            "COPY ended in the middle of a row",
+                        )
+                        .with_context("table", &copy.relation.name));
+                    }
+                    tracing::info!(table = %copy.relation.name, rows = copy.rows, "initial load of table done");
+                    self.current = None;
+                }
+            }
+        }
+    }
+
+    async fn start_copy(&mut self, table: &TableName) -> Result<TableCopy> {
+        let described = source::describe_table(&self.client, table).await?;
+        let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
+        let stream = Box::pin(source::copy_out(&self.client, &described).await?);
+        tracing::info!(table = %table, "initial load of table started");
+        Ok(TableCopy {
+            relation,
+            stream,
+            reader: CopyTextReader::new(),
+            rows: 0,
+        })
+    }
+}
+
+fn decode_row(relation: &RelationInfo, line: &[u8], lsn: Lsn) -> Result<Vec<Datum>> {
+    let fields = split_fields(line, relation.columns.len())
+        .map_err(|e| Error::from(e).with_context("table", &relation.name))?;
+    relation.decode_copy_row(fields, lsn)
+}

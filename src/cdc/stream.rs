@@ -1,0 +1,116 @@
+//! The change stream of one slot: replication messages in, events out, and
+//! the caller's confirmations back to the server.
+//!
+//! The caller confirms the `end_lsn` of a transaction's Commit event once
+//! that transaction is durable on its side. While nothing is pending (no
+//! transaction open or spooled, and everything delivered confirmed), a
+//! keepalive's WAL end is confirmed too, so a slot on a quiet database, or
+//! one whose changes are all in other databases, does not hold WAL forever.
+
+use tokio::time::Instant;
+
+use super::assembler::Assembler;
+use super::event::Event;
+use crate::error::Result;
+use crate::pg::lsn::Lsn;
+use crate::pg::replication::{ReplicationMessage, ReplicationStream};
+
+/// What [`ChangeStream::next_before`] found.
+#[derive(Debug)]
+pub enum Next {
+    Event(Event),
+    /// The deadline passed while waiting for the server.
+    Idle,
+    /// The server ended the stream.
+    Closed,
+}
+
+pub struct ChangeStream {
+    replication: ReplicationStream,
+    assembler: Assembler,
+    /// The end LSN of the last Commit handed out.
+    delivered: Lsn,
+    /// The server's WAL end at the last message.
+    server_wal_end: Lsn,
+}
+
+impl ChangeStream {
+    pub(crate) fn new(
+        replication: ReplicationStream,
+        assembler: Assembler,
+        start: Lsn,
+    ) -> ChangeStream {
+        ChangeStream {
+            replication,
+            assembler,
+            delivered: start,
+            server_wal_end: start,
+        }
+    }
+
+    /// The next event; waits for the server as long as needed.
+    pub async fn next(&mut self) -> Result<Option<Event>> {
+        match self.next_before(None).await? {
+            Next::Event(e) => Ok(Some(e)),
+            Next::Idle | Next::Closed => Ok(None),
+        }
+    }
+
+    /// The next event, or `Idle` if the server sends none before `deadline`.
+    /// The deadline only interrupts waiting on the wire, never decoding.
+    pub async fn next_before(&mut self, deadline: Option<Instant>) -> Result<Next> {
+        loop {
+            if let Some(event) = self.assembler.next_event().await? {
+                if let Event::Commit { end_lsn, .. } = &event {
+                    self.delivered = self.delivered.max(*end_lsn);
+                }
+                return Ok(Next::Event(event));
+            }
+            let received = match deadline {
+                None => self.replication.recv().await?,
+                Some(d) => match tokio::time::timeout_at(d, self.replication.recv()).await {
+                    Ok(r) => r?,
+                    Err(_) => return Ok(Next::Idle),
+                },
+            };
+            match received {
+                None => return Ok(Next::Closed),
+                Some(ReplicationMessage::XLogData {
+                    wal_start,
+                    wal_end,
+                    data,
+                    ..
+                }) => {
+                    self.server_wal_end = self.server_wal_end.max(wal_end);
+                    self.assembler.push(wal_start, data).await?;
+                }
+                Some(ReplicationMessage::PrimaryKeepalive { wal_end, .. }) => {
+                    self.server_wal_end = self.server_wal_end.max(wal_end);
+                    if self.assembler.is_idle() && self.replication.confirmed() >= self.delivered {
+                        self.replication.confirm(wal_end).await?;
+                        self.delivered = self.delivered.max(wal_end);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Everything up to `lsn` is durable: report it to the server now.
+    pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
+        self.replication.confirm(lsn).await
+    }
+
+    pub fn confirmed(&self) -> Lsn {
+        self.replication.confirmed()
+    }
+
+    /// The server's end of WAL as last reported.
+    pub fn server_wal_end(&self) -> Lsn {
+        self.server_wal_end
+    }
+
+    /// Ends the stream cleanly after a final status update.
+    pub async fn stop(self) -> Result<()> {
+        self.replication.stop().await
+    }
+}

@@ -1,0 +1,494 @@
+//! Typed column values, decoded from PostgreSQL's text output.
+//!
+//! The stream (pgoutput sends text) and the initial load (COPY in text
+//! format) both go through [`PgType::parse`], so a row reads the same
+//! whichever way it arrived.
+//!
+//! Rules for values with no ordinary number:
+//! - `numeric` keeps its exact decimal text; `NaN`, `Infinity` and
+//!   `-Infinity` are their own variants, never NULL.
+//! - `float4`/`float8` keep NaN and the infinities as IEEE values.
+//! - `date`, `timestamp` and `timestamptz` may be [`MaybeInfinite`].
+//! - A type we do not model is carried as its text, never as an error.
+
+use serde_json::json;
+
+use super::temporal::{self, Interval, MaybeInfinite};
+
+/// The decoding of a column type, resolved from its OID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PgType {
+    Bool,
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    Numeric,
+    /// text, varchar, bpchar, name, "char", and text-like types we know.
+    Text,
+    Bytea,
+    Date,
+    Time,
+    TimeTz,
+    Timestamp,
+    TimestampTz,
+    Interval,
+    Uuid,
+    Json,
+    Jsonb,
+    Inet,
+    Cidr,
+    /// An enum type; values are its labels.
+    Enum,
+    /// An array of the element type (any number of dimensions).
+    Array(Box<PgType>),
+    /// A type we do not model: carried as its text output.
+    Unknown,
+}
+
+impl PgType {
+    /// The built-in types, by the OIDs fixed in `pg_type.dat`. Enums,
+    /// domains and arrays of user types need a catalog look-up instead.
+    pub fn builtin(oid: u32) -> Option<PgType> {
+        use PgType::*;
+        let array = |t| Some(Array(Box::new(t)));
+        match oid {
+            16 => Some(Bool),
+            17 => Some(Bytea),
+            18 | 19 | 25 | 1042 | 1043 => Some(Text),
+            20 => Some(Int8),
+            21 => Some(Int2),
+            23 => Some(Int4),
+            26 | 28 | 29 => Some(Int8),
+            114 => Some(Json),
+            650 => Some(Cidr),
+            700 => Some(Float4),
+            701 => Some(Float8),
+            869 => Some(Inet),
+            1082 => Some(Date),
+            1083 => Some(Time),
+            1114 => Some(Timestamp),
+            1184 => Some(TimestampTz),
+            1186 => Some(Interval),
+            1266 => Some(TimeTz),
+            1700 => Some(Numeric),
+            2950 => Some(Uuid),
+            3802 => Some(Jsonb),
+            1000 => array(Bool),
+            1001 => array(Bytea),
+            1002 | 1003 | 1009 | 1014 | 1015 => array(Text),
+            1005 => array(Int2),
+            1007 => array(Int4),
+            1016 | 1028 => array(Int8),
+            199 => array(Json),
+            651 => array(Cidr),
+            1021 => array(Float4),
+            1022 => array(Float8),
+            1041 => array(Inet),
+            1182 => array(Date),
+            1183 => array(Time),
+            1115 => array(Timestamp),
+            1185 => array(TimestampTz),
+            1187 => array(Interval),
+            1270 => array(TimeTz),
+            1231 => array(Numeric),
+            2951 => array(Uuid),
+            3807 => array(Jsonb),
+            _ => None,
+        }
+    }
+
+    /// Decodes one value from its text output. `None` means the text did
+    /// not have the shape this type's output function produces.
+    pub fn parse(&self, text: &str) -> Result<Value, ValueError> {
+        let bad = || ValueError {
+            type_name: self.name(),
+            len: text.len(),
+        };
+        let value = match self {
+            PgType::Bool => match text {
+                "t" => Value::Bool(true),
+                "f" => Value::Bool(false),
+                _ => return Err(bad()),
+            },
+            PgType::Int2 => Value::Int2(text.parse().map_err(|_| bad())?),
+            PgType::Int4 => Value::Int4(text.parse().map_err(|_| bad())?),
+            PgType::Int8 => Value::Int8(text.parse().map_err(|_| bad())?),
+            PgType::Float4 => Value::Float4(parse_float(text).ok_or_else(bad)? as f32),
+            PgType::Float8 => Value::Float8(parse_float(text).ok_or_else(bad)?),
+            PgType::Numeric => Value::Numeric(parse_numeric(text).ok_or_else(bad)?),
+            PgType::Text => Value::Text(text.to_owned()),
+            PgType::Bytea => Value::Bytea(parse_bytea(text).ok_or_else(bad)?),
+            PgType::Date => Value::Date(temporal::parse_date(text).ok_or_else(bad)?),
+            PgType::Time => Value::Time(temporal::parse_time(text).ok_or_else(bad)?),
+            PgType::TimeTz => {
+                let (micros, offset_secs) = temporal::parse_timetz(text).ok_or_else(bad)?;
+                Value::TimeTz {
+                    micros,
+                    offset_secs,
+                }
+            }
+            PgType::Timestamp => {
+                Value::Timestamp(temporal::parse_timestamp(text, false).ok_or_else(bad)?)
+            }
+            PgType::TimestampTz => {
+                Value::TimestampTz(temporal::parse_timestamp(text, true).ok_or_else(bad)?)
+            }
+            PgType::Interval => Value::Interval(temporal::parse_interval(text).ok_or_else(bad)?),
+            PgType::Uuid => Value::Uuid(parse_uuid(text).ok_or_else(bad)?),
+            PgType::Json => Value::Json(text.to_owned()),
+            PgType::Jsonb => Value::Jsonb(text.to_owned()),
+            PgType::Inet => Value::Inet(text.to_owned()),
+            PgType::Cidr => Value::Cidr(text.to_owned()),
+            PgType::Enum => Value::Enum(text.to_owned()),
+            PgType::Array(element) => parse_array(element, text).ok_or_else(bad)??,
+            PgType::Unknown => Value::Unknown(text.to_owned()),
+        };
+        Ok(value)
+    }
+
+    /// A short name for error messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            PgType::Bool => "bool",
+            PgType::Int2 => "int2",
+            PgType::Int4 => "int4",
+            PgType::Int8 => "int8",
+            PgType::Float4 => "float4",
+            PgType::Float8 => "float8",
+            PgType::Numeric => "numeric",
+            PgType::Text => "text",
+            PgType::Bytea => "bytea",
+            PgType::Date => "date",
+            PgType::Time => "time",
+            PgType::TimeTz => "timetz",
+            PgType::Timestamp => "timestamp",
+            PgType::TimestampTz => "timestamptz",
+            PgType::Interval => "interval",
+            PgType::Uuid => "uuid",
+            PgType::Json => "json",
+            PgType::Jsonb => "jsonb",
+            PgType::Inet => "inet",
+            PgType::Cidr => "cidr",
+            PgType::Enum => "enum",
+            PgType::Array(_) => "array",
+            PgType::Unknown => "unknown type",
+        }
+    }
+}
+
+/// A text value did not have the shape of its type's output. Carries the
+/// type and length only: row values never go into errors or logs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot decode {type_name} from its text output ({len} bytes)")]
+pub struct ValueError {
+    pub type_name: &'static str,
+    pub len: usize,
+}
+
+/// An exact `numeric`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Numeric {
+    /// The decimal text exactly as PostgreSQL printed it, e.g. `-12.3400`.
+    Finite(String),
+    NaN,
+    Infinity,
+    NegInfinity,
+}
+
+/// One decoded column value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int2(i16),
+    Int4(i32),
+    Int8(i64),
+    Float4(f32),
+    Float8(f64),
+    Numeric(Numeric),
+    Text(String),
+    Bytea(Vec<u8>),
+    /// Days since 1970-01-01.
+    Date(MaybeInfinite<i32>),
+    /// Microseconds since midnight.
+    Time(i64),
+    TimeTz {
+        micros: i64,
+        offset_secs: i32,
+    },
+    /// Microseconds since 1970-01-01 00:00:00, no zone.
+    Timestamp(MaybeInfinite<i64>),
+    /// Microseconds since 1970-01-01 00:00:00 UTC.
+    TimestampTz(MaybeInfinite<i64>),
+    Interval(Interval),
+    Uuid([u8; 16]),
+    Json(String),
+    Jsonb(String),
+    Inet(String),
+    Cidr(String),
+    Enum(String),
+    Array(Vec<Value>),
+    /// The text output of a type we do not model.
+    Unknown(String),
+}
+
+impl Value {
+    /// The JSON form used by `wal2iceberg tail`: numbers stay numbers where
+    /// JSON holds them exactly; numeric, the infinities and NaN are strings.
+    pub fn to_json(&self) -> serde_json::Value {
+        fn infinite(v: &MaybeInfinite<String>) -> serde_json::Value {
+            match v {
+                MaybeInfinite::Finite(s) => json!(s),
+                MaybeInfinite::Infinity => json!("infinity"),
+                MaybeInfinite::NegInfinity => json!("-infinity"),
+            }
+        }
+        fn float(f: f64) -> serde_json::Value {
+            if f.is_finite() {
+                json!(f)
+            } else if f.is_nan() {
+                json!("NaN")
+            } else if f > 0.0 {
+                json!("Infinity")
+            } else {
+                json!("-Infinity")
+            }
+        }
+        match self {
+            Value::Null => serde_json::Value::Null,
+            Value::Bool(b) => json!(b),
+            Value::Int2(i) => json!(i),
+            Value::Int4(i) => json!(i),
+            Value::Int8(i) => json!(i),
+            Value::Float4(f) => float(f64::from(*f)),
+            Value::Float8(f) => float(*f),
+            Value::Numeric(Numeric::Finite(s)) => json!(s),
+            Value::Numeric(Numeric::NaN) => json!("NaN"),
+            Value::Numeric(Numeric::Infinity) => json!("Infinity"),
+            Value::Numeric(Numeric::NegInfinity) => json!("-Infinity"),
+            Value::Bytea(b) => json!(format!("\\x{}", hex(b))),
+            Value::Date(d) => infinite(&map_finite(d, |d| temporal::format_date(i64::from(d)))),
+            Value::Time(t) => json!(temporal::format_time(*t)),
+            Value::TimeTz {
+                micros,
+                offset_secs,
+            } => json!(format!(
+                "{}{}{:02}:{:02}",
+                temporal::format_time(*micros),
+                if *offset_secs < 0 { '-' } else { '+' },
+                offset_secs.abs() / 3600,
+                offset_secs.abs() / 60 % 60
+            )),
+            Value::Timestamp(t) => infinite(&map_finite(t, |t| {
+                temporal::format_timestamp_utc(t)
+                    .trim_end_matches('Z')
+                    .to_owned()
+            })),
+            Value::TimestampTz(t) => infinite(&map_finite(t, temporal::format_timestamp_utc)),
+            Value::Interval(iv) => json!(temporal::format_interval(iv)),
+            Value::Uuid(u) => json!(format_uuid(u)),
+            Value::Json(s) | Value::Jsonb(s) => {
+                serde_json::from_str(s).unwrap_or_else(|_| json!(s))
+            }
+            Value::Text(s)
+            | Value::Inet(s)
+            | Value::Cidr(s)
+            | Value::Enum(s)
+            | Value::Unknown(s) => json!(s),
+            Value::Array(items) => items.iter().map(Value::to_json).collect(),
+        }
+    }
+}
+
+fn map_finite<T: Copy>(v: &MaybeInfinite<T>, f: impl FnOnce(T) -> String) -> MaybeInfinite<String> {
+    match *v {
+        MaybeInfinite::Finite(x) => MaybeInfinite::Finite(f(x)),
+        MaybeInfinite::Infinity => MaybeInfinite::Infinity,
+        MaybeInfinite::NegInfinity => MaybeInfinite::NegInfinity,
+    }
+}
+
+fn parse_float(text: &str) -> Option<f64> {
+    match text {
+        "NaN" => Some(f64::NAN),
+        "Infinity" => Some(f64::INFINITY),
+        "-Infinity" => Some(f64::NEG_INFINITY),
+        // Rust would also accept "inf" and "nan", which PostgreSQL never prints.
+        _ if text
+            .bytes()
+            .any(|b| b.is_ascii_alphabetic() && b != b'e' && b != b'E') =>
+        {
+            None
+        }
+        _ => text.parse().ok(),
+    }
+}
+
+fn parse_numeric(text: &str) -> Option<Numeric> {
+    match text {
+        "NaN" => return Some(Numeric::NaN),
+        "Infinity" => return Some(Numeric::Infinity),
+        "-Infinity" => return Some(Numeric::NegInfinity),
+        _ => {}
+    }
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let all_digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty() || !all_digits(whole) || !all_digits(frac) || digits.ends_with('.') {
+        return None;
+    }
+    Some(Numeric::Finite(text.to_owned()))
+}
+
+/// `bytea_output = hex` (set on both connections): `\x0a1b...`.
+fn parse_bytea(text: &str) -> Option<Vec<u8>> {
+    let hex = text.strip_prefix("\\x")?;
+    if hex.len() % 2 != 0 {
+        return None;
+    }
+    hex.as_bytes()
+        .chunks(2)
+        .map(|pair| Some((hex_digit(pair[0])? << 4) | hex_digit(pair[1])?))
+        .collect()
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write as _;
+    bytes
+        .iter()
+        .fold(String::with_capacity(bytes.len() * 2), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+fn parse_uuid(text: &str) -> Option<[u8; 16]> {
+    let digits: Vec<u8> = text.bytes().filter(|&b| b != b'-').collect();
+    if digits.len() != 32 || text.len() != 36 {
+        return None;
+    }
+    let mut out = [0u8; 16];
+    for (i, pair) in digits.chunks(2).enumerate() {
+        out[i] = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
+    }
+    Some(out)
+}
+
+fn format_uuid(u: &[u8; 16]) -> String {
+    let h = hex(u);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Parses array output: `{1,2,NULL}`, `{"a b","x\"y"}`, `{{1,2},{3,4}}`,
+/// and `[0:1]={7,8}` with explicit bounds (dropped: Iceberg lists start at 0).
+/// The outer `Option` is the array syntax, the inner `Result` an element.
+fn parse_array(element: &PgType, text: &str) -> Option<Result<Value, ValueError>> {
+    let body = match text.strip_prefix('[') {
+        Some(_) => &text[text.find('=')? + 1..],
+        None => text,
+    };
+    let mut parser = ArrayParser {
+        input: body.as_bytes(),
+        at: 0,
+    };
+    let value = parser.array(element)?;
+    if parser.at != parser.input.len() {
+        return None;
+    }
+    Some(value)
+}
+
+struct ArrayParser<'a> {
+    input: &'a [u8],
+    at: usize,
+}
+
+impl ArrayParser<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.input.get(self.at).copied()
+    }
+
+    fn array(&mut self, element: &PgType) -> Option<Result<Value, ValueError>> {
+        if self.peek()? != b'{' {
+            return None;
+        }
+        self.at += 1;
+        let mut items = Vec::new();
+        if self.peek()? == b'}' {
+            self.at += 1;
+            return Some(Ok(Value::Array(items)));
+        }
+        loop {
+            let item = if self.peek()? == b'{' {
+                self.array(element)?
+            } else {
+                let (text, quoted) = self.scalar()?;
+                if !quoted && text == "NULL" {
+                    Ok(Value::Null)
+                } else {
+                    element.parse(&text)
+                }
+            };
+            match item {
+                Ok(v) => items.push(v),
+                Err(e) => return Some(Err(e)),
+            }
+            match self.peek()? {
+                b',' => self.at += 1,
+                b'}' => {
+                    self.at += 1;
+                    return Some(Ok(Value::Array(items)));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// One element's text, unescaped, and whether it was quoted.
+    fn scalar(&mut self) -> Option<(String, bool)> {
+        let quoted = self.peek()? == b'"';
+        if quoted {
+            self.at += 1;
+        }
+        let mut out = Vec::new();
+        loop {
+            let b = self.peek()?;
+            match b {
+                b'\\' => {
+                    self.at += 1;
+                    out.push(self.peek()?);
+                }
+                b'"' if quoted => {
+                    self.at += 1;
+                    break;
+                }
+                b',' | b'}' if !quoted => break,
+                b'"' | b'{' => return None,
+                _ => out.push(b),
+            }
+            self.at += 1;
+        }
+        Some((String::from_utf8(out).ok()?, quoted))
+    }
+}
+
+#[cfg(test)]
+mod tests;

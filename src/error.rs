@@ -1,0 +1,165 @@
+//! The one error type of the library: a kind, a message, context (table,
+//! LSN, file; never row values or passwords) and the source error kept
+//! attached. Whether an error is worth retrying is decided here, in
+//! [`Error::is_retryable`], and nowhere else.
+
+use std::fmt;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// What went wrong, in terms of what the user can do about it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The configuration or a command-line option is invalid.
+    Config,
+    /// The server could not be reached, or the connection broke.
+    Connection,
+    /// The server refused our credentials.
+    Authentication,
+    /// TLS could not be set up as `sslmode` demands.
+    Tls,
+    /// A preflight check failed: the source is not set up for replication.
+    Preflight,
+    /// The replication slot is missing, invalidated or in use elsewhere.
+    Slot,
+    /// The server sent bytes that do not follow the protocol.
+    Protocol,
+    /// A value could not be decoded into its type.
+    Decode,
+    /// The server reported an error for a statement.
+    Server,
+    /// Local I/O (spool files, output).
+    Io,
+}
+
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    context: Vec<(&'static str, String)>,
+    source: Option<BoxError>,
+}
+
+impl Error {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+            context: Vec::new(),
+            source: None,
+        }
+    }
+
+    /// Adds a `key=value` pair naming where the error happened.
+    pub fn with_context(mut self, key: &'static str, value: impl fmt::Display) -> Error {
+        self.context.push((key, value.to_string()));
+        self
+    }
+
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Error {
+        self.source = Some(source.into());
+        self
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The SQLSTATE of a server error anywhere in the source chain.
+    pub fn sqlstate(&self) -> Option<&str> {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = self
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static));
+        while let Some(err) = cause {
+            if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+                return Some(db.code().code());
+            }
+            if let Some(pg) = err.downcast_ref::<tokio_postgres::Error>() {
+                if let Some(db) = pg.as_db_error() {
+                    return Some(db.code().code());
+                }
+            }
+            if let Some(server) = err.downcast_ref::<crate::pg::conn::ServerError>() {
+                return Some(&server.code);
+            }
+            cause = err.source();
+        }
+        None
+    }
+
+    /// True for failures that a reconnect may cure: lost connections, the
+    /// server shutting down or starting up, too many connections right now,
+    /// local I/O. Everything else needs a person.
+    pub fn is_retryable(&self) -> bool {
+        match self.kind {
+            ErrorKind::Connection | ErrorKind::Io => true,
+            ErrorKind::Server => self.sqlstate().is_some_and(|code| {
+                code.starts_with("08")
+                    || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "40001")
+            }),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        for (i, (key, value)) in self.context.iter().enumerate() {
+            let sep = if i == 0 { " (" } else { ", " };
+            write!(f, "{sep}{key}={value}")?;
+        }
+        if !self.context.is_empty() {
+            f.write_str(")")?;
+        }
+        if let Some(source) = &self.source {
+            write!(f, ": {source}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {self}", self.kind)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<crate::pg::wire::DecodeError> for Error {
+    fn from(err: crate::pg::wire::DecodeError) -> Error {
+        Error::new(ErrorKind::Protocol, "the server sent a malformed message").with_source(err)
+    }
+}
+
+impl From<std::io::Error> for Error {
+    fn from(err: std::io::Error) -> Error {
+        Error::new(ErrorKind::Io, "I/O failed").with_source(err)
+    }
+}
+
+/// Wraps a tokio-postgres error as a server error (or a connection error
+/// when the connection is gone), with the statement's purpose as message.
+pub fn postgres(err: tokio_postgres::Error, doing: &str) -> Error {
+    let kind = if err.is_closed()
+        || err.as_db_error().is_none() && err.to_string().contains("connection")
+    {
+        ErrorKind::Connection
+    } else {
+        ErrorKind::Server
+    };
+    Error::new(kind, doing.to_owned()).with_source(err)
+}

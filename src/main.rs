@@ -1,0 +1,142 @@
+//! The `wal2iceberg` command line.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use wal2iceberg::cdc::capture::{self, CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
+use wal2iceberg::ops::tail::{TailOptions, tail};
+use wal2iceberg::pg::config::PgConfig;
+use wal2iceberg::pg::source::TableName;
+use wal2iceberg::{Error, ErrorKind};
+
+#[derive(Parser)]
+#[command(
+    name = "wal2iceberg",
+    version,
+    about = "Replicate PostgreSQL tables into Apache Iceberg tables"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where and what to capture.
+#[derive(clap::Args)]
+struct SourceArgs {
+    /// Source connection: a postgres:// URL or key=value string; PG*
+    /// environment variables and ~/.pgpass fill what it leaves out.
+    #[arg(long, env = "WAL2ICEBERG_SOURCE", default_value = "")]
+    source: String,
+    /// Tables to capture, comma-separated: public.customers,public.orders.
+    #[arg(long, value_delimiter = ',', required = true)]
+    tables: Vec<String>,
+    /// Replication slot name.
+    #[arg(long, default_value = DEFAULT_SLOT)]
+    slot: String,
+    /// Publication name; created for the tables when missing.
+    #[arg(long, default_value = DEFAULT_PUBLICATION)]
+    publication: String,
+    /// pgoutput protocol version (1 or 2).
+    #[arg(long, default_value_t = 2)]
+    proto_version: u32,
+    /// Stream large transactions before they commit (protocol 2).
+    #[arg(long)]
+    streaming: bool,
+}
+
+impl SourceArgs {
+    fn parse(&self) -> Result<(PgConfig, CaptureOptions), Error> {
+        let config = PgConfig::parse(&self.source)?;
+        let tables = self
+            .tables
+            .iter()
+            .map(|t| TableName::parse(t.trim()))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut options = CaptureOptions::new(tables);
+        options.slot = self.slot.clone();
+        options.publication = self.publication.clone();
+        options.proto_version = self.proto_version;
+        options.streaming = self.streaming;
+        Ok((config, options))
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the decoded change stream as JSON lines (initial load first
+    /// when the slot is new); each transaction is confirmed once printed.
+    Tail {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Exit 0 after this many seconds without a change.
+        #[arg(long, value_name = "SECONDS")]
+        exit_when_idle: Option<f64>,
+    },
+    /// Run every preflight check and print each failure with its fix.
+    Check {
+        #[command(flatten)]
+        source: SourceArgs,
+    },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "wal2iceberg=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err}");
+            match err.kind() {
+                ErrorKind::Config => ExitCode::from(2),
+                _ => ExitCode::from(1),
+            }
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode, Error> {
+    match cli.command {
+        Command::Tail {
+            source,
+            exit_when_idle,
+        } => {
+            let (config, capture) = source.parse()?;
+            let exit_when_idle = exit_when_idle
+                .map(|s| {
+                    Duration::try_from_secs_f64(s).map_err(|_| {
+                        Error::new(
+                            ErrorKind::Config,
+                            "--exit-when-idle must be a non-negative number of seconds",
+                        )
+                    })
+                })
+                .transpose()?;
+            let options = TailOptions {
+                capture,
+                exit_when_idle,
+            };
+            tail(&config, &options, &mut std::io::stdout().lock()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { source } => {
+            let (config, options) = source.parse()?;
+            let failures = capture::check(&config, &options).await?;
+            if failures.is_empty() {
+                println!("all checks passed: {config}");
+                return Ok(ExitCode::SUCCESS);
+            }
+            for failure in &failures {
+                println!("{failure}");
+            }
+            Ok(ExitCode::from(1))
+        }
+    }
+}

@@ -1,0 +1,20 @@
+//! The PostgreSQL wire: no Iceberg or domain types in here.
+//!
+//! - `config`: connection settings by libpq's conventions.
+//! - `tls`: rustls settings for each `sslmode`.
+//! - `conn`: the replication connection (startup, auth, framing).
+//! - `replication`: replication commands and the CopyBoth stream.
+//! - `pgoutput`: pgoutput messages decoded over `Bytes`.
+//! - `copy`: COPY text rows split into fields.
+//! - `source`: the ordinary connection: preflight, publication, catalog.
+//! - `lsn`: the `Lsn` newtype.
+
+pub mod config;
+pub mod conn;
+pub mod copy;
+pub mod lsn;
+pub mod pgoutput;
+pub mod replication;
+pub mod source;
+pub mod tls;
+pub mod wire;

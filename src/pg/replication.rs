@@ -1,0 +1,488 @@
+//! Replication commands and the CopyBoth stream.
+//!
+//! See "Streaming Replication Protocol"
+//! (<https://www.postgresql.org/docs/current/protocol-replication.html>).
+//! Inside CopyBoth the server sends XLogData (`w`) and PrimaryKeepalive
+//! (`k`); we send StandbyStatusUpdate (`r`).
+//!
+//! Feedback rule: the `flush_lsn` we report is exactly the highest position
+//! the caller passed to [`ReplicationStream::confirm`]: never more, never
+//! less than a value reported before. The server keeps every transaction
+//! whose commit ends after it and sends it again after a reconnect. Status
+//! updates go out on a timer (well within `wal_sender_timeout`), at once
+//! when a keepalive asks for a reply, and whenever the position moves.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use postgres_protocol::message::backend::Message;
+use tokio::time::{Instant, sleep_until};
+
+use super::conn::{Frame, ReplicationConnection, copy_data};
+use super::lsn::Lsn;
+use super::wire::{DecodeError, Reader};
+use crate::error::{Error, ErrorKind, Result};
+
+/// XLogData tag within CopyData.
+const XLOG_DATA: u8 = b'w';
+/// PrimaryKeepalive tag within CopyData.
+const PRIMARY_KEEPALIVE: u8 = b'k';
+/// StandbyStatusUpdate tag within CopyData.
+const STANDBY_STATUS_UPDATE: u8 = b'r';
+
+/// Microseconds between the Unix epoch and the PostgreSQL epoch.
+const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// The answer to IDENTIFY_SYSTEM.
+#[derive(Debug, Clone)]
+pub struct SystemIdentity {
+    pub system_id: String,
+    pub timeline: u32,
+    pub xlogpos: Lsn,
+    pub dbname: Option<String>,
+}
+
+/// A logical slot just created, with the snapshot it exported.
+#[derive(Debug, Clone)]
+pub struct CreatedSlot {
+    pub slot_name: String,
+    /// Changes that commit after this position are streamed; everything
+    /// before it is in the exported snapshot.
+    pub consistent_point: Lsn,
+    /// Valid until the next command on the replication connection.
+    pub snapshot_name: String,
+}
+
+/// Options for START_REPLICATION with pgoutput.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    pub slot: String,
+    /// Where to start; `0/0` lets the server start at the slot's confirmed
+    /// position.
+    pub start_lsn: Lsn,
+    /// pgoutput protocol version: 1, or 2 for streamed transactions.
+    pub proto_version: u32,
+    pub publications: Vec<String>,
+    /// Also send logical decoding messages (`pg_logical_emit_message`).
+    pub messages: bool,
+    /// Stream large in-progress transactions (protocol version 2).
+    pub streaming: bool,
+}
+
+impl ReplicationConnection {
+    pub async fn identify_system(&mut self) -> Result<SystemIdentity> {
+        let r = self.simple_query("IDENTIFY_SYSTEM").await?;
+        let field = |name: &str| {
+            r.get(name).map(str::to_owned).ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Protocol,
+                    format!("IDENTIFY_SYSTEM returned no {name}"),
+                )
+            })
+        };
+        Ok(SystemIdentity {
+            system_id: field("systemid")?,
+            timeline: field("timeline")?.parse().map_err(|_| {
+                Error::new(
+                    ErrorKind::Protocol,
+                    "IDENTIFY_SYSTEM returned a non-numeric timeline",
+                )
+            })?,
+            xlogpos: parse_lsn(&field("xlogpos")?)?,
+            dbname: r.get("dbname").map(str::to_owned),
+        })
+    }
+
+    /// CREATE_REPLICATION_SLOT ... LOGICAL pgoutput, exporting a snapshot.
+    /// The snapshot stays usable only while this connection sends nothing
+    /// else: run the whole initial load before calling anything on it.
+    pub async fn create_slot(&mut self, slot: &str, temporary: bool) -> Result<CreatedSlot> {
+        let temporary = if temporary { " TEMPORARY" } else { "" };
+        // The parenthesized option list exists from PostgreSQL 15 on.
+        let sql = if self.server_version_num() >= 150_000 {
+            format!(
+                "CREATE_REPLICATION_SLOT {}{temporary} LOGICAL pgoutput (SNAPSHOT 'export')",
+                quote_ident(slot)
+            )
+        } else {
+            format!(
+                "CREATE_REPLICATION_SLOT {}{temporary} LOGICAL pgoutput EXPORT_SNAPSHOT",
+                quote_ident(slot)
+            )
+        };
+        let r = self
+            .simple_query(&sql)
+            .await
+            .map_err(|e| slot_error(e, slot))?;
+        let consistent_point = parse_lsn(r.get("consistent_point").unwrap_or(""))?;
+        let snapshot_name = r
+            .get("snapshot_name")
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Protocol,
+                    "CREATE_REPLICATION_SLOT exported no snapshot",
+                )
+            })?
+            .to_owned();
+        Ok(CreatedSlot {
+            slot_name: slot.to_owned(),
+            consistent_point,
+            snapshot_name,
+        })
+    }
+
+    /// START_REPLICATION; the connection becomes a [`ReplicationStream`].
+    pub async fn start_replication(mut self, options: &StartOptions) -> Result<ReplicationStream> {
+        let publications = options
+            .publications
+            .iter()
+            .map(|p| quote_ident(p))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut sql = format!(
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '{}', publication_names {}",
+            quote_ident(&options.slot),
+            options.start_lsn,
+            options.proto_version,
+            quote_literal(&publications),
+        );
+        if options.messages {
+            sql.push_str(", messages 'true'");
+        }
+        if options.streaming {
+            sql.push_str(", streaming 'on'");
+        }
+        sql.push(')');
+        self.send_query(&sql).await?;
+        loop {
+            match self.read_frame().await {
+                Ok(Frame::CopyBothResponse) => break,
+                Ok(Frame::Message(Message::NoticeResponse(_))) => {}
+                Ok(Frame::Message(_)) => {
+                    return Err(Error::new(
+                        ErrorKind::Protocol,
+                        "unexpected message in reply to START_REPLICATION",
+                    ));
+                }
+                Err(e) => return Err(slot_error(e, &options.slot)),
+            }
+        }
+        Ok(ReplicationStream {
+            conn: self,
+            slot: options.slot.clone(),
+            received: options.start_lsn,
+            confirmed: options.start_lsn,
+            status_interval: DEFAULT_STATUS_INTERVAL,
+            next_status: Instant::now(),
+            done: false,
+        })
+    }
+}
+
+/// How often a status update is sent when nothing else prompts one: well
+/// inside the default `wal_sender_timeout` of 60 s.
+pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A message of the CopyBoth stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicationMessage {
+    XLogData {
+        /// The WAL position of the start of this data.
+        wal_start: Lsn,
+        /// The server's current end of WAL.
+        wal_end: Lsn,
+        /// Server clock, microseconds since 2000-01-01 UTC.
+        send_time: i64,
+        data: Bytes,
+    },
+    PrimaryKeepalive {
+        wal_end: Lsn,
+        send_time: i64,
+        reply_requested: bool,
+    },
+}
+
+impl ReplicationMessage {
+    /// Decodes the body of one CopyData message.
+    pub fn decode(data: Bytes) -> Result<ReplicationMessage, DecodeError> {
+        let mut r = Reader::new(data, "replication CopyData");
+        match r.u8("tag")? {
+            XLOG_DATA => {
+                r.set_message("XLogData");
+                Ok(ReplicationMessage::XLogData {
+                    wal_start: Lsn(r.u64("wal_start")?),
+                    wal_end: Lsn(r.u64("wal_end")?),
+                    send_time: r.i64("send_time")?,
+                    data: r.rest(),
+                })
+            }
+            PRIMARY_KEEPALIVE => {
+                r.set_message("PrimaryKeepalive");
+                let message = ReplicationMessage::PrimaryKeepalive {
+                    wal_end: Lsn(r.u64("wal_end")?),
+                    send_time: r.i64("send_time")?,
+                    reply_requested: r.u8("reply_requested")? == 1,
+                };
+                r.finish()?;
+                Ok(message)
+            }
+            other => Err(r.error("tag", format!("unknown CopyData tag 0x{other:02x}"))),
+        }
+    }
+}
+
+/// Encodes a StandbyStatusUpdate.
+/// We never ask the server to reply: its keepalives arrive on their own.
+pub fn standby_status_update(write: Lsn, flush: Lsn, apply: Lsn, now_pg_micros: i64) -> Bytes {
+    let mut buf = BytesMut::with_capacity(34);
+    buf.put_u8(STANDBY_STATUS_UPDATE);
+    buf.put_u64(write.0);
+    buf.put_u64(flush.0);
+    buf.put_u64(apply.0);
+    buf.put_i64(now_pg_micros);
+    buf.put_u8(0);
+    buf.freeze()
+}
+
+/// The running CopyBoth stream of one slot.
+pub struct ReplicationStream {
+    conn: ReplicationConnection,
+    slot: String,
+    received: Lsn,
+    confirmed: Lsn,
+    status_interval: Duration,
+    next_status: Instant,
+    done: bool,
+}
+
+impl ReplicationStream {
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// The highest position confirmed so far.
+    pub fn confirmed(&self) -> Lsn {
+        self.confirmed
+    }
+
+    pub fn set_status_interval(&mut self, interval: Duration) {
+        self.status_interval = interval;
+    }
+
+    /// The next XLogData or keepalive; `None` once the server has ended
+    /// the stream. Status updates are sent while waiting, so a caller that
+    /// keeps calling this never trips `wal_sender_timeout`. Cancel-safe.
+    pub async fn recv(&mut self) -> Result<Option<ReplicationMessage>> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            if Instant::now() >= self.next_status {
+                self.send_status().await?;
+            }
+            let frame = tokio::select! {
+                frame = self.conn.read_frame() => frame,
+                () = sleep_until(self.next_status) => continue,
+            };
+            let message = match frame.map_err(|e| slot_error(e, &self.slot))? {
+                Frame::Message(Message::CopyDone) => {
+                    self.done = true;
+                    self.conn.queue_copy_done();
+                    self.conn.flush().await?;
+                    return Ok(None);
+                }
+                Frame::Message(m) => copy_data(m).ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Protocol,
+                        "unexpected message inside the replication stream",
+                    )
+                })?,
+                Frame::CopyBothResponse => {
+                    return Err(Error::new(ErrorKind::Protocol, "a second CopyBothResponse"));
+                }
+            };
+            let message = ReplicationMessage::decode(message)?;
+            match &message {
+                ReplicationMessage::XLogData { wal_start, .. } => {
+                    self.received = self.received.max(*wal_start);
+                }
+                ReplicationMessage::PrimaryKeepalive {
+                    wal_end,
+                    reply_requested,
+                    ..
+                } => {
+                    self.received = self.received.max(*wal_end);
+                    if *reply_requested {
+                        self.send_status().await?;
+                    }
+                }
+            }
+            return Ok(Some(message));
+        }
+    }
+
+    /// Records that everything up to `lsn` is durable and tells the server
+    /// at once. A position lower than one confirmed before is ignored, so
+    /// the reported position never moves backwards.
+    pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
+        if lsn <= self.confirmed {
+            return Ok(());
+        }
+        self.confirmed = lsn;
+        self.send_status().await
+    }
+
+    async fn send_status(&mut self) -> Result<()> {
+        let write = self.received.max(self.confirmed);
+        let update = standby_status_update(write, self.confirmed, self.confirmed, pg_now_micros());
+        self.conn.queue_copy_data(&update);
+        self.conn.flush().await?;
+        self.next_status = Instant::now() + self.status_interval;
+        tracing::trace!(slot = %self.slot, flush_lsn = %self.confirmed, "sent standby status update");
+        Ok(())
+    }
+
+    /// Ends the stream: a last status update, CopyDone, and the server's
+    /// closing messages, then the connection is closed.
+    pub async fn stop(mut self) -> Result<()> {
+        if !self.done {
+            self.send_status().await?;
+            self.conn.queue_copy_done();
+            self.conn.flush().await?;
+            // Drain until the server finishes the command.
+            loop {
+                match self.conn.read_frame().await {
+                    Ok(Frame::Message(Message::ReadyForQuery(_))) => break,
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::Connection => return Ok(()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        self.conn.close().await
+    }
+}
+
+fn pg_now_micros() -> i64 {
+    let unix = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0);
+    unix - PG_EPOCH_OFFSET_MICROS
+}
+
+fn parse_lsn(text: &str) -> Result<Lsn> {
+    text.parse().map_err(|e| {
+        Error::new(ErrorKind::Protocol, "the server returned an invalid LSN").with_source(e)
+    })
+}
+
+/// Turns the server's slot errors into errors that say what to do.
+fn slot_error(err: Error, slot: &str) -> Error {
+    let message = match err.sqlstate() {
+        Some("55006") => format!(
+            "replication slot {slot:?} is in use by another process: stop the other consumer \
+             (see pg_replication_slots.active_pid) or use another slot name"
+        ),
+        Some("42704") => format!(
+            "replication slot {slot:?} does not exist: it was dropped; run again to create it \
+             (this takes a new initial load)"
+        ),
+        Some("42710") => format!("replication slot {slot:?} already exists"),
+        Some("53400") => {
+            "no free replication slot: raise max_replication_slots or drop an unused slot \
+                          (see pg_replication_slots)"
+                .to_owned()
+        }
+        Some("55000")
+            if err.to_string().contains("invalidated")
+                || err.to_string().contains("can no longer") =>
+        {
+            format!(
+                "replication slot {slot:?} was invalidated (it retained more WAL than \
+                 max_slot_wal_keep_size allows): drop it and start again with a new initial load"
+            )
+        }
+        _ => return err.with_context("slot", slot),
+    };
+    Error::new(ErrorKind::Slot, message).with_source(err)
+}
+
+/// Quotes an identifier for a replication command.
+pub fn quote_ident(ident: &str) -> String {
+    format!("\"{}\"", ident.replace('"', "\"\""))
+}
+
+/// Quotes a string literal for a replication command.
+pub fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_xlogdata_and_keepalive() {
+        let mut buf = BytesMut::new();
+        buf.put_u8(b'w');
+        buf.put_u64(0x10);
+        buf.put_u64(0x20);
+        buf.put_i64(5);
+        buf.put_slice(b"payload");
+        assert_eq!(
+            ReplicationMessage::decode(buf.freeze()).unwrap(),
+            ReplicationMessage::XLogData {
+                wal_start: Lsn(0x10),
+                wal_end: Lsn(0x20),
+                send_time: 5,
+                data: Bytes::from_static(b"payload"),
+            }
+        );
+        let mut buf = BytesMut::new();
+        buf.put_u8(b'k');
+        buf.put_u64(0x30);
+        buf.put_i64(6);
+        buf.put_u8(1);
+        assert_eq!(
+            ReplicationMessage::decode(buf.freeze()).unwrap(),
+            ReplicationMessage::PrimaryKeepalive {
+                wal_end: Lsn(0x30),
+                send_time: 6,
+                reply_requested: true
+            }
+        );
+    }
+
+    #[test]
+    fn truncated_copy_data_is_an_error() {
+        let mut buf = BytesMut::new();
+        buf.put_u8(b'k');
+        buf.put_u64(0x30);
+        buf.put_i64(6);
+        buf.put_u8(0);
+        let full = buf.freeze();
+        for cut in 0..full.len() {
+            assert!(ReplicationMessage::decode(full.slice(..cut)).is_err());
+        }
+        assert!(ReplicationMessage::decode(Bytes::from_static(b"x")).is_err());
+    }
+
+    #[test]
+    fn encodes_standby_status_update() {
+        let update = standby_status_update(Lsn(3), Lsn(2), Lsn(1), 9);
+        assert_eq!(update.len(), 34);
+        assert_eq!(update[0], b'r');
+        assert_eq!(&update[1..9], &3u64.to_be_bytes());
+        assert_eq!(&update[9..17], &2u64.to_be_bytes());
+        assert_eq!(&update[17..25], &1u64.to_be_bytes());
+        assert_eq!(&update[25..33], &9i64.to_be_bytes());
+        assert_eq!(update[33], 0);
+    }
+
+    #[test]
+    fn quotes_identifiers_and_literals() {
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+}

@@ -1,0 +1,626 @@
+//! The ordinary (non-replication) connection: preflight checks,
+//! publication management, catalog look-ups and the snapshot COPY.
+//!
+//! Every check here reads the catalog only. The one change made to the
+//! source is creating a publication or adding a table to it, and only for
+//! tables whose UPDATE and DELETE keep working once published (a primary
+//! key, or a replica identity of FULL or USING INDEX).
+
+use std::fmt;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, CopyOutStream, NoTls};
+
+use super::config::{PgConfig, SslMode};
+use super::lsn::Lsn;
+use super::replication::quote_ident;
+use crate::error::{Error, ErrorKind, Result, postgres};
+
+/// A schema-qualified table name, as given by the user (`public.customers`,
+/// or `customers` for the `public` schema). Names are matched exactly, as
+/// stored in the catalog.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TableName {
+    pub schema: String,
+    pub name: String,
+}
+
+impl TableName {
+    pub fn parse(s: &str) -> Result<TableName> {
+        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
+        if schema.is_empty() || name.is_empty() || name.contains('.') {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!("table {s:?} is not of the form schema.table"),
+            ));
+        }
+        Ok(TableName {
+            schema: schema.to_owned(),
+            name: name.to_owned(),
+        })
+    }
+
+    /// `"schema"."name"`, for SQL.
+    pub fn quoted(&self) -> String {
+        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
+    }
+}
+
+impl fmt::Display for TableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+/// An ordinary connection; its background task ends when this is dropped.
+pub struct SourceClient {
+    client: Client,
+    task: JoinHandle<()>,
+}
+
+impl Drop for SourceClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::ops::Deref for SourceClient {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl SourceClient {
+    pub async fn connect(config: &PgConfig) -> Result<SourceClient> {
+        let pg = config.to_tokio_postgres();
+        let context = |e: tokio_postgres::Error| {
+            let code = e.as_db_error().map(|d| d.code().code().to_owned());
+            let err = postgres(e, "cannot connect to the source database")
+                .with_context("host", &config.host)
+                .with_context("port", config.port)
+                .with_context("dbname", &config.dbname);
+            match code.as_deref() {
+                Some("28P01" | "28000") => Error::new(
+                    ErrorKind::Authentication,
+                    "the server rejected the login: check the user, the password and pg_hba.conf",
+                )
+                .with_context("user", &config.user)
+                .with_source(err),
+                _ => err,
+            }
+        };
+        let (client, task) = match super::tls::client_config(config)? {
+            Some(tls) if config.sslmode != SslMode::Disable => {
+                let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone());
+                let (client, connection) = pg.connect(connector).await.map_err(context)?;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+            _ => {
+                let (client, connection) = pg.connect(NoTls).await.map_err(context)?;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+        };
+        Ok(SourceClient { client, task })
+    }
+
+    /// `server_version_num`, e.g. 150004.
+    pub async fn server_version_num(&self) -> Result<u32> {
+        let row = self
+            .query_one("SELECT current_setting('server_version_num')::int", &[])
+            .await
+            .map_err(|e| postgres(e, "cannot read the server version"))?;
+        Ok(row.get::<_, i32>(0) as u32)
+    }
+}
+
+/// One failed preflight check: what is wrong and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckFailure {
+    /// A stable short name, e.g. `wal_level`.
+    pub check: &'static str,
+    pub problem: String,
+    pub fix: String,
+}
+
+impl fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{}] {}\n    fix: {}",
+            self.check, self.problem, self.fix
+        )
+    }
+}
+
+/// What the slot looks like in `pg_replication_slots`.
+#[derive(Debug, Clone)]
+pub struct SlotInfo {
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+}
+
+pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, database::text, active_pid, confirmed_flush_lsn::text, wal_status \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
+    Ok(row.map(|r| SlotInfo {
+        plugin: r.get(0),
+        database: r.get(1),
+        active_pid: r.get(2),
+        confirmed_flush_lsn: r.get::<_, Option<String>>(3).and_then(|s| s.parse().ok()),
+        wal_status: r.get(4),
+    }))
+}
+
+/// Runs every preflight check and returns all failures at once.
+pub async fn preflight(
+    client: &Client,
+    tables: &[TableName],
+    slot: &str,
+    publication: &str,
+) -> Result<Vec<CheckFailure>> {
+    let mut failures = Vec::new();
+    let q = |e| postgres(e, "preflight check query failed");
+
+    let wal_level: String = client
+        .query_one("SHOW wal_level", &[])
+        .await
+        .map_err(q)?
+        .get(0);
+    if wal_level != "logical" {
+        failures.push(CheckFailure {
+            check: "wal_level",
+            problem: format!("wal_level is {wal_level:?}; logical replication needs \"logical\""),
+            fix: "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL".to_owned(),
+        });
+    }
+
+    let role = client
+        .query_one(
+            "SELECT current_user::text, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
+        )
+        .await
+        .map_err(q)?;
+    let (user, replication, superuser): (String, bool, bool) =
+        (role.get(0), role.get(1), role.get(2));
+    if !replication && !superuser {
+        failures.push(CheckFailure {
+            check: "replication_privilege",
+            problem: format!("role {user:?} has neither REPLICATION nor SUPERUSER"),
+            fix: format!("ALTER ROLE {} REPLICATION;", quote_ident(&user)),
+        });
+    }
+
+    let existing_slot = slot_info(client, slot).await?;
+    match &existing_slot {
+        None => {
+            let row = client
+                .query_one(
+                    "SELECT current_setting('max_replication_slots')::int, \
+                            (SELECT count(*)::int FROM pg_replication_slots), \
+                            current_setting('max_wal_senders')::int, \
+                            (SELECT count(*)::int FROM pg_stat_replication)",
+                    &[],
+                )
+                .await
+                .map_err(q)?;
+            let (max_slots, slots, max_senders, senders): (i32, i32, i32, i32) =
+                (row.get(0), row.get(1), row.get(2), row.get(3));
+            if slots >= max_slots {
+                failures.push(CheckFailure {
+                    check: "free_replication_slot",
+                    problem: format!(
+                        "all {max_slots} replication slots are taken (max_replication_slots)"
+                    ),
+                    fix: "raise max_replication_slots and restart, or drop an unused slot: \
+                          SELECT pg_drop_replication_slot(name)"
+                        .to_owned(),
+                });
+            }
+            if senders >= max_senders {
+                failures.push(CheckFailure {
+                    check: "free_wal_sender",
+                    problem: format!("all {max_senders} WAL senders are busy (max_wal_senders)"),
+                    fix: "raise max_wal_senders and restart, or stop another replication client"
+                        .to_owned(),
+                });
+            }
+        }
+        Some(info) => {
+            if let Some(pid) = info.active_pid {
+                failures.push(CheckFailure {
+                    check: "slot_in_use",
+                    problem: format!("replication slot {slot:?} is in use by process {pid}"),
+                    fix: format!(
+                        "stop the other consumer of the slot (SELECT pg_terminate_backend({pid}) if it is stale), \
+                         or use another slot name"
+                    ),
+                });
+            }
+            if info.plugin.as_deref() != Some("pgoutput") {
+                failures.push(CheckFailure {
+                    check: "slot_plugin",
+                    problem: format!(
+                        "replication slot {slot:?} exists but is not a pgoutput logical slot (plugin {:?})",
+                        info.plugin
+                    ),
+                    fix: "use another slot name".to_owned(),
+                });
+            }
+            let dbname: String = client
+                .query_one("SELECT current_database()::text", &[])
+                .await
+                .map_err(q)?
+                .get(0);
+            if info.database.as_deref().is_some_and(|d| d != dbname) {
+                failures.push(CheckFailure {
+                    check: "slot_database",
+                    problem: format!(
+                        "replication slot {slot:?} belongs to database {:?}, not {dbname:?}",
+                        info.database.as_deref().unwrap_or_default()
+                    ),
+                    fix: "use another slot name".to_owned(),
+                });
+            }
+            if info.wal_status.as_deref() == Some("lost") {
+                failures.push(CheckFailure {
+                    check: "slot_invalidated",
+                    problem: format!(
+                        "replication slot {slot:?} was invalidated: the WAL it needed is gone \
+                         (max_slot_wal_keep_size)"
+                    ),
+                    fix: format!(
+                        "drop it (SELECT pg_drop_replication_slot('{slot}')) and start again with a new initial load"
+                    ),
+                });
+            }
+        }
+    }
+
+    for table in tables {
+        failures.extend(check_table(client, table).await?);
+    }
+
+    let publishes = client
+        .query_opt(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(q)?;
+    if let Some(row) = publishes {
+        let ops: [(bool, &str); 4] = [
+            (row.get(0), "insert"),
+            (row.get(1), "update"),
+            (row.get(2), "delete"),
+            (row.get(3), "truncate"),
+        ];
+        let missing: Vec<&str> = ops
+            .iter()
+            .filter(|(on, _)| !on)
+            .map(|(_, op)| *op)
+            .collect();
+        if !missing.is_empty() {
+            failures.push(CheckFailure {
+                check: "publication_operations",
+                problem: format!(
+                    "publication {publication:?} does not publish {}: those changes would be lost",
+                    missing.join(", ")
+                ),
+                fix: format!(
+                    "ALTER PUBLICATION {} SET (publish = 'insert, update, delete, truncate');",
+                    quote_ident(publication)
+                ),
+            });
+        }
+    }
+    Ok(failures)
+}
+
+/// Checks one table: it exists, we may read it, and publishing it cannot
+/// break the application's UPDATE and DELETE.
+async fn check_table(client: &Client, table: &TableName) -> Result<Vec<CheckFailure>> {
+    let row = client
+        .query_opt(
+            "SELECT c.relkind::text, c.relreplident::text, \
+                    has_table_privilege(c.oid, 'SELECT'), \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(|e| postgres(e, "preflight check query failed").with_context("table", table))?;
+    let Some(row) = row else {
+        return Ok(vec![CheckFailure {
+            check: "table_exists",
+            problem: format!("table {table} does not exist"),
+            fix: "check the name (schema.table, case-sensitive) or create the table".to_owned(),
+        }]);
+    };
+    let (relkind, replident, can_select, has_pk, has_identity_index): (
+        String,
+        String,
+        bool,
+        bool,
+        bool,
+    ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let mut failures = Vec::new();
+    if relkind != "r" && relkind != "p" {
+        failures.push(CheckFailure {
+            check: "table_kind",
+            problem: format!(
+                "{table} is not an ordinary or partitioned table (relkind {relkind:?})"
+            ),
+            fix: "replicate the underlying table instead".to_owned(),
+        });
+    }
+    if !can_select {
+        failures.push(CheckFailure {
+            check: "select_privilege",
+            problem: format!("the role may not SELECT from {table}, which the initial load needs"),
+            fix: format!("GRANT SELECT ON {} TO <role>;", table.quoted()),
+        });
+    }
+    let identity_ok = match replident.as_str() {
+        "f" => true,
+        "d" => has_pk,
+        "i" => has_identity_index,
+        _ => false,
+    };
+    if !identity_ok {
+        failures.push(CheckFailure {
+            check: "replica_identity",
+            problem: format!(
+                "{table} has no primary key and no REPLICA IDENTITY FULL or USING INDEX; publishing it \
+                 would make its UPDATE and DELETE fail, so it is not added"
+            ),
+            fix: format!(
+                "add a primary key, or ALTER TABLE {} REPLICA IDENTITY FULL;",
+                table.quoted()
+            ),
+        });
+    }
+    Ok(failures)
+}
+
+/// Creates the publication for `tables`, or adds the tables it lacks.
+/// Call only after [`preflight`] passed for these tables.
+pub async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<()> {
+    let q = |e| postgres(e, "cannot read pg_publication").with_context("publication", publication);
+    let exists = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(q)?;
+    let list = |ts: &[&TableName]| ts.iter().map(|t| t.quoted()).collect::<Vec<_>>().join(", ");
+    let sql = match exists {
+        None => format!(
+            "CREATE PUBLICATION {} FOR TABLE {}",
+            quote_ident(publication),
+            list(&tables.iter().collect::<Vec<_>>())
+        ),
+        Some(row) if row.get::<_, bool>(0) => return Ok(()),
+        Some(_) => {
+            let rows = client
+                .query(
+                    "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
+                    &[&publication],
+                )
+                .await
+                .map_err(q)?;
+            let published: Vec<TableName> = rows
+                .iter()
+                .map(|r| TableName {
+                    schema: r.get(0),
+                    name: r.get(1),
+                })
+                .collect();
+            let missing: Vec<&TableName> =
+                tables.iter().filter(|t| !published.contains(t)).collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            format!(
+                "ALTER PUBLICATION {} ADD TABLE {}",
+                quote_ident(publication),
+                list(&missing)
+            )
+        }
+    };
+    client.batch_execute(&sql).await.map_err(|e| {
+        let hint = if e.code().map(|c| c.code()) == Some("42501") {
+            "cannot create or change the publication: the role must own the tables (or be superuser); \
+             or create it yourself and pass its name"
+        } else {
+            "cannot create or change the publication"
+        };
+        postgres(e, hint).with_context("publication", publication)
+    })?;
+    tracing::info!(publication, "publication ready");
+    Ok(())
+}
+
+/// One column as the catalog describes it, in the order pgoutput sends
+/// columns: by attribute number, without dropped or generated columns.
+#[derive(Debug, Clone)]
+pub struct CatalogColumn {
+    pub name: String,
+    pub type_oid: u32,
+    pub type_modifier: i32,
+    pub is_primary_key: bool,
+    pub is_identity_key: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct CatalogTable {
+    pub oid: u32,
+    pub name: TableName,
+    pub replica_identity: u8,
+    pub columns: Vec<CatalogColumn>,
+}
+
+pub async fn describe_table(client: &Client, table: &TableName) -> Result<CatalogTable> {
+    let rows = client
+        .query(
+            "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
+                    COALESCE(a.attnum = ANY (pk.indkey::int2[]), false), \
+                    COALESCE(a.attnum = ANY (ri.indkey::int2[]), false) \
+             FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+                                 AND a.attgenerated = '' \
+             LEFT JOIN pg_index pk ON pk.indrelid = c.oid AND pk.indisprimary \
+             LEFT JOIN pg_index ri ON ri.indrelid = c.oid AND ri.indisreplident \
+             WHERE n.nspname = $1 AND c.relname = $2 \
+             ORDER BY a.attnum",
+            &[&table.schema, &table.name],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read the table's columns").with_context("table", table))?;
+    let first = rows.first().ok_or_else(|| {
+        Error::new(
+            ErrorKind::Preflight,
+            format!("table {table} does not exist or has no columns"),
+        )
+    })?;
+    let replident: String = first.get(1);
+    let identity = replident.as_bytes().first().copied().unwrap_or(b'd');
+    Ok(CatalogTable {
+        oid: first.get(0),
+        name: table.clone(),
+        replica_identity: identity,
+        columns: rows
+            .iter()
+            .map(|r| {
+                let is_pk: bool = r.get(5);
+                let in_identity_index: bool = r.get(6);
+                CatalogColumn {
+                    name: r.get(2),
+                    type_oid: r.get(3),
+                    type_modifier: r.get(4),
+                    is_primary_key: is_pk,
+                    is_identity_key: match identity {
+                        b'f' => true,
+                        b'i' => in_identity_index,
+                        _ => is_pk,
+                    },
+                }
+            })
+            .collect(),
+    })
+}
+
+/// The primary-key column names of a relation, by OID, in key order.
+pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<String>> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text FROM pg_index i \
+             JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) ON true \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum \
+             WHERE i.indrelid = $1 AND i.indisprimary ORDER BY k.ord",
+            &[&relation_oid],
+        )
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot read the primary key").with_context("relation_oid", relation_oid)
+        })?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// What `pg_type` says about a type, enough to decode its text output.
+#[derive(Debug, Clone)]
+pub struct CatalogType {
+    /// `b` base, `d` domain, `e` enum, `c` composite, `r` range, ...
+    pub typtype: u8,
+    /// For a domain: the type it is based on.
+    pub base_type: u32,
+    /// For an array: the element type (0 otherwise).
+    pub element_type: u32,
+    /// `A` for arrays.
+    pub category: u8,
+}
+
+pub async fn describe_type(client: &Client, oid: u32) -> Result<Option<CatalogType>> {
+    let row = client
+        .query_opt(
+            "SELECT typtype::text, typbasetype, typelem, typcategory::text FROM pg_type WHERE oid = $1",
+            &[&oid],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_type").with_context("type_oid", oid))?;
+    let byte = |s: String| s.as_bytes().first().copied().unwrap_or(b'?');
+    Ok(row.map(|r| CatalogType {
+        typtype: byte(r.get(0)),
+        base_type: r.get(1),
+        element_type: r.get(2),
+        category: byte(r.get(3)),
+    }))
+}
+
+/// Opens the snapshot an exported slot snapshot names, in a read-only
+/// repeatable-read transaction on this connection. Must run while the
+/// replication connection that exported it sends nothing else.
+pub async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> {
+    client
+        .batch_execute(&format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'",
+            snapshot_name.replace('\'', "''")
+        ))
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot import the slot's exported snapshot")
+                .with_context("snapshot", snapshot_name)
+        })
+}
+
+/// `COPY table (columns) TO STDOUT` in text format.
+pub async fn copy_out(client: &Client, table: &CatalogTable) -> Result<CopyOutStream> {
+    let columns = table
+        .columns
+        .iter()
+        .map(|c| quote_ident(&c.name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    client
+        .copy_out(&format!(
+            "COPY {} ({columns}) TO STDOUT",
+            table.name.quoted()
+        ))
+        .await
+        .map_err(|e| postgres(e, "cannot start COPY").with_context("table", &table.name))
+}
+
+/// Reads the next chunk of a COPY stream.
+pub async fn next_copy_chunk(
+    stream: &mut Pin<Box<CopyOutStream>>,
+    table: &TableName,
+) -> Result<Option<Bytes>> {
+    match stream.next().await {
+        None => Ok(None),
+        Some(chunk) => chunk
+            .map(Some)
+            .map_err(|e| postgres(e, "COPY failed").with_context("table", table)),
+    }
+}
