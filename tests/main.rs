@@ -1,0 +1,15 @@
+//! Integration tests against a real PostgreSQL started by the harness.
+
+mod support;
+
+#[global_allocator]
+static ALLOCATOR: support::alloc::ThreadCounting = support::alloc::ThreadCounting;
+
+mod auth;
+mod before_images;
+mod feedback;
+mod initial_load;
+mod preflight;
+mod seed_walkthrough;
+mod streaming;
+mod types;

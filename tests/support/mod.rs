@@ -1,0 +1,305 @@
+//! The test harness: one throwaway PostgreSQL per test binary (TLS on,
+//! password users for each authentication method), a fresh database per
+//! test, and helpers to read change events.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use wal2iceberg::cdc::capture::{self, Capture, CaptureOptions};
+use wal2iceberg::cdc::event::{Change, Datum, Event};
+use wal2iceberg::cdc::stream::{ChangeStream, Next};
+use wal2iceberg::cdc::value::Value;
+use wal2iceberg::ops::scratch::ScratchPostgres;
+use wal2iceberg::pg::config::PgConfig;
+use wal2iceberg::pg::lsn::Lsn;
+use wal2iceberg::pg::source::{SourceClient, TableName};
+
+pub mod alloc;
+
+/// Users with a password, one per authentication method.
+pub const PASSWORD: &str = "s3cret-Pw";
+pub const MD5_USER: &str = "md5_user";
+pub const SCRAM_USER: &str = "scram_user";
+pub const CLEARTEXT_USER: &str = "cleartext_user";
+
+pub struct Server {
+    pub pg: ScratchPostgres,
+    /// The CA that signed the server's certificate (valid for `localhost`
+    /// only, not for 127.0.0.1).
+    pub ca_file: PathBuf,
+}
+
+/// The server of this test binary, started on first use.
+pub fn server() -> &'static Server {
+    static SERVER: OnceLock<Server> = OnceLock::new();
+    SERVER.get_or_init(|| start_server().expect("start the test PostgreSQL"))
+}
+
+fn start_server() -> wal2iceberg::Result<Server> {
+    let certs = tempfile::tempdir().expect("tempdir").keep();
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "wal2iceberg test CA");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let server_key = rcgen::KeyPair::generate().expect("server key");
+    let server_params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    let server_cert = server_params.signed_by(&server_key, &issuer).expect("server cert");
+
+    let hba = [
+        format!("host all {MD5_USER} 127.0.0.1/32 md5"),
+        format!("host all {SCRAM_USER} 127.0.0.1/32 scram-sha-256"),
+        format!("host all {CLEARTEXT_USER} 127.0.0.1/32 password"),
+    ];
+    let hba: Vec<&str> = hba.iter().map(String::as_str).collect();
+    // The server reads its key and certificate from its own folder.
+    let pg = ScratchPostgres::start(&[("logical_decoding_work_mem", "'64kB'")], &hba)?;
+    let cert_file = pg.data_dir().join("server.crt");
+    let key_file = pg.data_dir().join("server.key");
+    std::fs::write(&cert_file, server_cert.pem())?;
+    std::fs::write(&key_file, server_key.serialize_pem())?;
+    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    pg.hand_over(&cert_file)?;
+    pg.hand_over(&key_file)?;
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(pg.data_dir().join("postgresql.conf"))
+        .and_then(|mut f| std::io::Write::write_all(&mut f, b"ssl = on\n"))?;
+    pg.reload()?;
+    let ca_file = certs.join("ca.pem");
+    std::fs::write(&ca_file, ca_cert.pem())?;
+    Ok(Server { pg, ca_file })
+}
+
+/// A name no other test of this run uses (slots are cluster-wide).
+pub fn unique(prefix: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    format!("{prefix}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// A database of its own for one test.
+pub struct TestDb {
+    pub name: String,
+    pub config: PgConfig,
+    pub client: SourceClient,
+}
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let server = server();
+        let admin = SourceClient::connect(&config_for(&server.pg.url("postgres")))
+            .await
+            .expect("connect as admin");
+        let name = unique("t");
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
+        let config = config_for(&server.pg.url(&name));
+        let client = SourceClient::connect(&config).await.expect("connect to test database");
+        TestDb { name, config, client }
+    }
+
+    pub async fn exec(&self, sql: &str) {
+        self.client
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("SQL failed: {e}\n{sql}"));
+    }
+
+    /// Capture options with a slot and publication of this test's own.
+    pub fn options(&self, tables: &[&str]) -> CaptureOptions {
+        let mut options = CaptureOptions::new(tables.iter().map(|t| TableName::parse(t).unwrap()).collect());
+        options.slot = unique("slot");
+        options.publication = "pub".to_owned();
+        options
+    }
+
+    /// The slot's confirmed_flush_lsn.
+    pub async fn confirmed_flush(&self, slot: &str) -> Option<Lsn> {
+        let row = self
+            .client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("read slot");
+        row.and_then(|r| r.get::<_, Option<String>>(0)).map(|s| s.parse().unwrap())
+    }
+
+    pub async fn current_wal_lsn(&self) -> Lsn {
+        let row = self
+            .client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .unwrap();
+        row.get::<_, String>(0).parse().unwrap()
+    }
+}
+
+/// Parses a connection string that must be valid.
+pub fn config_for(url: &str) -> PgConfig {
+    PgConfig::parse_with(url, |_| None, None).expect("valid test URL")
+}
+
+/// Opens a capture that must be fresh, reads the whole load, starts the
+/// stream and confirms the consistent point.
+pub async fn open_fresh(db: &TestDb, options: &CaptureOptions) -> (Vec<Event>, ChangeStream) {
+    let Capture::Fresh { mut load, pending } = capture::open(&db.config, options).await.expect("open capture")
+    else {
+        panic!("expected a new slot");
+    };
+    let mut events = Vec::new();
+    while let Some(event) = load.next_event().await.expect("load") {
+        events.push(event);
+    }
+    let point = load.consistent_point();
+    let mut stream = pending.start().await.expect("start streaming");
+    stream.confirm(point).await.expect("confirm load");
+    (events, stream)
+}
+
+/// Reads events until `done` says so, failing after 60 seconds.
+pub async fn read_until(stream: &mut ChangeStream, mut done: impl FnMut(&[Event]) -> bool) -> Vec<Event> {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let mut events = Vec::new();
+    while !done(&events) {
+        match stream.next_before(Some(give_up)).await.expect("stream") {
+            Next::Event(e) => events.push(e),
+            Next::Idle => panic!("no event within 60 s; got so far: {}", summary(&events)),
+            Next::Closed => panic!("the server closed the stream"),
+        }
+    }
+    events
+}
+
+/// Reads until `n` commits have arrived.
+pub async fn read_commits(stream: &mut ChangeStream, n: usize) -> Vec<Event> {
+    read_until(stream, |events| commits(events) >= n).await
+}
+
+pub fn commits(events: &[Event]) -> usize {
+    events.iter().filter(|e| matches!(e, Event::Commit { .. })).count()
+}
+
+pub fn changes(events: &[Event]) -> Vec<&Change> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Change(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Op codes of the changes, in order: "rrr", "uudc".
+pub fn ops(events: &[Event]) -> String {
+    changes(events).iter().map(|c| c.op.code()).collect()
+}
+
+pub fn summary(events: &[Event]) -> String {
+    events.iter().map(|e| e.to_json().to_string()).collect::<Vec<_>>().join("\n")
+}
+
+/// The datum of `column` in a row of `change`'s relation.
+pub fn datum<'a>(change: &Change, row: &'a [Datum], column: &str) -> &'a Datum {
+    let i = change
+        .relation
+        .columns
+        .iter()
+        .position(|c| c.name == column)
+        .unwrap_or_else(|| panic!("no column {column}"));
+    &row[i]
+}
+
+pub fn after<'a>(change: &'a Change, column: &str) -> &'a Datum {
+    datum(change, change.after.as_ref().expect("after image"), column)
+}
+
+pub fn before<'a>(change: &'a Change, column: &str) -> &'a Datum {
+    datum(change, &change.before.as_ref().expect("before image").row, column)
+}
+
+pub fn text(s: &str) -> Datum {
+    Datum::Value(Value::Text(s.to_owned()))
+}
+
+pub fn int4(i: i32) -> Datum {
+    Datum::Value(Value::Int4(i))
+}
+
+/// Applies changes to a map keyed by the primary key, as a sink would:
+/// unchanged TOAST columns keep the value they had.
+#[derive(Default, Debug)]
+pub struct Model {
+    pub rows: BTreeMap<String, Vec<serde_json::Value>>,
+}
+
+impl Model {
+    pub fn apply(&mut self, change: &Change) {
+        use wal2iceberg::cdc::event::Op;
+        let key_of = |row: &[Datum]| {
+            change
+                .relation
+                .columns
+                .iter()
+                .zip(row)
+                .filter(|(c, _)| c.is_primary_key)
+                .map(|(_, d)| match d {
+                    Datum::Value(v) => v.to_json().to_string(),
+                    other => panic!("key column not sent: {other:?}"),
+                })
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        match change.op {
+            Op::Truncate => self.rows.clear(),
+            Op::Delete => {
+                let key = key_of(&change.before.as_ref().unwrap().row);
+                assert!(self.rows.remove(&key).is_some(), "delete of a missing row {key}");
+            }
+            Op::Read | Op::Insert | Op::Update => {
+                let new = change.after.as_ref().unwrap();
+                let old_key = change.before.as_ref().map(|b| key_of(&b.row));
+                let key = key_of(new);
+                let previous = match old_key {
+                    Some(old) => self.rows.remove(&old),
+                    None if change.op == Op::Update => self.rows.remove(&key),
+                    None => None,
+                };
+                let row = new
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| match d {
+                        Datum::Value(v) => v.to_json(),
+                        Datum::UnchangedToast => previous.as_ref().expect("unchanged toast of a known row")[i].clone(),
+                        Datum::NotSent => panic!("after image with a column not sent"),
+                    })
+                    .collect();
+                self.rows.insert(key, row);
+            }
+        }
+    }
+}
+
+/// The table read through the same decoder as the initial load, keyed as
+/// [`Model`] keys it.
+pub async fn table_state(db: &TestDb, table: &str) -> Model {
+    let mut options = db.options(&[table]);
+    options.temporary_slot = true;
+    let (events, stream) = open_fresh(db, &options).await;
+    stream.stop().await.expect("stop");
+    let mut model = Model::default();
+    for change in changes(&events) {
+        model.apply(change);
+    }
+    model
+}
