@@ -1,1 +1,156 @@
+//! The initial load is consistent with the stream: no change committed
+//! after the snapshot is missed, none before it repeated.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use rand::Rng;
+use wal2iceberg::cdc::event::{Datum, Event, Op};
+use wal2iceberg::pg::source::SourceClient;
+
 use crate::support::*;
+
+async fn write_randomly(client: SourceClient, stop: Arc<AtomicBool>, commits: Arc<AtomicU64>) {
+    let mut next_id = 100_000;
+    while !stop.load(Ordering::Relaxed) {
+        let sql = {
+            let mut rng = rand::rng();
+            let mut statements = Vec::new();
+            for _ in 0..rng.random_range(1..4) {
+                let id = rng.random_range(1..20_000);
+                statements.push(match rng.random_range(0..3) {
+                    0 => {
+                        next_id += 1;
+                        format!("INSERT INTO t VALUES ({next_id}, 0, 'new')")
+                    }
+                    1 => format!("UPDATE t SET val = val + 1, note = 'upd' WHERE id = {id}"),
+                    _ => format!("DELETE FROM t WHERE id = {id}"),
+                });
+            }
+            format!("BEGIN; {}; COMMIT;", statements.join("; "))
+        };
+        client.batch_execute(&sql).await.expect("writer");
+        commits.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_plus_stream_equals_the_table_under_concurrent_writes() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE t(id int PRIMARY KEY, val int NOT NULL, note text);
+         INSERT INTO t SELECT g, 0, 'orig' FROM generate_series(1, 20000) g;",
+    )
+    .await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let commits = Arc::new(AtomicU64::new(0));
+    let writer = tokio::spawn(write_randomly(
+        SourceClient::connect(&db.config).await.unwrap(),
+        stop.clone(),
+        commits.clone(),
+    ));
+    while commits.load(Ordering::Relaxed) < 20 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let (load, mut stream) = open_fresh(&db, &db.options(&["t"])).await;
+    let during_load = commits.load(Ordering::Relaxed);
+    let streamed_so_far = read_commits(&mut stream, 50).await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    db.exec("INSERT INTO t VALUES (-1, -1, 'sentinel')").await;
+    let mut events = streamed_so_far;
+    events.extend(
+        read_until(&mut stream, |events| {
+            changes(events)
+                .iter()
+                .any(|c| c.op == Op::Insert && after(c, "id") == &int4(-1))
+                && matches!(events.last(), Some(Event::Commit { .. }))
+        })
+        .await,
+    );
+
+    let consistent_point = changes(&load)[0].tx.commit_lsn;
+    let streamed = changes(&events);
+    assert!(
+        streamed.iter().all(|c| c.tx.commit_lsn > consistent_point),
+        "nothing from before the snapshot is streamed again"
+    );
+    assert!(during_load > 20, "the writer kept committing while the load ran");
+
+    let mut model = Model::default();
+    for change in changes(&load).into_iter().chain(streamed) {
+        model.apply(change);
+    }
+    let rows = db
+        .client
+        .query("SELECT id, val, note FROM t ORDER BY id", &[])
+        .await
+        .unwrap();
+    assert_eq!(model.rows.len(), rows.len(), "row count");
+    for row in rows {
+        let id: i32 = row.get(0);
+        let expected = vec![
+            serde_json::json!(id),
+            serde_json::json!(row.get::<_, i32>(1)),
+            serde_json::json!(row.get::<_, Option<String>>(2)),
+        ];
+        assert_eq!(model.rows.get(&id.to_string()), Some(&expected), "row {id}");
+    }
+    stream.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn one_publication_over_several_tables_and_a_truncate_of_both() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE a(id int PRIMARY KEY); CREATE TABLE b(id int PRIMARY KEY, a_id int REFERENCES a);
+         INSERT INTO a VALUES (1); INSERT INTO b VALUES (1, 1);",
+    )
+    .await;
+    let (load, mut stream) = open_fresh(&db, &db.options(&["public.a", "public.b"])).await;
+    let tables: Vec<String> = changes(&load).iter().map(|c| c.relation.name.to_string()).collect();
+    assert_eq!(tables, ["public.a", "public.b"]);
+
+    db.exec("BEGIN; INSERT INTO a VALUES (2); INSERT INTO b VALUES (2, 2); COMMIT;").await;
+    db.exec("TRUNCATE a, b RESTART IDENTITY").await;
+    let events = read_commits(&mut stream, 2).await;
+    assert_eq!(ops(&events), "cctt", "{}", summary(&events));
+    let c = changes(&events);
+    assert_eq!(c[0].tx, c[1].tx, "one transaction");
+    assert_eq!((c[0].seq, c[1].seq), (0, 1));
+    assert_eq!(c[1].relation.name.to_string(), "public.b");
+    let truncated: Vec<String> = c[2..].iter().map(|c| c.relation.name.to_string()).collect();
+    assert_eq!(truncated.len(), 2);
+    assert!(truncated.contains(&"public.a".to_owned()) && truncated.contains(&"public.b".to_owned()));
+    assert_eq!(
+        c[2].truncate_options,
+        wal2iceberg::pg::pgoutput::TRUNCATE_RESTART_IDENTITY
+    );
+    stream.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_relation_sent_again_after_alter_table_updates_the_columns() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE t(id int PRIMARY KEY, a text, b text); INSERT INTO t VALUES (1, 'x', 'y');")
+        .await;
+    let (_, mut stream) = open_fresh(&db, &db.options(&["t"])).await;
+    db.exec("INSERT INTO t VALUES (2, 'x', 'y')").await;
+    db.exec("ALTER TABLE t ADD COLUMN c int DEFAULT 7").await;
+    db.exec("INSERT INTO t VALUES (3, 'x', 'y', 8)").await;
+    db.exec("ALTER TABLE t DROP COLUMN a").await;
+    db.exec("UPDATE t SET b = 'z' WHERE id = 1").await;
+    let events = read_commits(&mut stream, 3).await;
+    let c = changes(&events);
+    let names = |i: usize| -> Vec<String> { c[i].relation.columns.iter().map(|c| c.name.clone()).collect() };
+    assert_eq!(names(0), ["id", "a", "b"]);
+    assert_eq!(names(1), ["id", "a", "b", "c"]);
+    assert_eq!(after(c[1], "c"), &int4(8));
+    assert_eq!(names(2), ["id", "b", "c"]);
+    assert_eq!(after(c[2], "c"), &int4(7));
+    assert_eq!(after(c[2], "b"), &text("z"));
+    assert_eq!(c[2].after.as_ref().unwrap().len(), 3);
+    assert!(c[2].relation.columns[0].is_primary_key);
+    assert!(!matches!(after(c[2], "id"), Datum::NotSent));
+    stream.stop().await.unwrap();
+}
