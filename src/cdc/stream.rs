@@ -100,6 +100,11 @@ impl ChangeStream {
         self.replication.confirm(lsn).await
     }
 
+    /// How often status updates go out when nothing else prompts one.
+    pub fn set_status_interval(&mut self, interval: std::time::Duration) {
+        self.replication.set_status_interval(interval);
+    }
+
     pub fn confirmed(&self) -> Lsn {
         self.replication.confirmed()
     }
