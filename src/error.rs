@@ -118,8 +118,18 @@ impl fmt::Display for Error {
         if !self.context.is_empty() {
             f.write_str(")")?;
         }
-        if let Some(source) = &self.source {
-            write!(f, ": {source}")?;
+        // The whole chain: tokio-postgres, for one, keeps the reason for a
+        // TLS failure in its source. A cause already spelled out by the
+        // error before it is not repeated.
+        let mut printed = String::new();
+        let mut cause = std::error::Error::source(self);
+        while let Some(err) = cause {
+            let text = err.to_string();
+            if !printed.contains(&text) {
+                write!(f, ": {text}")?;
+                printed = text;
+            }
+            cause = err.source();
         }
         Ok(())
     }
