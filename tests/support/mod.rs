@@ -111,7 +111,7 @@ impl TestDb {
         self.client
             .batch_execute(sql)
             .await
-            .unwrap_or_else(|e| panic!("SQL failed: {e}\n{sql}"));
+            .unwrap_or_else(|e| panic!("SQL failed: {}\n{sql}", e.as_db_error().map_or(e.to_string(), |d| d.to_string())));
     }
 
     /// Capture options with a slot and publication of this test's own.
