@@ -56,7 +56,11 @@ async fn full_identity_sends_the_complete_old_row_including_nulls() {
     let c = changes(&events);
     assert_eq!(c[0].before.as_ref().unwrap().kind, ImageKind::Full);
     assert_eq!(before(c[0], "name"), &text("Ada"));
-    assert_eq!(before(c[0], "plan"), &Datum::Value(Value::Null), "a real NULL stays NULL");
+    assert_eq!(
+        before(c[0], "plan"),
+        &Datum::Value(Value::Null),
+        "a real NULL stays NULL"
+    );
     assert_eq!(c[1].before.as_ref().unwrap().kind, ImageKind::Full);
     assert_eq!(before(c[1], "plan"), &text("pro"));
     stream.stop().await.unwrap();
@@ -78,21 +82,42 @@ async fn unchanged_toast_is_marked_under_default_and_recoverable_under_full() {
          INSERT INTO f VALUES (1, {BIG}, 0);"
     ))
     .await;
-    let expected: String = db.client.query_one(&format!("SELECT {BIG}"), &[]).await.unwrap().get(0);
+    let expected: String = db
+        .client
+        .query_one(&format!("SELECT {BIG}"), &[])
+        .await
+        .unwrap()
+        .get(0);
     assert!(expected.len() > 8192);
     let (load, mut stream) = open_fresh(&db, &db.options(&["d", "f"])).await;
-    assert_eq!(after(changes(&load)[0], "doc"), &text(&expected), "the load reads the whole value");
+    assert_eq!(
+        after(changes(&load)[0], "doc"),
+        &text(&expected),
+        "the load reads the whole value"
+    );
 
     db.exec("UPDATE d SET n = 1 WHERE id = 1").await;
     db.exec("UPDATE f SET n = 1 WHERE id = 1").await;
     let events = read_commits(&mut stream, 2).await;
     let c = changes(&events);
 
-    assert_eq!(after(c[0], "doc"), &Datum::UnchangedToast, "DEFAULT: marked, not filled");
+    assert_eq!(
+        after(c[0], "doc"),
+        &Datum::UnchangedToast,
+        "DEFAULT: marked, not filled"
+    );
     assert_eq!(after(c[0], "n"), &int4(1));
     assert!(c[0].before.is_none());
 
-    assert_eq!(after(c[1], "doc"), &Datum::UnchangedToast, "FULL: the new tuple still omits it");
-    assert_eq!(before(c[1], "doc"), &text(&expected), "FULL: the old row carries the value");
+    assert_eq!(
+        after(c[1], "doc"),
+        &Datum::UnchangedToast,
+        "FULL: the new tuple still omits it"
+    );
+    assert_eq!(
+        before(c[1], "doc"),
+        &text(&expected),
+        "FULL: the old row carries the value"
+    );
     stream.stop().await.unwrap();
 }

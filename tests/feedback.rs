@@ -38,14 +38,22 @@ async fn run_quietly(stream: &mut ChangeStream, d: Duration) {
     }
 }
 
-async fn wait_for_flush(db: &TestDb, slot: &str, stream: &mut ChangeStream, pred: impl Fn(Lsn) -> bool) -> Lsn {
+async fn wait_for_flush(
+    db: &TestDb,
+    slot: &str,
+    stream: &mut ChangeStream,
+    pred: impl Fn(Lsn) -> bool,
+) -> Lsn {
     let give_up = Instant::now() + Duration::from_secs(30);
     loop {
         let flushed = db.confirmed_flush(slot).await.unwrap();
         if pred(flushed) {
             return flushed;
         }
-        assert!(Instant::now() < give_up, "confirmed_flush_lsn stuck at {flushed}");
+        assert!(
+            Instant::now() < give_up,
+            "confirmed_flush_lsn stuck at {flushed}"
+        );
         run_quietly(stream, Duration::from_millis(100)).await;
     }
 }
@@ -77,7 +85,11 @@ async fn the_slot_follows_confirmations_exactly_and_resumes_after_them() {
     // Delivered but unconfirmed transactions hold the slot where it is,
     // through many status updates and keepalives.
     run_quietly(&mut stream, Duration::from_millis(500)).await;
-    assert_eq!(db.confirmed_flush(&options.slot).await, Some(ends[0]), "never passes it");
+    assert_eq!(
+        db.confirmed_flush(&options.slot).await,
+        Some(ends[0]),
+        "never passes it"
+    );
 
     // A lower confirmation does not move the position back.
     stream.confirm(Lsn(ends[0].0 - 1)).await.unwrap();
@@ -100,7 +112,11 @@ async fn the_slot_follows_confirmations_exactly_and_resumes_after_them() {
     let mut stream = resume(&db, &options).await;
     let next = read_commits(&mut stream, 1).await;
     assert_eq!(changes(&next).len(), 1);
-    assert_eq!(after(changes(&next)[0], "id"), &int4(4), "resumes right after the confirmed position");
+    assert_eq!(
+        after(changes(&next)[0], "id"),
+        &int4(4),
+        "resumes right after the confirmed position"
+    );
     stream.stop().await.unwrap();
 }
 

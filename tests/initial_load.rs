@@ -75,7 +75,10 @@ async fn load_plus_stream_equals_the_table_under_concurrent_writes() {
         streamed.iter().all(|c| c.tx.commit_lsn > consistent_point),
         "nothing from before the snapshot is streamed again"
     );
-    assert!(during_load > 20, "the writer kept committing while the load ran");
+    assert!(
+        during_load > 20,
+        "the writer kept committing while the load ran"
+    );
 
     let mut model = Model::default();
     for change in changes(&load).into_iter().chain(streamed) {
@@ -108,10 +111,14 @@ async fn one_publication_over_several_tables_and_a_truncate_of_both() {
     )
     .await;
     let (load, mut stream) = open_fresh(&db, &db.options(&["public.a", "public.b"])).await;
-    let tables: Vec<String> = changes(&load).iter().map(|c| c.relation.name.to_string()).collect();
+    let tables: Vec<String> = changes(&load)
+        .iter()
+        .map(|c| c.relation.name.to_string())
+        .collect();
     assert_eq!(tables, ["public.a", "public.b"]);
 
-    db.exec("BEGIN; INSERT INTO a VALUES (2); INSERT INTO b VALUES (2, 2); COMMIT;").await;
+    db.exec("BEGIN; INSERT INTO a VALUES (2); INSERT INTO b VALUES (2, 2); COMMIT;")
+        .await;
     db.exec("TRUNCATE a, b RESTART IDENTITY").await;
     let events = read_commits(&mut stream, 2).await;
     assert_eq!(ops(&events), "cctt", "{}", summary(&events));
@@ -121,7 +128,9 @@ async fn one_publication_over_several_tables_and_a_truncate_of_both() {
     assert_eq!(c[1].relation.name.to_string(), "public.b");
     let truncated: Vec<String> = c[2..].iter().map(|c| c.relation.name.to_string()).collect();
     assert_eq!(truncated.len(), 2);
-    assert!(truncated.contains(&"public.a".to_owned()) && truncated.contains(&"public.b".to_owned()));
+    assert!(
+        truncated.contains(&"public.a".to_owned()) && truncated.contains(&"public.b".to_owned())
+    );
     assert_eq!(
         c[2].truncate_options,
         wal2iceberg::pg::pgoutput::TRUNCATE_RESTART_IDENTITY
@@ -132,8 +141,10 @@ async fn one_publication_over_several_tables_and_a_truncate_of_both() {
 #[tokio::test]
 async fn a_relation_sent_again_after_alter_table_updates_the_columns() {
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE t(id int PRIMARY KEY, a text, b text); INSERT INTO t VALUES (1, 'x', 'y');")
-        .await;
+    db.exec(
+        "CREATE TABLE t(id int PRIMARY KEY, a text, b text); INSERT INTO t VALUES (1, 'x', 'y');",
+    )
+    .await;
     let (_, mut stream) = open_fresh(&db, &db.options(&["t"])).await;
     db.exec("INSERT INTO t VALUES (2, 'x', 'y')").await;
     db.exec("ALTER TABLE t ADD COLUMN c int DEFAULT 7").await;
@@ -142,7 +153,13 @@ async fn a_relation_sent_again_after_alter_table_updates_the_columns() {
     db.exec("UPDATE t SET b = 'z' WHERE id = 1").await;
     let events = read_commits(&mut stream, 3).await;
     let c = changes(&events);
-    let names = |i: usize| -> Vec<String> { c[i].relation.columns.iter().map(|c| c.name.clone()).collect() };
+    let names = |i: usize| -> Vec<String> {
+        c[i].relation
+            .columns
+            .iter()
+            .map(|c| c.name.clone())
+            .collect()
+    };
     assert_eq!(names(0), ["id", "a", "b"]);
     assert_eq!(names(1), ["id", "a", "b", "c"]);
     assert_eq!(after(c[1], "c"), &int4(8));

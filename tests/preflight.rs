@@ -18,7 +18,12 @@ fn find<'a>(failures: &'a [CheckFailure], check: &str) -> &'a CheckFailure {
 }
 
 fn options(tables: &[&str], slot: &str) -> CaptureOptions {
-    let mut o = CaptureOptions::new(tables.iter().map(|t| TableName::parse(t).unwrap()).collect());
+    let mut o = CaptureOptions::new(
+        tables
+            .iter()
+            .map(|t| TableName::parse(t).unwrap())
+            .collect(),
+    );
     o.slot = slot.to_owned();
     o
 }
@@ -27,11 +32,16 @@ fn options(tables: &[&str], slot: &str) -> CaptureOptions {
 async fn wal_level_other_than_logical_is_reported_with_the_fix() {
     let pg = ScratchPostgres::start(&[("wal_level", "replica")], &[]).unwrap();
     let config = config_for(&pg.url("postgres"));
-    let failures = capture::check(&config, &options(&["pg_catalog.pg_class"], "s")).await.unwrap();
+    let failures = capture::check(&config, &options(&["pg_catalog.pg_class"], "s"))
+        .await
+        .unwrap();
     let f = find(&failures, "wal_level");
     assert!(f.problem.contains("\"replica\""), "{f}");
     assert!(f.fix.contains("wal_level = logical"), "{f}");
-    let err = capture::open(&config, &options(&["pg_catalog.pg_class"], "s")).await.err().unwrap();
+    let err = capture::open(&config, &options(&["pg_catalog.pg_class"], "s"))
+        .await
+        .err()
+        .unwrap();
     assert_eq!(err.kind(), ErrorKind::Preflight);
     assert!(err.to_string().contains("wal_level"), "{err}");
 }
@@ -48,15 +58,27 @@ async fn missing_privileges_tables_and_keys_are_all_reported_at_once() {
     .await;
     let mut config = db.config.clone();
     config.user = role.clone();
-    let failures = capture::check(&config, &options(&["keyed", "nokey", "missing"], "s")).await.unwrap();
+    let failures = capture::check(&config, &options(&["keyed", "nokey", "missing"], "s"))
+        .await
+        .unwrap();
     let f = find(&failures, "replication_privilege");
-    assert!(f.fix.contains(&format!("ALTER ROLE \"{role}\" REPLICATION")), "{f}");
+    assert!(
+        f.fix
+            .contains(&format!("ALTER ROLE \"{role}\" REPLICATION")),
+        "{f}"
+    );
     let f = find(&failures, "select_privilege");
-    assert!(f.problem.contains("public.keyed") && f.fix.contains("GRANT SELECT"), "{f}");
+    assert!(
+        f.problem.contains("public.keyed") && f.fix.contains("GRANT SELECT"),
+        "{f}"
+    );
     let f = find(&failures, "table_exists");
     assert!(f.problem.contains("public.missing"), "{f}");
     let f = find(&failures, "replica_identity");
-    assert!(f.problem.contains("public.nokey") && f.fix.contains("REPLICA IDENTITY FULL"), "{f}");
+    assert!(
+        f.problem.contains("public.nokey") && f.fix.contains("REPLICA IDENTITY FULL"),
+        "{f}"
+    );
 }
 
 #[tokio::test]
@@ -70,13 +92,17 @@ async fn a_table_without_key_or_full_identity_is_never_published() {
     assert!(err.to_string().contains("public.nokey"), "{err}");
     let published: i64 = db
         .client
-        .query_one("SELECT count(*) FROM pg_publication_tables WHERE tablename = 'nokey'", &[])
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'nokey'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
     assert_eq!(published, 0);
     // The application's UPDATE and DELETE still work.
-    db.exec("UPDATE nokey SET v = 'b'; DELETE FROM nokey;").await;
+    db.exec("UPDATE nokey SET v = 'b'; DELETE FROM nokey;")
+        .await;
 
     // With REPLICA IDENTITY FULL the same table is accepted.
     db.exec("ALTER TABLE nokey REPLICA IDENTITY FULL").await;
@@ -93,7 +119,10 @@ async fn a_slot_in_use_by_another_process_is_refused_without_harm() {
 
     let failures = capture::check(&db.config, &options).await.unwrap();
     let f = find(&failures, "slot_in_use");
-    assert!(f.problem.contains(&options.slot) && f.fix.contains("pg_terminate_backend"), "{f}");
+    assert!(
+        f.problem.contains(&options.slot) && f.fix.contains("pg_terminate_backend"),
+        "{f}"
+    );
     let err = capture::open(&db.config, &options).await.err().unwrap();
     assert!(err.to_string().contains("in use"), "{err}");
 
@@ -109,7 +138,10 @@ async fn a_slot_in_use_by_another_process_is_refused_without_harm() {
     };
     let err = conn.start_replication(&start).await.err().unwrap();
     assert_eq!(err.kind(), ErrorKind::Slot);
-    assert!(err.to_string().contains("is in use by another process"), "{err}");
+    assert!(
+        err.to_string().contains("is in use by another process"),
+        "{err}"
+    );
 
     // The first consumer is unharmed.
     db.exec("INSERT INTO t VALUES (1)").await;
@@ -119,17 +151,28 @@ async fn a_slot_in_use_by_another_process_is_refused_without_harm() {
 
 #[tokio::test]
 async fn no_free_slot_or_wal_sender_is_reported() {
-    let pg = ScratchPostgres::start(&[("max_replication_slots", "1"), ("max_wal_senders", "1")], &[]).unwrap();
+    let pg = ScratchPostgres::start(
+        &[("max_replication_slots", "1"), ("max_wal_senders", "1")],
+        &[],
+    )
+    .unwrap();
     let config = config_for(&pg.url("postgres"));
-    let client = wal2iceberg::pg::source::SourceClient::connect(&config).await.unwrap();
-    client.batch_execute("CREATE TABLE t(id int PRIMARY KEY)").await.unwrap();
+    let client = wal2iceberg::pg::source::SourceClient::connect(&config)
+        .await
+        .unwrap();
+    client
+        .batch_execute("CREATE TABLE t(id int PRIMARY KEY)")
+        .await
+        .unwrap();
     client
         .batch_execute("SELECT pg_create_logical_replication_slot('taken', 'pgoutput')")
         .await
         .unwrap();
     let mut busy = ReplicationConnection::connect(&config).await.unwrap();
     busy.identify_system().await.unwrap();
-    let failures = capture::check(&config, &options(&["t"], "mine")).await.unwrap();
+    let failures = capture::check(&config, &options(&["t"], "mine"))
+        .await
+        .unwrap();
     let f = find(&failures, "free_replication_slot");
     assert!(f.fix.contains("max_replication_slots"), "{f}");
     let f = find(&failures, "free_wal_sender");
@@ -142,7 +185,9 @@ async fn a_publication_that_skips_operations_is_reported() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE t(id int PRIMARY KEY); CREATE PUBLICATION pub FOR TABLE t WITH (publish = 'insert');")
         .await;
-    let failures = capture::check(&db.config, &db.options(&["t"])).await.unwrap();
+    let failures = capture::check(&db.config, &db.options(&["t"]))
+        .await
+        .unwrap();
     let f = find(&failures, "publication_operations");
     assert!(f.problem.contains("update, delete, truncate"), "{f}");
 }
@@ -151,9 +196,18 @@ async fn a_publication_that_skips_operations_is_reported() {
 async fn malformed_options_are_rejected_before_connecting() {
     let unreachable = config_for("postgres://nobody@127.0.0.1:1/none?sslmode=disable");
     for (mutate, needle) in [
-        (Box::new(|o: &mut CaptureOptions| o.tables.clear()) as Box<dyn Fn(&mut CaptureOptions)>, "no tables"),
-        (Box::new(|o: &mut CaptureOptions| o.slot = "Bad-Name".into()), "slot name"),
-        (Box::new(|o: &mut CaptureOptions| o.proto_version = 3), "proto_version 3"),
+        (
+            Box::new(|o: &mut CaptureOptions| o.tables.clear()) as Box<dyn Fn(&mut CaptureOptions)>,
+            "no tables",
+        ),
+        (
+            Box::new(|o: &mut CaptureOptions| o.slot = "Bad-Name".into()),
+            "slot name",
+        ),
+        (
+            Box::new(|o: &mut CaptureOptions| o.proto_version = 3),
+            "proto_version 3",
+        ),
         (
             Box::new(|o: &mut CaptureOptions| {
                 o.proto_version = 1;

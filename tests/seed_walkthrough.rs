@@ -31,7 +31,11 @@ async fn initial_load_then_updates_delete_and_insert_arrive_in_commit_order() {
     assert_eq!(after(loaded[0], "name"), &text("Ada"));
     assert_eq!(after(loaded[2], "plan"), &text("free"));
     let consistent_point = loaded[0].tx.commit_lsn;
-    assert!(loaded.iter().all(|c| c.lsn == consistent_point && c.before.is_none()));
+    assert!(
+        loaded
+            .iter()
+            .all(|c| c.lsn == consistent_point && c.before.is_none())
+    );
     assert_eq!(
         loaded.iter().map(|c| c.seq).collect::<Vec<_>>(),
         vec![0, 1, 2],
@@ -62,7 +66,10 @@ async fn initial_load_then_updates_delete_and_insert_arrive_in_commit_order() {
 
     // Each statement is its own transaction, in commit order, after the load.
     let commit_lsns: Vec<_> = c.iter().map(|c| c.tx.commit_lsn).collect();
-    assert!(commit_lsns.windows(2).all(|w| w[0] < w[1]), "{commit_lsns:?}");
+    assert!(
+        commit_lsns.windows(2).all(|w| w[0] < w[1]),
+        "{commit_lsns:?}"
+    );
     assert!(commit_lsns[0] > consistent_point);
     assert!(c.iter().all(|c| c.seq == 0));
     let Event::Commit { end_lsn, tx } = events.last().unwrap() else {
@@ -70,6 +77,9 @@ async fn initial_load_then_updates_delete_and_insert_arrive_in_commit_order() {
     };
     assert_eq!(tx.commit_lsn, c[3].tx.commit_lsn);
     assert!(*end_lsn > tx.commit_lsn);
-    assert!(matches!(crate::support::after(c[3], "updated_at"), wal2iceberg::cdc::event::Datum::Value(Value::TimestampTz(_))));
+    assert!(matches!(
+        crate::support::after(c[3], "updated_at"),
+        wal2iceberg::cdc::event::Datum::Value(Value::TimestampTz(_))
+    ));
     stream.stop().await.unwrap();
 }

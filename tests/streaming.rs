@@ -26,7 +26,8 @@ async fn consume_big_transaction(db: &TestDb, options: &CaptureOptions) -> (i64,
         match stream.next_before(Some(deadline)).await.expect("stream") {
             Next::Event(Event::Change(c)) => {
                 assert_eq!(c.op, Op::Insert);
-                let wal2iceberg::cdc::event::Datum::Value(wal2iceberg::cdc::value::Value::Int8(id)) = after(&c, "id")
+                let wal2iceberg::cdc::event::Datum::Value(wal2iceberg::cdc::value::Value::Int8(id)) =
+                    after(&c, "id")
                 else {
                     panic!("id")
                 };
@@ -53,7 +54,8 @@ const FLAT_BOUND: i64 = 16 << 20;
 #[tokio::test]
 async fn a_100k_row_transaction_passes_through_in_flat_memory() {
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)").await;
+    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)")
+        .await;
     let mut options = db.options(&["big"]);
     options.proto_version = 1;
     let (seen, peak) = consume_big_transaction(&db, &options).await;
@@ -64,7 +66,8 @@ async fn a_100k_row_transaction_passes_through_in_flat_memory() {
 #[tokio::test]
 async fn a_100k_row_streamed_transaction_is_spooled_not_held_in_memory() {
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)").await;
+    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)")
+        .await;
     let mut options = db.options(&["big"]);
     options.streaming = true;
     let (seen, peak) = consume_big_transaction(&db, &options).await;
@@ -75,14 +78,16 @@ async fn a_100k_row_streamed_transaction_is_spooled_not_held_in_memory() {
 #[tokio::test]
 async fn streamed_transactions_drop_rolled_back_subtransactions_and_aborts() {
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE t(id int PRIMARY KEY, pad text)").await;
+    db.exec("CREATE TABLE t(id int PRIMARY KEY, pad text)")
+        .await;
     let mut options = db.options(&["t"]);
     options.streaming = true;
     let (_, mut stream) = open_fresh(&db, &options).await;
     let insert = |from: i32, to: i32| {
         format!("INSERT INTO t SELECT g, repeat('x', 500) FROM generate_series({from}, {to}) g")
     };
-    db.exec(&format!("BEGIN; {}; ROLLBACK;", insert(1, 3000))).await;
+    db.exec(&format!("BEGIN; {}; ROLLBACK;", insert(1, 3000)))
+        .await;
     db.exec(&format!(
         "BEGIN; {}; SAVEPOINT s1; {}; SAVEPOINT s2; {}; ROLLBACK TO s1; {}; COMMIT;",
         insert(1, 2000),
@@ -112,21 +117,36 @@ async fn logical_decoding_messages_arrive_in_and_outside_transactions() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE t(id int PRIMARY KEY)").await;
     let (_, mut stream) = open_fresh(&db, &db.options(&["t"])).await;
-    db.exec("SELECT pg_logical_emit_message(false, 'w2i', 'outside')").await;
+    db.exec("SELECT pg_logical_emit_message(false, 'w2i', 'outside')")
+        .await;
     db.exec("BEGIN; INSERT INTO t VALUES (1); SELECT pg_logical_emit_message(true, 'w2i', 'inside'); COMMIT;")
         .await;
     let events = read_commits(&mut stream, 1).await;
     let messages: Vec<(Option<u32>, String)> = events
         .iter()
         .filter_map(|e| match e {
-            Event::Message { tx, prefix, content, .. } => {
+            Event::Message {
+                tx,
+                prefix,
+                content,
+                ..
+            } => {
                 assert_eq!(prefix, "w2i");
-                Some((tx.map(|t| t.xid), String::from_utf8(content.clone()).unwrap()))
+                Some((
+                    tx.map(|t| t.xid),
+                    String::from_utf8(content.clone()).unwrap(),
+                ))
             }
             _ => None,
         })
         .collect();
     let commit_xid = changes(&events)[0].tx.xid;
-    assert_eq!(messages, [(None, "outside".to_owned()), (Some(commit_xid), "inside".to_owned())]);
+    assert_eq!(
+        messages,
+        [
+            (None, "outside".to_owned()),
+            (Some(commit_xid), "inside".to_owned())
+        ]
+    );
     stream.stop().await.unwrap();
 }

@@ -43,11 +43,15 @@ async fn load_and_stream_decode_every_supported_type_identically() {
     ))
     .await;
     let (load, mut stream) = open_fresh(&db, &db.options(&["t"])).await;
-    db.exec(&format!("INSERT INTO t VALUES (2, {VALUES})")).await;
+    db.exec(&format!("INSERT INTO t VALUES (2, {VALUES})"))
+        .await;
     let events = read_commits(&mut stream, 1).await;
     let loaded = changes(&load)[0];
     let streamed = changes(&events)[0];
-    let (a, b) = (loaded.after.as_ref().unwrap(), streamed.after.as_ref().unwrap());
+    let (a, b) = (
+        loaded.after.as_ref().unwrap(),
+        streamed.after.as_ref().unwrap(),
+    );
     for (i, column) in loaded.relation.columns.iter().enumerate().skip(1) {
         // NaN is not equal to itself; compare the JSON forms.
         let json = |d: &Datum| match d {
@@ -55,7 +59,11 @@ async fn load_and_stream_decode_every_supported_type_identically() {
             other => panic!("{other:?}"),
         };
         assert_eq!(json(&a[i]), json(&b[i]), "column {}", column.name);
-        assert!(!matches!(a[i], Datum::Value(Value::Null)), "column {} decoded as NULL", column.name);
+        assert!(
+            !matches!(a[i], Datum::Value(Value::Null)),
+            "column {} decoded as NULL",
+            column.name
+        );
     }
 
     let v = |name: &str| match after(streamed, name) {
@@ -67,15 +75,30 @@ async fn load_and_stream_decode_every_supported_type_identically() {
     assert_eq!(v("f8"), Value::Float8(f64::NEG_INFINITY));
     assert_eq!(
         v("n_big"),
-        Value::Numeric(Numeric::Finite("123456789012345678901234567890.123456789".into()))
+        Value::Numeric(Numeric::Finite(
+            "123456789012345678901234567890.123456789".into()
+        ))
     );
     assert_eq!(v("n_nan"), Value::Numeric(Numeric::NaN));
     assert_eq!(v("n_inf"), Value::Numeric(Numeric::Infinity));
-    assert_eq!(v("n_scaled"), Value::Numeric(Numeric::Finite("12.30".into())));
-    assert_eq!(v("txt"), Value::Text("text with 'quotes', tabs\t and \\ backslashes".into()));
-    assert_eq!(v("bp"), Value::Text("ab ".into()), "bpchar keeps its padding");
+    assert_eq!(
+        v("n_scaled"),
+        Value::Numeric(Numeric::Finite("12.30".into()))
+    );
+    assert_eq!(
+        v("txt"),
+        Value::Text("text with 'quotes', tabs\t and \\ backslashes".into())
+    );
+    assert_eq!(
+        v("bp"),
+        Value::Text("ab ".into()),
+        "bpchar keeps its padding"
+    );
     assert_eq!(v("by"), Value::Bytea(vec![0, 255]));
-    assert_eq!(v("d"), Value::Date(MaybeInfinite::Finite(days_from_civil(-43, 3, 15) as i32)));
+    assert_eq!(
+        v("d"),
+        Value::Date(MaybeInfinite::Finite(days_from_civil(-43, 3, 15) as i32))
+    );
     assert_eq!(v("d_inf"), Value::Date(MaybeInfinite::Infinity));
     assert_eq!(v("tm"), Value::Time(86_400_000_000));
     assert_eq!(
@@ -86,17 +109,34 @@ async fn load_and_stream_decode_every_supported_type_identically() {
         }
     );
     assert_eq!(v("ts"), Value::Timestamp(MaybeInfinite::NegInfinity));
-    assert_eq!(v("tstz").to_json(), serde_json::json!("2026-11-29T17:51:00.123456Z"));
+    assert_eq!(
+        v("tstz").to_json(),
+        serde_json::json!("2026-11-29T17:51:00.123456Z")
+    );
     assert_eq!(v("jb").to_json(), serde_json::json!({"b": null}));
     assert_eq!(v("ip"), Value::Inet("192.168.0.1/24".into()));
     assert_eq!(v("iv").to_json(), serde_json::json!("P1Y2M3DT4H5M6.5S"));
     assert_eq!(v("e"), Value::Enum("sad".into()));
-    assert_eq!(v("dom"), Value::Int4(42), "a domain decodes as its base type");
+    assert_eq!(
+        v("dom"),
+        Value::Int4(42),
+        "a domain decodes as its base type"
+    );
     assert_eq!(v("a_int").to_json(), serde_json::json!([1, null, 3]));
-    assert_eq!(v("a_text").to_json(), serde_json::json!(["x,y", null, "q\"uote"]));
+    assert_eq!(
+        v("a_text").to_json(),
+        serde_json::json!(["x,y", null, "q\"uote"])
+    );
     assert_eq!(v("a_2d").to_json(), serde_json::json!([[1, 2], [3, 4]]));
-    assert_eq!(v("a_enum"), Value::Array(vec![Value::Enum("happy".into()), Value::Enum("sad".into())]));
+    assert_eq!(
+        v("a_enum"),
+        Value::Array(vec![Value::Enum("happy".into()), Value::Enum("sad".into())])
+    );
     assert_eq!(v("a_dom").to_json(), serde_json::json!(["a", "b"]));
-    assert_eq!(v("pt"), Value::Unknown("(1.5,2)".into()), "an unmodelled type travels as text");
+    assert_eq!(
+        v("pt"),
+        Value::Unknown("(1.5,2)".into()),
+        "an unmodelled type travels as text"
+    );
     stream.stop().await.unwrap();
 }

@@ -160,8 +160,8 @@ impl Assembler {
             }
             Message::StreamStart(s) => {
                 self.streaming = Some(s.xid);
-                if !self.spools.contains_key(&s.xid) {
-                    self.spools.insert(s.xid, Spool::create()?);
+                if let std::collections::hash_map::Entry::Vacant(slot) = self.spools.entry(s.xid) {
+                    slot.insert(Spool::create()?);
                 }
             }
             Message::StreamStop => self.streaming = None,

@@ -85,9 +85,12 @@ impl SourceClient {
                 .with_context("dbname", &config.dbname);
             let tls = err.to_string().contains("TLS");
             match code.as_deref() {
-                None if tls => Error::new(ErrorKind::Tls, "TLS could not be set up as sslmode requires")
-                    .with_context("sslmode", format!("{:?}", config.sslmode))
-                    .with_source(err),
+                None if tls => Error::new(
+                    ErrorKind::Tls,
+                    "TLS could not be set up as sslmode requires",
+                )
+                .with_context("sslmode", format!("{:?}", config.sslmode))
+                .with_source(err),
                 Some("28P01" | "28000") => Error::new(
                     ErrorKind::Authentication,
                     "the server rejected the login: check the user, the password and pg_hba.conf",

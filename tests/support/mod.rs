@@ -50,8 +50,11 @@ fn start_server() -> wal2iceberg::Result<Server> {
     let ca_cert = ca_params.self_signed(&ca_key).expect("CA cert");
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let server_key = rcgen::KeyPair::generate().expect("server key");
-    let server_params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
-    let server_cert = server_params.signed_by(&server_key, &issuer).expect("server cert");
+    let server_params =
+        rcgen::CertificateParams::new(vec!["localhost".to_owned()]).expect("params");
+    let server_cert = server_params
+        .signed_by(&server_key, &issuer)
+        .expect("server cert");
 
     let hba = [
         format!("host all {MD5_USER} 127.0.0.1/32 md5"),
@@ -65,7 +68,10 @@ fn start_server() -> wal2iceberg::Result<Server> {
     let key_file = pg.data_dir().join("server.key");
     std::fs::write(&cert_file, server_cert.pem())?;
     std::fs::write(&key_file, server_key.serialize_pem())?;
-    std::fs::set_permissions(&key_file, std::os::unix::fs::PermissionsExt::from_mode(0o600))?;
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )?;
     pg.hand_over(&cert_file)?;
     pg.hand_over(&key_file)?;
     std::fs::OpenOptions::new()
@@ -81,12 +87,15 @@ fn start_server() -> wal2iceberg::Result<Server> {
 /// A name no other test of this run uses (slots are cluster-wide).
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
-    format!("{prefix}_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{prefix}_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// A database of its own for one test.
 pub struct TestDb {
-    pub name: String,
     pub config: PgConfig,
     pub client: SourceClient,
 }
@@ -103,20 +112,29 @@ impl TestDb {
             .await
             .expect("create database");
         let config = config_for(&server.pg.url(&name));
-        let client = SourceClient::connect(&config).await.expect("connect to test database");
-        TestDb { name, config, client }
+        let client = SourceClient::connect(&config)
+            .await
+            .expect("connect to test database");
+        TestDb { config, client }
     }
 
     pub async fn exec(&self, sql: &str) {
-        self.client
-            .batch_execute(sql)
-            .await
-            .unwrap_or_else(|e| panic!("SQL failed: {}\n{sql}", e.as_db_error().map_or(e.to_string(), |d| d.to_string())));
+        self.client.batch_execute(sql).await.unwrap_or_else(|e| {
+            panic!(
+                "SQL failed: {}\n{sql}",
+                e.as_db_error().map_or(e.to_string(), |d| d.to_string())
+            )
+        });
     }
 
     /// Capture options with a slot and publication of this test's own.
     pub fn options(&self, tables: &[&str]) -> CaptureOptions {
-        let mut options = CaptureOptions::new(tables.iter().map(|t| TableName::parse(t).unwrap()).collect());
+        let mut options = CaptureOptions::new(
+            tables
+                .iter()
+                .map(|t| TableName::parse(t).unwrap())
+                .collect(),
+        );
         options.slot = unique("slot");
         options.publication = "pub".to_owned();
         options
@@ -132,7 +150,8 @@ impl TestDb {
             )
             .await
             .expect("read slot");
-        row.and_then(|r| r.get::<_, Option<String>>(0)).map(|s| s.parse().unwrap())
+        row.and_then(|r| r.get::<_, Option<String>>(0))
+            .map(|s| s.parse().unwrap())
     }
 
     pub async fn current_wal_lsn(&self) -> Lsn {
@@ -153,7 +172,9 @@ pub fn config_for(url: &str) -> PgConfig {
 /// Opens a capture that must be fresh, reads the whole load, starts the
 /// stream and confirms the consistent point.
 pub async fn open_fresh(db: &TestDb, options: &CaptureOptions) -> (Vec<Event>, ChangeStream) {
-    let Capture::Fresh { mut load, pending } = capture::open(&db.config, options).await.expect("open capture")
+    let Capture::Fresh { mut load, pending } = capture::open(&db.config, options)
+        .await
+        .expect("open capture")
     else {
         panic!("expected a new slot");
     };
@@ -168,7 +189,10 @@ pub async fn open_fresh(db: &TestDb, options: &CaptureOptions) -> (Vec<Event>, C
 }
 
 /// Reads events until `done` says so, failing after 60 seconds.
-pub async fn read_until(stream: &mut ChangeStream, mut done: impl FnMut(&[Event]) -> bool) -> Vec<Event> {
+pub async fn read_until(
+    stream: &mut ChangeStream,
+    mut done: impl FnMut(&[Event]) -> bool,
+) -> Vec<Event> {
     let give_up = Instant::now() + Duration::from_secs(60);
     let mut events = Vec::new();
     while !done(&events) {
@@ -187,7 +211,10 @@ pub async fn read_commits(stream: &mut ChangeStream, n: usize) -> Vec<Event> {
 }
 
 pub fn commits(events: &[Event]) -> usize {
-    events.iter().filter(|e| matches!(e, Event::Commit { .. })).count()
+    events
+        .iter()
+        .filter(|e| matches!(e, Event::Commit { .. }))
+        .count()
 }
 
 pub fn changes(events: &[Event]) -> Vec<&Change> {
@@ -206,7 +233,11 @@ pub fn ops(events: &[Event]) -> String {
 }
 
 pub fn summary(events: &[Event]) -> String {
-    events.iter().map(|e| e.to_json().to_string()).collect::<Vec<_>>().join("\n")
+    events
+        .iter()
+        .map(|e| e.to_json().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The datum of `column` in a row of `change`'s relation.
@@ -225,7 +256,11 @@ pub fn after<'a>(change: &'a Change, column: &str) -> &'a Datum {
 }
 
 pub fn before<'a>(change: &'a Change, column: &str) -> &'a Datum {
-    datum(change, &change.before.as_ref().expect("before image").row, column)
+    datum(
+        change,
+        &change.before.as_ref().expect("before image").row,
+        column,
+    )
 }
 
 pub fn text(s: &str) -> Datum {
@@ -264,7 +299,10 @@ impl Model {
             Op::Truncate => self.rows.clear(),
             Op::Delete => {
                 let key = key_of(&change.before.as_ref().unwrap().row);
-                assert!(self.rows.remove(&key).is_some(), "delete of a missing row {key}");
+                assert!(
+                    self.rows.remove(&key).is_some(),
+                    "delete of a missing row {key}"
+                );
             }
             Op::Read | Op::Insert | Op::Update => {
                 let new = change.after.as_ref().unwrap();
@@ -280,7 +318,9 @@ impl Model {
                     .enumerate()
                     .map(|(i, d)| match d {
                         Datum::Value(v) => v.to_json(),
-                        Datum::UnchangedToast => previous.as_ref().expect("unchanged toast of a known row")[i].clone(),
+                        Datum::UnchangedToast => {
+                            previous.as_ref().expect("unchanged toast of a known row")[i].clone()
+                        }
                         Datum::NotSent => panic!("after image with a column not sent"),
                     })
                     .collect();
@@ -288,18 +328,4 @@ impl Model {
             }
         }
     }
-}
-
-/// The table read through the same decoder as the initial load, keyed as
-/// [`Model`] keys it.
-pub async fn table_state(db: &TestDb, table: &str) -> Model {
-    let mut options = db.options(&[table]);
-    options.temporary_slot = true;
-    let (events, stream) = open_fresh(db, &options).await;
-    stream.stop().await.expect("stop");
-    let mut model = Model::default();
-    for change in changes(&events) {
-        model.apply(change);
-    }
-    model
 }
