@@ -73,6 +73,9 @@ enum Command {
         #[arg(long, value_name = "SECONDS")]
         exit_when_idle: Option<f64>,
     },
+    /// Run the seed walkthrough against a throwaway local PostgreSQL
+    /// (server binaries found as in docs/testing.md) and print each step.
+    Demo,
     /// Run every preflight check and print each failure with its fix.
     Check {
         #[command(flatten)]
@@ -124,6 +127,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 exit_when_idle,
             };
             tail(&config, &options, &mut std::io::stdout().lock()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Demo => {
+            wal2iceberg::ops::demo::demo(&mut std::io::stdout().lock()).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { source } => {

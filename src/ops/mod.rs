@@ -1,7 +1,9 @@
 //! What operators run.
 //!
+//! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
+pub mod demo;
 pub mod scratch;
 pub mod tail;

@@ -205,16 +205,25 @@ pub async fn read_until(
     events
 }
 
-/// Reads until `n` commits have arrived.
+/// Reads until `n` transactions with changes have committed.
 pub async fn read_commits(stream: &mut ChangeStream, n: usize) -> Vec<Event> {
     read_until(stream, |events| commits(events) >= n).await
 }
 
+/// Commits of transactions that changed a published table. PostgreSQL 14
+/// also sends an empty Begin and Commit for other transactions (DDL, say).
 pub fn commits(events: &[Event]) -> usize {
-    events
-        .iter()
-        .filter(|e| matches!(e, Event::Commit { .. }))
-        .count()
+    let mut count = 0;
+    let mut changed = false;
+    for event in events {
+        match event {
+            Event::Begin(_) => changed = false,
+            Event::Change(_) | Event::Message { .. } => changed = true,
+            Event::Commit { .. } if changed => count += 1,
+            Event::Commit { .. } => {}
+        }
+    }
+    count
 }
 
 pub fn changes(events: &[Event]) -> Vec<&Change> {
