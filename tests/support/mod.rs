@@ -96,6 +96,7 @@ pub fn unique(prefix: &str) -> String {
 
 /// A database of its own for one test.
 pub struct TestDb {
+    url: String,
     pub config: PgConfig,
     pub client: SourceClient,
 }
@@ -111,11 +112,21 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create database");
-        let config = config_for(&server.pg.url(&name));
+        let url = server.pg.url(&name);
+        let config = config_for(&url);
         let client = SourceClient::connect(&config)
             .await
             .expect("connect to test database");
-        TestDb { config, client }
+        TestDb {
+            url,
+            config,
+            client,
+        }
+    }
+
+    /// The database's connection URL.
+    pub fn config_url(&self) -> String {
+        self.url.clone()
     }
 
     pub async fn exec(&self, sql: &str) {

@@ -1,0 +1,13 @@
+FROM rust:1-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock ./
+COPY src ./src
+COPY tests ./tests
+RUN cargo build --release --locked --bin wal2iceberg
+
+FROM debian:bookworm-slim
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/target/release/wal2iceberg /usr/local/bin/wal2iceberg
+USER nobody
+ENTRYPOINT ["wal2iceberg"]

@@ -1,0 +1,124 @@
+//! The binary itself: `tail` prints the stream as JSON lines and resumes
+//! after what it printed; `check` and bad options exit non-zero with a
+//! message that says what to fix.
+
+use serde_json::Value;
+use tokio::process::Command;
+
+use crate::support::*;
+
+async fn run(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(args)
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .expect("run wal2iceberg");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn change_ops(stdout: &str) -> String {
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("a JSON line"))
+        .filter(|v| v["event"] == "change")
+        .map(|v| v["op"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn tail_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
+         INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');",
+    )
+    .await;
+    let url = db.config_url();
+    let slot = unique("cli");
+    let tail = [
+        "tail",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--exit-when-idle",
+        "1.5",
+    ];
+
+    let (code, stdout, stderr) = run(&tail).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(change_ops(&stdout), "rrr", "{stdout}");
+    let first: Value = serde_json::from_str(stdout.lines().nth(1).unwrap()).unwrap();
+    assert_eq!(
+        first["after"],
+        serde_json::json!({"id": 1, "name": "Ada", "plan": "free"})
+    );
+
+    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
+        .await;
+    db.exec("DELETE FROM customers WHERE id = 3").await;
+    let (code, stdout, stderr) = run(&tail).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(change_ops(&stdout), "ud", "{stdout}");
+
+    let (code, stdout, _) = run(&tail).await;
+    assert_eq!(code, 0);
+    assert_eq!(
+        change_ops(&stdout),
+        "",
+        "nothing printed before comes again: {stdout}"
+    );
+}
+
+#[tokio::test]
+async fn check_lists_failures_with_fixes_and_exits_non_zero() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE nokey(v text)").await;
+    let url = db.config_url();
+    let (code, stdout, _) = run(&["check", "--source", &url, "--tables", "nokey,missing"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stdout.contains("[replica_identity]") && stdout.contains("REPLICA IDENTITY FULL"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[table_exists]") && stdout.contains("public.missing"),
+        "{stdout}"
+    );
+
+    db.exec("ALTER TABLE nokey REPLICA IDENTITY FULL").await;
+    let (code, stdout, _) = run(&["check", "--source", &url, "--tables", "nokey"]).await;
+    assert_eq!(code, 0, "{stdout}");
+}
+
+#[tokio::test]
+async fn malformed_options_exit_2_naming_the_problem() {
+    let (code, _, stderr) = run(&["tail", "--source", "host=h bogus=1", "--tables", "t"]).await;
+    assert_eq!(code, 2);
+    assert!(
+        stderr.contains("unknown connection option \"bogus\""),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["tail", "--source", "host=h user=u", "--tables", "a.b.c"]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("schema.table"), "{stderr}");
+    let (code, _, stderr) = run(&[
+        "tail",
+        "--source",
+        "host=h user=u",
+        "--tables",
+        "t",
+        "--slot",
+        "Bad",
+    ])
+    .await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("slot name"), "{stderr}");
+}
