@@ -141,3 +141,20 @@ async fn a_quiet_slot_advances_with_keepalives_once_everything_is_confirmed() {
     assert!(flushed > end);
     stream.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn keepalives_asking_for_a_reply_are_answered_between_timer_updates() {
+    let db = TestDb::new().await;
+    // The server asks for a reply after half of wal_sender_timeout without
+    // one, and drops the connection after all of it.
+    db.exec("CREATE TABLE t(id int PRIMARY KEY)").await;
+    let dbname = db.config.dbname.clone();
+    db.exec(&format!("ALTER DATABASE {dbname} SET wal_sender_timeout = '2s'")).await;
+    let options = db.options(&["t"]);
+    let (_, mut stream) = open_fresh(&db, &options).await;
+    stream.set_status_interval(Duration::from_secs(3600));
+    run_quietly(&mut stream, Duration::from_secs(6)).await;
+    db.exec("INSERT INTO t VALUES (1)").await;
+    assert_eq!(ops(&read_commits(&mut stream, 1).await), "c", "the connection survived");
+    stream.stop().await.unwrap();
+}

@@ -119,7 +119,7 @@ async fn one_publication_over_several_tables_and_a_truncate_of_both() {
 
     db.exec("BEGIN; INSERT INTO a VALUES (2); INSERT INTO b VALUES (2, 2); COMMIT;")
         .await;
-    db.exec("TRUNCATE a, b RESTART IDENTITY").await;
+    db.exec("TRUNCATE a, b RESTART IDENTITY CASCADE").await;
     let events = read_commits(&mut stream, 2).await;
     assert_eq!(ops(&events), "cctt", "{}", summary(&events));
     let c = changes(&events);
@@ -133,7 +133,7 @@ async fn one_publication_over_several_tables_and_a_truncate_of_both() {
     );
     assert_eq!(
         c[2].truncate_options,
-        wal2iceberg::pg::pgoutput::TRUNCATE_RESTART_IDENTITY
+        wal2iceberg::pg::pgoutput::TRUNCATE_RESTART_IDENTITY | wal2iceberg::pg::pgoutput::TRUNCATE_CASCADE
     );
     stream.stop().await.unwrap();
 }
@@ -169,5 +169,44 @@ async fn a_relation_sent_again_after_alter_table_updates_the_columns() {
     assert_eq!(c[2].after.as_ref().unwrap().len(), 3);
     assert!(c[2].relation.columns[0].is_primary_key);
     assert!(!matches!(after(c[2], "id"), Datum::NotSent));
+    stream.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn generated_columns_are_left_out_of_the_load_as_the_stream_leaves_them_out() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE g(id int PRIMARY KEY, a int, doubled int GENERATED ALWAYS AS (a * 2) STORED);
+         INSERT INTO g(id, a) VALUES (1, 5);",
+    )
+    .await;
+    let (load, mut stream) = open_fresh(&db, &db.options(&["g"])).await;
+    db.exec("INSERT INTO g(id, a) VALUES (2, 6)").await;
+    let events = read_commits(&mut stream, 1).await;
+    for change in changes(&load).into_iter().chain(changes(&events)) {
+        let names: Vec<&str> = change.relation.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["id", "a"]);
+        assert_eq!(change.after.as_ref().unwrap().len(), 2);
+    }
+    stream.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rows_of_one_multi_insert_share_an_lsn_and_differ_by_seq() {
+    use futures_util::SinkExt;
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE m(id int PRIMARY KEY)").await;
+    let (_, mut stream) = open_fresh(&db, &db.options(&["m"])).await;
+    // COPY FROM writes its rows with heap multi-insert: one WAL record.
+    let sink = db.client.copy_in("COPY m FROM STDIN").await.unwrap();
+    futures_util::pin_mut!(sink);
+    sink.send(bytes::Bytes::from_static(b"1\n2\n3\n")).await.unwrap();
+    sink.finish().await.unwrap();
+    let events = read_commits(&mut stream, 1).await;
+    let c = changes(&events);
+    assert_eq!(c.len(), 3);
+    assert!(c.iter().all(|x| x.lsn == c[0].lsn), "one record, one LSN: {}", summary(&events));
+    let keys: std::collections::HashSet<_> = c.iter().map(|x| (x.tx.commit_lsn, x.seq)).collect();
+    assert_eq!(keys.len(), 3, "(commit_lsn, seq) tells them apart");
     stream.stop().await.unwrap();
 }

@@ -71,6 +71,13 @@ async fn initial_load_then_updates_delete_and_insert_arrive_in_commit_order() {
         "{commit_lsns:?}"
     );
     assert!(commit_lsns[0] > consistent_point);
+    // Commit timestamps arrive relative to 2000-01-01 and are converted to
+    // the Unix epoch: they must be now, not thirty years from now.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    assert!(c.iter().all(|c| (now - c.tx.commit_ts).abs() < 60_000_000), "{}", summary(&events));
     assert!(c.iter().all(|c| c.seq == 0));
     let Event::Commit { end_lsn, tx } = events.last().unwrap() else {
         panic!("ends with a commit")
