@@ -66,10 +66,6 @@ impl Error {
         self.kind
     }
 
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-
     /// The SQLSTATE of a server error anywhere in the source chain.
     pub fn sqlstate(&self) -> Option<&str> {
         let mut cause: Option<&(dyn std::error::Error + 'static)> = self

@@ -136,7 +136,7 @@ async fn a_quiet_slot_advances_with_keepalives_once_everything_is_confirmed() {
     // change for this slot, but must not be retained for it either.
     db.exec("CREATE TABLE other(x int); INSERT INTO other SELECT generate_series(1, 1000);")
         .await;
-    let written = db.current_wal_lsn().await;
+    let written = db.wal_insert_lsn().await;
     let flushed = wait_for_flush(&db, &options.slot, &mut stream, |f| f >= written).await;
     assert!(flushed > end);
     stream.stop().await.unwrap();
@@ -149,12 +149,19 @@ async fn keepalives_asking_for_a_reply_are_answered_between_timer_updates() {
     // one, and drops the connection after all of it.
     db.exec("CREATE TABLE t(id int PRIMARY KEY)").await;
     let dbname = db.config.dbname.clone();
-    db.exec(&format!("ALTER DATABASE {dbname} SET wal_sender_timeout = '2s'")).await;
+    db.exec(&format!(
+        "ALTER DATABASE {dbname} SET wal_sender_timeout = '2s'"
+    ))
+    .await;
     let options = db.options(&["t"]);
     let (_, mut stream) = open_fresh(&db, &options).await;
     stream.set_status_interval(Duration::from_secs(3600));
     run_quietly(&mut stream, Duration::from_secs(6)).await;
     db.exec("INSERT INTO t VALUES (1)").await;
-    assert_eq!(ops(&read_commits(&mut stream, 1).await), "c", "the connection survived");
+    assert_eq!(
+        ops(&read_commits(&mut stream, 1).await),
+        "c",
+        "the connection survived"
+    );
     stream.stop().await.unwrap();
 }

@@ -133,7 +133,8 @@ async fn one_publication_over_several_tables_and_a_truncate_of_both() {
     );
     assert_eq!(
         c[2].truncate_options,
-        wal2iceberg::pg::pgoutput::TRUNCATE_RESTART_IDENTITY | wal2iceberg::pg::pgoutput::TRUNCATE_CASCADE
+        wal2iceberg::pg::pgoutput::TRUNCATE_RESTART_IDENTITY
+            | wal2iceberg::pg::pgoutput::TRUNCATE_CASCADE
     );
     stream.stop().await.unwrap();
 }
@@ -184,7 +185,12 @@ async fn generated_columns_are_left_out_of_the_load_as_the_stream_leaves_them_ou
     db.exec("INSERT INTO g(id, a) VALUES (2, 6)").await;
     let events = read_commits(&mut stream, 1).await;
     for change in changes(&load).into_iter().chain(changes(&events)) {
-        let names: Vec<&str> = change.relation.columns.iter().map(|c| c.name.as_str()).collect();
+        let names: Vec<&str> = change
+            .relation
+            .columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
         assert_eq!(names, ["id", "a"]);
         assert_eq!(change.after.as_ref().unwrap().len(), 2);
     }
@@ -200,12 +206,18 @@ async fn rows_of_one_multi_insert_share_an_lsn_and_differ_by_seq() {
     // COPY FROM writes its rows with heap multi-insert: one WAL record.
     let sink = db.client.copy_in("COPY m FROM STDIN").await.unwrap();
     futures_util::pin_mut!(sink);
-    sink.send(bytes::Bytes::from_static(b"1\n2\n3\n")).await.unwrap();
+    sink.send(bytes::Bytes::from_static(b"1\n2\n3\n"))
+        .await
+        .unwrap();
     sink.finish().await.unwrap();
     let events = read_commits(&mut stream, 1).await;
     let c = changes(&events);
     assert_eq!(c.len(), 3);
-    assert!(c.iter().all(|x| x.lsn == c[0].lsn), "one record, one LSN: {}", summary(&events));
+    assert!(
+        c.iter().all(|x| x.lsn == c[0].lsn),
+        "one record, one LSN: {}",
+        summary(&events)
+    );
     let keys: std::collections::HashSet<_> = c.iter().map(|x| (x.tx.commit_lsn, x.seq)).collect();
     assert_eq!(keys.len(), 3, "(commit_lsn, seq) tells them apart");
     stream.stop().await.unwrap();

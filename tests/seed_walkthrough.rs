@@ -77,7 +77,11 @@ async fn initial_load_then_updates_delete_and_insert_arrive_in_commit_order() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros() as i64;
-    assert!(c.iter().all(|c| (now - c.tx.commit_ts).abs() < 60_000_000), "{}", summary(&events));
+    assert!(
+        c.iter().all(|c| (now - c.tx.commit_ts).abs() < 60_000_000),
+        "{}",
+        summary(&events)
+    );
     assert!(c.iter().all(|c| c.seq == 0));
     let Event::Commit { end_lsn, tx } = events.last().unwrap() else {
         panic!("ends with a commit")

@@ -145,6 +145,13 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
     let existing = source::slot_info(&client, &options.slot).await?;
     let catalog = Catalog::new(client);
     let mut connection = ReplicationConnection::connect(config).await?;
+    let identity = connection.identify_system().await?;
+    tracing::info!(
+        system_id = %identity.system_id,
+        timeline = identity.timeline,
+        wal_position = %identity.xlogpos,
+        "replication connection ready"
+    );
     let start = StartOptions {
         slot: options.slot.clone(),
         start_lsn: Lsn::ZERO,

@@ -30,8 +30,6 @@ pub struct ChangeStream {
     assembler: Assembler,
     /// The end LSN of the last Commit handed out.
     delivered: Lsn,
-    /// The server's WAL end at the last message.
-    server_wal_end: Lsn,
 }
 
 impl ChangeStream {
@@ -44,15 +42,6 @@ impl ChangeStream {
             replication,
             assembler,
             delivered: start,
-            server_wal_end: start,
-        }
-    }
-
-    /// The next event; waits for the server as long as needed.
-    pub async fn next(&mut self) -> Result<Option<Event>> {
-        match self.next_before(None).await? {
-            Next::Event(e) => Ok(Some(e)),
-            Next::Idle | Next::Closed => Ok(None),
         }
     }
 
@@ -76,16 +65,11 @@ impl ChangeStream {
             match received {
                 None => return Ok(Next::Closed),
                 Some(ReplicationMessage::XLogData {
-                    wal_start,
-                    wal_end,
-                    data,
-                    ..
+                    wal_start, data, ..
                 }) => {
-                    self.server_wal_end = self.server_wal_end.max(wal_end);
                     self.assembler.push(wal_start, data).await?;
                 }
                 Some(ReplicationMessage::PrimaryKeepalive { wal_end, .. }) => {
-                    self.server_wal_end = self.server_wal_end.max(wal_end);
                     if self.assembler.is_idle() && self.replication.confirmed() >= self.delivered {
                         self.replication.confirm(wal_end).await?;
                         self.delivered = self.delivered.max(wal_end);
@@ -107,11 +91,6 @@ impl ChangeStream {
 
     pub fn confirmed(&self) -> Lsn {
         self.replication.confirmed()
-    }
-
-    /// The server's end of WAL as last reported.
-    pub fn server_wal_end(&self) -> Lsn {
-        self.server_wal_end
     }
 
     /// Ends the stream cleanly after a final status update.

@@ -21,27 +21,6 @@ use crate::error::{Error, ErrorKind, Result};
 /// Environment variable naming a PostgreSQL bin folder.
 pub const PG_BIN_ENV: &str = "WAL2ICEBERG_PG_BIN";
 
-/// How to stop the server.
-#[derive(Debug, Clone, Copy)]
-pub enum StopMode {
-    /// Wait for clients to finish (`smart`).
-    Smart,
-    /// Roll back open transactions, then shut down cleanly (`fast`).
-    Fast,
-    /// Crash-stop: recovery runs at the next start (`immediate`).
-    Immediate,
-}
-
-impl StopMode {
-    fn arg(self) -> &'static str {
-        match self {
-            StopMode::Smart => "smart",
-            StopMode::Fast => "fast",
-            StopMode::Immediate => "immediate",
-        }
-    }
-}
-
 pub struct ScratchPostgres {
     root: PathBuf,
     bin: PathBuf,
@@ -126,10 +105,6 @@ impl ScratchPostgres {
         &self.root
     }
 
-    pub fn bin_dir(&self) -> &Path {
-        &self.bin
-    }
-
     /// A connection URL as the `postgres` superuser.
     pub fn url(&self, dbname: &str) -> String {
         format!(
@@ -138,14 +113,10 @@ impl ScratchPostgres {
         )
     }
 
-    /// Stops the server and starts it again.
-    pub fn restart(&self, mode: StopMode) -> Result<()> {
-        self.stop(mode)?;
-        self.start_server()
-    }
-
-    pub fn stop(&self, mode: StopMode) -> Result<()> {
-        self.pg_ctl(&["stop", "-m", mode.arg(), "-w"])
+    /// Crash-stops the server (`immediate`): no clean shutdown needed for a
+    /// folder that is removed next.
+    fn stop_immediately(&self) -> Result<()> {
+        self.pg_ctl(&["stop", "-m", "immediate", "-w"])
     }
 
     /// Re-reads postgresql.conf and pg_hba.conf.
@@ -245,7 +216,7 @@ impl ScratchPostgres {
 
 impl Drop for ScratchPostgres {
     fn drop(&mut self) {
-        let _ = self.stop(StopMode::Immediate);
+        let _ = self.stop_immediately();
         let _ = std::fs::remove_dir_all(&self.root);
         if let Some(mut watchdog) = self.watchdog.take() {
             let _ = watchdog.kill();

@@ -256,10 +256,6 @@ pub struct ReplicationStream {
 }
 
 impl ReplicationStream {
-    pub fn slot(&self) -> &str {
-        &self.slot
-    }
-
     /// The highest position confirmed so far.
     pub fn confirmed(&self) -> Lsn {
         self.confirmed

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, CopyOutStream, NoTls};
 
-use super::config::{PgConfig, SslMode};
+use super::config::PgConfig;
 use super::lsn::Lsn;
 use super::replication::quote_ident;
 use crate::error::{Error, ErrorKind, Result, postgres};
@@ -101,7 +101,7 @@ impl SourceClient {
             }
         };
         let (client, task) = match super::tls::client_config(config)? {
-            Some(tls) if config.sslmode != SslMode::Disable => {
+            Some(tls) => {
                 let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone());
                 let (client, connection) = pg.connect(connector).await.map_err(context)?;
                 (client, tokio::spawn(async move { drop(connection.await) }))
@@ -112,15 +112,6 @@ impl SourceClient {
             }
         };
         Ok(SourceClient { client, task })
-    }
-
-    /// `server_version_num`, e.g. 150004.
-    pub async fn server_version_num(&self) -> Result<u32> {
-        let row = self
-            .query_one("SELECT current_setting('server_version_num')::int", &[])
-            .await
-            .map_err(|e| postgres(e, "cannot read the server version"))?;
-        Ok(row.get::<_, i32>(0) as u32)
     }
 }
 

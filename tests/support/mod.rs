@@ -40,7 +40,6 @@ pub fn server() -> &'static Server {
 }
 
 fn start_server() -> wal2iceberg::Result<Server> {
-    let certs = tempfile::tempdir().expect("tempdir").keep();
     let ca_key = rcgen::KeyPair::generate().expect("CA key");
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("CA params");
     ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
@@ -79,7 +78,8 @@ fn start_server() -> wal2iceberg::Result<Server> {
         .open(pg.data_dir().join("postgresql.conf"))
         .and_then(|mut f| std::io::Write::write_all(&mut f, b"ssl = on\n"))?;
     pg.reload()?;
-    let ca_file = certs.join("ca.pem");
+    // In the server's folder, so that it goes when the server goes.
+    let ca_file = pg.work_dir().join("ca.pem");
     std::fs::write(&ca_file, ca_cert.pem())?;
     Ok(Server { pg, ca_file })
 }
@@ -165,10 +165,10 @@ impl TestDb {
             .map(|s| s.parse().unwrap())
     }
 
-    pub async fn current_wal_lsn(&self) -> Lsn {
+    pub async fn wal_insert_lsn(&self) -> Lsn {
         let row = self
             .client
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
             .await
             .unwrap();
         row.get::<_, String>(0).parse().unwrap()
