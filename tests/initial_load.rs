@@ -222,3 +222,21 @@ async fn rows_of_one_multi_insert_share_an_lsn_and_differ_by_seq() {
     assert_eq!(keys.len(), 3, "(commit_lsn, seq) tells them apart");
     stream.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_publication_with_more_tables_yields_only_the_captured_ones() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE wanted(id int PRIMARY KEY); CREATE TABLE other(id int PRIMARY KEY);
+         CREATE PUBLICATION pub FOR ALL TABLES;",
+    )
+    .await;
+    let (_, mut stream) = open_fresh(&db, &db.options(&["wanted"])).await;
+    db.exec("BEGIN; INSERT INTO other VALUES (1); INSERT INTO wanted VALUES (1); COMMIT;")
+        .await;
+    let events = read_commits(&mut stream, 1).await;
+    let c = changes(&events);
+    assert_eq!(c.len(), 1, "{}", summary(&events));
+    assert_eq!(c[0].relation.name.to_string(), "public.wanted");
+    stream.stop().await.unwrap();
+}

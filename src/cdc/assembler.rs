@@ -24,6 +24,7 @@ use super::temporal::pg_micros_to_unix;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{Decoder, Message, OldTupleKind};
+use crate::pg::source::TableName;
 
 /// Spooled messages of one streamed top-level transaction.
 struct Spool {
@@ -95,6 +96,8 @@ struct OpenTx {
 }
 
 pub struct Assembler {
+    /// Changes of other tables (a publication can hold more) are dropped.
+    tables: HashSet<TableName>,
     decoder: Decoder,
     catalog: Catalog,
     relations: RelationCache,
@@ -107,8 +110,9 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new(catalog: Catalog) -> Assembler {
+    pub fn new(catalog: Catalog, tables: &[TableName]) -> Assembler {
         Assembler {
+            tables: tables.iter().cloned().collect(),
             decoder: Decoder::new(),
             catalog,
             relations: RelationCache::default(),
@@ -279,7 +283,11 @@ impl Assembler {
             return Ok(());
         }
         let (tx, seq) = tx.ok_or_else(|| out_of_order("a change outside a transaction", lsn))?;
+        let tables = &self.tables;
         let mut emit = |relation: Arc<RelationInfo>, op, before, after, truncate_options| {
+            if !tables.contains(&relation.name) {
+                return;
+            }
             self.ready.push_back(Event::Change(Change {
                 op,
                 relation,

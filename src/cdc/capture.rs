@@ -93,13 +93,14 @@ pub struct PendingStream {
     connection: ReplicationConnection,
     start: StartOptions,
     catalog: Catalog,
+    tables: Vec<TableName>,
 }
 
 impl PendingStream {
     /// Starts streaming at the consistent point. Call after the load has
     /// been read to its end: this ends the exported snapshot.
     pub async fn start(self) -> Result<ChangeStream> {
-        start_stream(self.connection, self.start, self.catalog).await
+        start_stream(self.connection, self.start, self.catalog, &self.tables).await
     }
 }
 
@@ -167,7 +168,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             "resuming from the existing slot"
         );
         return Ok(Capture::Resume(
-            start_stream(connection, start, catalog).await?,
+            start_stream(connection, start, catalog, &options.tables).await?,
         ));
     }
     let created = connection
@@ -197,6 +198,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
                 ..start
             },
             catalog,
+            tables: options.tables.clone(),
         },
     })
 }
@@ -205,12 +207,13 @@ async fn start_stream(
     connection: ReplicationConnection,
     start: StartOptions,
     catalog: Catalog,
+    tables: &[TableName],
 ) -> Result<ChangeStream> {
     let start_lsn = start.start_lsn;
     let replication = connection.start_replication(&start).await?;
     Ok(ChangeStream::new(
         replication,
-        Assembler::new(catalog),
+        Assembler::new(catalog, tables),
         start_lsn,
     ))
 }
