@@ -32,6 +32,8 @@ pub enum ErrorKind {
     Server,
     /// Local I/O (spool files, output).
     Io,
+    /// The Iceberg catalog or table refused an operation.
+    Lake,
 }
 
 pub struct Error {

@@ -10,6 +10,7 @@ mod before_images;
 mod cli;
 mod feedback;
 mod initial_load;
+mod lake;
 mod preflight;
 mod seed_walkthrough;
 mod streaming;

@@ -1,0 +1,117 @@
+//! The embedded catalog: an Iceberg SQL catalog on SQLite at
+//! `<lake>/catalog.db` with the warehouse at `<lake>/warehouse`, the layout
+//! pyiceberg's `SqlCatalog` and DuckDB read with no options. Tables are
+//! registered under the catalog name [`CATALOG_NAME`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use iceberg::io::LocalFsStorageFactory;
+use iceberg::spec::Schema;
+use iceberg::table::Table;
+use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
+use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// The name tables are registered under in the SQL catalog (pyiceberg:
+/// `SqlCatalog("local", uri=..., warehouse=...)`).
+pub const CATALOG_NAME: &str = "local";
+
+/// An Iceberg catalog and the folder it lives in.
+pub struct Lake {
+    catalog: SqlCatalog,
+    root: PathBuf,
+}
+
+impl Lake {
+    /// Opens (creating when missing) the embedded lake in `root`.
+    pub async fn open_embedded(root: &Path) -> Result<Lake> {
+        let warehouse = root.join("warehouse");
+        std::fs::create_dir_all(&warehouse).map_err(|e| {
+            Error::new(ErrorKind::Io, "cannot create the lake folder")
+                .with_context("folder", warehouse.display())
+                .with_source(e)
+        })?;
+        let root = root.canonicalize()?;
+        let db = root.join("catalog.db");
+        sqlx::any::install_default_drivers();
+        let catalog = SqlCatalogBuilder::default()
+            .uri(format!("sqlite:{}?mode=rwc", db.display()))
+            .warehouse_location(format!("file://{}", root.join("warehouse").display()))
+            .sql_bind_style(SqlBindStyle::QMark)
+            .with_storage_factory(Arc::new(LocalFsStorageFactory))
+            .load(CATALOG_NAME, HashMap::new())
+            .await
+            .map_err(|e| {
+                iceberg_error(e, "cannot open the SQL catalog").with_context("file", db.display())
+            })?;
+        Ok(Lake { catalog, root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn catalog(&self) -> &SqlCatalog {
+        &self.catalog
+    }
+
+    /// Loads the table, creating it (and its namespace) with `schema` when
+    /// missing.
+    pub async fn ensure_table(&self, ident: &TableIdent, schema: Schema) -> Result<Table> {
+        let context =
+            |e: iceberg::Error, what: &str| iceberg_error(e, what).with_context("table", ident);
+        let namespace = ident.namespace();
+        if !self
+            .catalog
+            .namespace_exists(namespace)
+            .await
+            .map_err(|e| context(e, "cannot read the catalog"))?
+        {
+            self.catalog
+                .create_namespace(namespace, HashMap::new())
+                .await
+                .map_err(|e| context(e, "cannot create the namespace"))?;
+        }
+        if self
+            .catalog
+            .table_exists(ident)
+            .await
+            .map_err(|e| context(e, "cannot read the catalog"))?
+        {
+            return self
+                .catalog
+                .load_table(ident)
+                .await
+                .map_err(|e| context(e, "cannot load the table"));
+        }
+        let creation = TableCreation::builder()
+            .name(ident.name().to_owned())
+            .schema(schema)
+            .properties(HashMap::from([(
+                "write.parquet.compression-codec".to_owned(),
+                "zstd".to_owned(),
+            )]))
+            .build();
+        self.catalog
+            .create_table(namespace, creation)
+            .await
+            .map_err(|e| context(e, "cannot create the table"))
+    }
+}
+
+/// The namespace of a source database's tables.
+pub fn namespace(database: &str) -> NamespaceIdent {
+    NamespaceIdent::new(database.to_owned())
+}
+
+pub(crate) fn iceberg_error(err: iceberg::Error, message: &str) -> Error {
+    let kind = if err.retryable() {
+        ErrorKind::Io
+    } else {
+        ErrorKind::Lake
+    };
+    Error::new(kind, message.to_owned()).with_source(err)
+}

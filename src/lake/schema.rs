@@ -1,0 +1,241 @@
+//! Iceberg schemas of the two tables written per source table, and the
+//! mapping of PostgreSQL column types to Iceberg types (docs/tables.md).
+//!
+//! - silver `<table>`: the source columns, then `_cdc_commit_lsn` and
+//!   `_cdc_commit_ts` of the change that last wrote the row; the primary
+//!   key columns are required and are the identifier fields.
+//! - bronze `<table>_changes`: `_cdc_commit_lsn`, `_cdc_seq`, `_cdc_lsn`,
+//!   `_cdc_xid`, `_cdc_commit_ts`, `_cdc_op`, the source columns (the after
+//!   image; the before image for a delete), then `_cdc_before`: a struct
+//!   holding `_cdc_image` (`full` or `key`), the source columns, and
+//!   `_cdc_not_sent`, the names of the columns the server did not send.
+//!
+//! Field ids are assigned in order from 1; Iceberg keeps them when a
+//! column is added later, so a reader can tell columns apart across
+//! schema changes.
+
+use std::sync::Arc;
+
+use iceberg::spec::{
+    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
+};
+
+use crate::cdc::relation::{ColumnInfo, RelationInfo};
+use crate::cdc::value::PgType;
+use crate::error::{Error, ErrorKind, Result};
+
+/// The columns this tool adds; source columns may not use these names.
+pub const COMMIT_LSN: &str = "_cdc_commit_lsn";
+pub const SEQ: &str = "_cdc_seq";
+pub const LSN: &str = "_cdc_lsn";
+pub const XID: &str = "_cdc_xid";
+pub const COMMIT_TS: &str = "_cdc_commit_ts";
+pub const OP: &str = "_cdc_op";
+pub const BEFORE: &str = "_cdc_before";
+pub const BEFORE_IMAGE: &str = "_cdc_image";
+pub const BEFORE_NOT_SENT: &str = "_cdc_not_sent";
+
+/// The largest precision an Iceberg decimal holds.
+const MAX_DECIMAL_PRECISION: u32 = 38;
+
+/// Hands out field ids in order.
+struct FieldIds(i32);
+
+impl FieldIds {
+    fn next(&mut self) -> i32 {
+        self.0 += 1;
+        self.0
+    }
+}
+
+/// The Iceberg type of a column, from its decoding and type modifier.
+pub fn iceberg_type(column: &ColumnInfo) -> Type {
+    map_type(&column.pg_type, column.type_modifier, &mut FieldIds(0))
+}
+
+fn map_type(pg: &PgType, type_modifier: i32, ids: &mut FieldIds) -> Type {
+    let primitive = match pg {
+        PgType::Bool => PrimitiveType::Boolean,
+        PgType::Int2 | PgType::Int4 => PrimitiveType::Int,
+        PgType::Int8 => PrimitiveType::Long,
+        PgType::Float4 => PrimitiveType::Float,
+        PgType::Float8 => PrimitiveType::Double,
+        PgType::Numeric => match numeric_precision_scale(type_modifier) {
+            Some((precision, scale)) => PrimitiveType::Decimal { precision, scale },
+            None => PrimitiveType::String,
+        },
+        PgType::Bytea => PrimitiveType::Binary,
+        PgType::Date => PrimitiveType::Date,
+        PgType::Time => PrimitiveType::Time,
+        PgType::Timestamp => PrimitiveType::Timestamp,
+        PgType::TimestampTz => PrimitiveType::Timestamptz,
+        PgType::Uuid => PrimitiveType::Uuid,
+        PgType::Array(element) => {
+            let element_type = map_type(element, type_modifier, ids);
+            let element = NestedField::list_element(ids.next(), element_type, false);
+            return Type::List(ListType::new(Arc::new(element)));
+        }
+        PgType::Text
+        | PgType::TimeTz
+        | PgType::Interval
+        | PgType::Json
+        | PgType::Jsonb
+        | PgType::Inet
+        | PgType::Cidr
+        | PgType::Enum
+        | PgType::Unknown => PrimitiveType::String,
+    };
+    Type::Primitive(primitive)
+}
+
+/// `numeric(p,s)` fits an Iceberg decimal when 1 <= p <= 38 and
+/// 0 <= s <= p. Without a type modifier, or beyond that, the column is an
+/// exact string. The modifier is `((p << 16) | (s & 0x7ff)) + 4`, the scale
+/// signed (negative scales exist from PostgreSQL 15).
+pub fn numeric_precision_scale(type_modifier: i32) -> Option<(u32, u32)> {
+    if type_modifier < 4 {
+        return None;
+    }
+    let packed = type_modifier - 4;
+    let precision = ((packed >> 16) & 0xffff) as u32;
+    let raw_scale = packed & 0x7ff;
+    let scale = if raw_scale & 0x400 != 0 {
+        raw_scale - 0x800
+    } else {
+        raw_scale
+    };
+    let scale = u32::try_from(scale).ok()?;
+    (1..=MAX_DECIMAL_PRECISION)
+        .contains(&precision)
+        .then_some(())
+        .filter(|()| scale <= precision)
+        .map(|()| (precision, scale))
+}
+
+fn check_names(relation: &RelationInfo) -> Result<()> {
+    for column in &relation.columns {
+        if column.name.starts_with("_cdc_") {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "column {:?} uses the prefix _cdc_, which wal2iceberg reserves for its own columns",
+                    column.name
+                ),
+            )
+            .with_context("table", &relation.name));
+        }
+    }
+    if !relation.columns.iter().any(|c| c.is_primary_key) {
+        return Err(Error::new(
+            ErrorKind::Preflight,
+            "the table has no primary key: silver needs one to keep rows in step with the source",
+        )
+        .with_context("table", &relation.name));
+    }
+    Ok(())
+}
+
+fn source_fields(
+    relation: &RelationInfo,
+    ids: &mut FieldIds,
+    keys_required: bool,
+) -> Vec<NestedFieldRef> {
+    let mut fields = Vec::with_capacity(relation.columns.len());
+    for column in &relation.columns {
+        let id = ids.next();
+        let field_type = map_type(&column.pg_type, column.type_modifier, ids);
+        let required = keys_required && column.is_primary_key;
+        fields.push(Arc::new(NestedField::new(
+            id,
+            &column.name,
+            field_type,
+            required,
+        )));
+    }
+    fields
+}
+
+fn build(
+    fields: Vec<NestedFieldRef>,
+    identifiers: Vec<i32>,
+    relation: &RelationInfo,
+) -> Result<Schema> {
+    Schema::builder()
+        .with_schema_id(0)
+        .with_fields(fields)
+        .with_identifier_field_ids(identifiers)
+        .build()
+        .map_err(|e| {
+            Error::new(ErrorKind::Config, "cannot build the Iceberg schema")
+                .with_context("table", &relation.name)
+                .with_source(e)
+        })
+}
+
+/// The silver (current state) schema of a relation.
+pub fn silver_schema(relation: &RelationInfo) -> Result<Schema> {
+    check_names(relation)?;
+    let mut ids = FieldIds(0);
+    let mut fields = source_fields(relation, &mut ids, true);
+    let identifiers = fields
+        .iter()
+        .zip(&relation.columns)
+        .filter(|(_, c)| c.is_primary_key)
+        .map(|(f, _)| f.id)
+        .collect();
+    fields.push(Arc::new(NestedField::required(
+        ids.next(),
+        COMMIT_LSN,
+        Type::Primitive(PrimitiveType::Long),
+    )));
+    fields.push(Arc::new(NestedField::required(
+        ids.next(),
+        COMMIT_TS,
+        Type::Primitive(PrimitiveType::Timestamptz),
+    )));
+    build(fields, identifiers, relation)
+}
+
+/// The bronze (change history) schema of a relation.
+pub fn bronze_schema(relation: &RelationInfo) -> Result<Schema> {
+    check_names(relation)?;
+    let mut ids = FieldIds(0);
+    let long = Type::Primitive(PrimitiveType::Long);
+    let string = Type::Primitive(PrimitiveType::String);
+    let mut fields = vec![
+        Arc::new(NestedField::required(ids.next(), COMMIT_LSN, long.clone())),
+        Arc::new(NestedField::required(ids.next(), SEQ, long.clone())),
+        Arc::new(NestedField::required(ids.next(), LSN, long.clone())),
+        Arc::new(NestedField::required(ids.next(), XID, long)),
+        Arc::new(NestedField::required(
+            ids.next(),
+            COMMIT_TS,
+            Type::Primitive(PrimitiveType::Timestamptz),
+        )),
+        Arc::new(NestedField::required(ids.next(), OP, string.clone())),
+    ];
+    fields.extend(source_fields(relation, &mut ids, false));
+    let before_id = ids.next();
+    let mut before = vec![Arc::new(NestedField::required(
+        ids.next(),
+        BEFORE_IMAGE,
+        string.clone(),
+    ))];
+    before.extend(source_fields(relation, &mut ids, false));
+    let not_sent_id = ids.next();
+    let element = NestedField::list_element(ids.next(), string, true);
+    before.push(Arc::new(NestedField::required(
+        not_sent_id,
+        BEFORE_NOT_SENT,
+        Type::List(ListType::new(Arc::new(element))),
+    )));
+    fields.push(Arc::new(NestedField::optional(
+        before_id,
+        BEFORE,
+        Type::Struct(StructType::new(before)),
+    )));
+    build(fields, Vec::new(), relation)
+}
+
+#[cfg(test)]
+mod tests;
