@@ -81,3 +81,127 @@ async fn silver_and_bronze_tables_are_created_as_pyiceberg_reads_them() {
         json!([])
     );
 }
+
+async fn append_changes(
+    lake: &Lake,
+    table: iceberg::table::Table,
+    events: &[wal2iceberg::cdc::event::Event],
+) -> iceberg::table::Table {
+    use wal2iceberg::lake::{bronze::bronze_batch, writer};
+    let c = changes(events);
+    let last = c.last().expect("changes").tx.commit_lsn;
+    let batch = bronze_batch(&writer::arrow_schema(&table).unwrap(), &c).unwrap();
+    let files = writer::write_data_files(&table, batch).await.unwrap();
+    writer::append(lake.catalog(), &table, files, last)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn bronze_keeps_every_change_in_order_with_its_before_image_and_position() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
+         ALTER TABLE customers REPLICA IDENTITY FULL;
+         INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');
+         CREATE TABLE plain(id int PRIMARY KEY, name text, plan text);
+         INSERT INTO plain VALUES (3,'Linus','free');",
+    )
+    .await;
+    let (load, mut stream) = open_fresh(&db, &db.options(&["customers", "plain"])).await;
+    let relation = changes(&load)[0].relation.clone();
+    let dir = tempfile::tempdir().unwrap();
+    let lake = Lake::open_embedded(dir.path()).await.unwrap();
+    let ident = TableIdent::new(namespace("shop"), "customers_changes".into());
+    let table = lake
+        .ensure_table(&ident, bronze_schema(&relation).unwrap())
+        .await
+        .unwrap();
+    let loaded: Vec<_> = load
+        .iter()
+        .filter(|e| !matches!(e, wal2iceberg::cdc::event::Event::Change(c) if c.relation.name.name != "customers"))
+        .cloned()
+        .collect();
+    let table = append_changes(&lake, table, &loaded).await;
+
+    for sql in [
+        "UPDATE customers SET plan='pro' WHERE id=1",
+        "UPDATE customers SET plan='team' WHERE id=1",
+        "DELETE FROM customers WHERE id=3",
+        "INSERT INTO customers VALUES (4,'Barbara','free')",
+    ] {
+        db.exec(sql).await;
+    }
+    let events = read_commits(&mut stream, 4).await;
+    let last_commit = changes(&events).last().unwrap().tx.commit_lsn;
+    let table = append_changes(&lake, table, &events).await;
+    assert_eq!(
+        wal2iceberg::lake::writer::committed_lsn(&table).unwrap(),
+        Some(last_commit)
+    );
+
+    let rows = pyiceberg(dir.path(), "shop.customers_changes", "rows").await;
+    let rows = rows.as_array().unwrap();
+    let ops: String = rows
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, "rrruudc");
+    let plans: Vec<&str> = rows.iter().map(|r| r["plan"].as_str().unwrap()).collect();
+    assert_eq!(
+        plans,
+        ["free", "pro", "free", "pro", "team", "free", "free"]
+    );
+    assert_eq!(
+        rows[0]["_cdc_before"],
+        Value::Null,
+        "the load has no before image"
+    );
+    assert_eq!(rows[3]["_cdc_before"]["_cdc_image"], json!("full"));
+    assert_eq!(rows[3]["_cdc_before"]["plan"], json!("free"));
+    assert_eq!(rows[3]["_cdc_before"]["_cdc_not_sent"], json!([]));
+    assert_eq!(
+        rows[5]["name"],
+        json!("Linus"),
+        "a delete shows the row it removed"
+    );
+    assert_eq!(rows[6]["id"], json!(4));
+    assert!(rows[3]["_cdc_commit_lsn"].as_i64() < rows[4]["_cdc_commit_lsn"].as_i64());
+    let summary = pyiceberg(dir.path(), "shop.customers_changes", "summary").await;
+    assert_eq!(
+        summary["wal2iceberg.commit-lsn"],
+        json!(last_commit.0.to_string())
+    );
+    assert_eq!(
+        pyiceberg(dir.path(), "shop.customers_changes", "codecs").await,
+        json!(["ZSTD"])
+    );
+
+    // Under REPLICA IDENTITY DEFAULT a delete carries the key only: the
+    // other columns are null and named as not sent.
+    let plain = changes(&load)
+        .iter()
+        .find(|c| c.relation.name.name == "plain")
+        .unwrap()
+        .relation
+        .clone();
+    let ident = TableIdent::new(namespace("shop"), "plain_changes".into());
+    let table = lake
+        .ensure_table(&ident, bronze_schema(&plain).unwrap())
+        .await
+        .unwrap();
+    db.exec("DELETE FROM plain WHERE id = 3").await;
+    let events = read_commits(&mut stream, 1).await;
+    append_changes(&lake, table, &events).await;
+    let rows = pyiceberg(dir.path(), "shop.plain_changes", "rows").await;
+    let delete = &rows[0];
+    assert_eq!(delete["_cdc_op"], json!("d"));
+    assert_eq!(delete["id"], json!(3));
+    assert_eq!(delete["name"], Value::Null);
+    assert_eq!(delete["_cdc_before"]["_cdc_image"], json!("key"));
+    assert_eq!(
+        delete["_cdc_before"]["_cdc_not_sent"],
+        json!(["name", "plan"])
+    );
+    stream.stop().await.unwrap();
+}

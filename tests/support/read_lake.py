@@ -1,6 +1,7 @@
 """Reads a wal2iceberg lake through pyiceberg, a reader we did not write.
 
-usage: read_lake.py <lake folder> <namespace.table> schema|rows
+usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs
+Rows of a bronze table come sorted by (_cdc_commit_lsn, _cdc_seq).
 Prints one JSON document on stdout.
 """
 import json
@@ -28,6 +29,20 @@ if mode == "schema":
     }))
 elif mode == "rows":
     rows = table.scan().to_arrow().to_pylist()
+    if rows and "_cdc_seq" in rows[0]:
+        rows.sort(key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_seq"]))
     print(json.dumps(rows, default=str))
+elif mode == "summary":
+    snapshot = table.current_snapshot()
+    print(json.dumps(snapshot.summary.additional_properties if snapshot else None))
+elif mode == "codecs":
+    import pyarrow.parquet as pq
+    codecs = set()
+    for task in table.scan().plan_files():
+        meta = pq.ParquetFile(task.file.file_path.removeprefix("file://")).metadata
+        for g in range(meta.num_row_groups):
+            for c in range(meta.num_columns):
+                codecs.add(meta.row_group(g).column(c).compression)
+    print(json.dumps(sorted(codecs)))
 else:
     sys.exit(f"unknown mode {mode}")
