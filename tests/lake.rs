@@ -205,3 +205,177 @@ async fn bronze_keeps_every_change_in_order_with_its_before_image_and_position()
     );
     stream.stop().await.unwrap();
 }
+
+mod row_delta {
+    use std::collections::HashMap;
+    use std::sync::Arc;
+
+    use arrow_array::{ArrayRef, RecordBatch};
+    use iceberg::TableIdent;
+    use serde_json::json;
+    use wal2iceberg::cdc::relation::{ColumnInfo, RelationInfo};
+    use wal2iceberg::cdc::temporal::MaybeInfinite;
+    use wal2iceberg::cdc::value::{PgType, Value};
+    use wal2iceberg::lake::arrow::build_array;
+    use wal2iceberg::lake::catalog::{Lake, namespace};
+    use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
+    use wal2iceberg::lake::schema::silver_schema;
+    use wal2iceberg::lake::writer::{arrow_schema, write_data_files};
+    use wal2iceberg::pg::source::TableName;
+
+    use super::pyiceberg;
+
+    fn relation() -> RelationInfo {
+        let column = |name: &str, pg_type, is_primary_key| ColumnInfo {
+            name: name.to_owned(),
+            type_oid: 0,
+            type_modifier: -1,
+            pg_type,
+            is_identity_key: is_primary_key,
+            is_primary_key,
+        };
+        RelationInfo {
+            oid: 1,
+            name: TableName::parse("public.customers").unwrap(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", PgType::Int4, true),
+                column("plan", PgType::Text, false),
+            ],
+        }
+    }
+
+    /// Silver rows (id, plan) written at commit LSN `lsn`.
+    fn batch(schema: &Arc<arrow_schema::Schema>, rows: &[(i32, &str)], lsn: i64) -> RecordBatch {
+        let values: Vec<[Value; 4]> = rows
+            .iter()
+            .map(|(id, plan)| {
+                [
+                    Value::Int4(*id),
+                    Value::Text((*plan).to_owned()),
+                    Value::Int8(lsn),
+                    Value::TimestampTz(MaybeInfinite::Finite(0)),
+                ]
+            })
+            .collect();
+        let columns: Vec<ArrayRef> = (0..4)
+            .map(|i| {
+                let cells: Vec<Option<&Value>> = values.iter().map(|row| Some(&row[i])).collect();
+                build_array(schema.field(i), &cells).unwrap()
+            })
+            .collect();
+        RecordBatch::try_new(schema.clone(), columns).unwrap()
+    }
+
+    fn at(lsn: i64) -> HashMap<String, String> {
+        HashMap::from([("wal2iceberg.commit-lsn".to_owned(), lsn.to_string())])
+    }
+
+    #[tokio::test]
+    async fn one_snapshot_deletes_rows_by_position_and_adds_their_new_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open_embedded(dir.path()).await.unwrap();
+        let ident = TableIdent::new(namespace("shop"), "customers".into());
+        let table = lake
+            .ensure_table(&ident, silver_schema(&relation()).unwrap())
+            .await
+            .unwrap();
+        let schema = arrow_schema(&table).unwrap();
+
+        let files = write_data_files(
+            &table,
+            batch(&schema, &[(1, "free"), (2, "pro"), (3, "free")], 10),
+        )
+        .await
+        .unwrap();
+        let first_file = files[0].file_path().to_owned();
+        let delta = RowDelta {
+            data_files: files,
+            delete_files: vec![],
+            properties: at(10),
+        };
+        let table = commit_row_delta(&lake, &ident, &delta).await.unwrap();
+        assert_eq!(
+            table
+                .metadata()
+                .current_snapshot()
+                .unwrap()
+                .sequence_number(),
+            1
+        );
+
+        // Ada (row 0) moves to team, Linus (row 2) is deleted.
+        let deletes =
+            write_position_deletes(&table, vec![(first_file.clone(), 2), (first_file, 0)])
+                .await
+                .unwrap();
+        let added = write_data_files(&table, batch(&schema, &[(1, "team")], 20))
+            .await
+            .unwrap();
+        let delta = RowDelta {
+            data_files: added,
+            delete_files: vec![deletes],
+            properties: at(20),
+        };
+        let table = commit_row_delta(&lake, &ident, &delta).await.unwrap();
+        let snapshot = table.metadata().current_snapshot().unwrap();
+        assert_eq!(snapshot.sequence_number(), 2);
+
+        let rows = pyiceberg(dir.path(), "shop.customers", "rows").await;
+        let mut got: Vec<(i64, String)> = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["plan"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got, [(1, "team".to_owned()), (2, "pro".to_owned())]);
+
+        let summary = pyiceberg(dir.path(), "shop.customers", "summary").await;
+        assert_eq!(summary["wal2iceberg.commit-lsn"], json!("20"));
+        assert_eq!(summary["total-records"], json!("4"));
+        assert_eq!(summary["total-data-files"], json!("2"));
+        assert_eq!(summary["total-delete-files"], json!("1"));
+        assert_eq!(summary["total-position-deletes"], json!("2"));
+        assert_eq!(summary["added-position-deletes"], json!("2"));
+    }
+
+    #[tokio::test]
+    async fn concurrent_commits_both_land_one_after_the_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open_embedded(dir.path()).await.unwrap();
+        let ident = TableIdent::new(namespace("shop"), "customers".into());
+        let table = lake
+            .ensure_table(&ident, silver_schema(&relation()).unwrap())
+            .await
+            .unwrap();
+        let schema = arrow_schema(&table).unwrap();
+        let a = RowDelta {
+            data_files: write_data_files(&table, batch(&schema, &[(1, "a")], 1))
+                .await
+                .unwrap(),
+            ..RowDelta::default()
+        };
+        let b = RowDelta {
+            data_files: write_data_files(&table, batch(&schema, &[(2, "b")], 2))
+                .await
+                .unwrap(),
+            ..RowDelta::default()
+        };
+        let (ra, rb) = tokio::join!(
+            commit_row_delta(&lake, &ident, &a),
+            commit_row_delta(&lake, &ident, &b)
+        );
+        ra.unwrap();
+        rb.unwrap();
+        let rows = pyiceberg(dir.path(), "shop.customers", "rows").await;
+        assert_eq!(rows.as_array().unwrap().len(), 2, "{rows}");
+        let summary = pyiceberg(dir.path(), "shop.customers", "summary").await;
+        assert_eq!(summary["total-records"], json!("2"));
+    }
+}

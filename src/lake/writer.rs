@@ -42,7 +42,7 @@ pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<D
     let parquet = ParquetWriterBuilder::new(properties, table.metadata().current_schema().clone());
     let locations = DefaultLocationGenerator::new(table.metadata()).map_err(context)?;
     let names = DefaultFileNameGenerator::new(
-        format!("data-{}", uuid_like()),
+        format!("data-{}", uuid::Uuid::new_v4()),
         None,
         DataFileFormat::Parquet,
     );
@@ -103,16 +103,6 @@ pub fn committed_lsn(table: &Table) -> Result<Option<Lsn>> {
             .with_context("table", table.identifier())
         }),
     }
-}
-
-/// A unique-enough file prefix: time and process, no extra dependency.
-fn uuid_like() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!("{:x}-{:x}-{n}", now.as_nanos(), std::process::id())
 }
 
 /// The Arrow schema of the table's current schema, with field ids.
