@@ -73,6 +73,27 @@ enum Command {
         #[arg(long, value_name = "SECONDS")]
         exit_when_idle: Option<f64>,
     },
+    /// Replicate the tables into the lake: bronze `<table>_changes` and
+    /// silver `<table>`, initial load first when the slot is new.
+    Run {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Folder of the embedded lake: catalog.db and warehouse/.
+        #[arg(long, default_value = "./lake")]
+        lake: std::path::PathBuf,
+        /// Iceberg namespace; the source database's name when unset.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Commit a batch at least this often, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        flush_interval_ms: u64,
+        /// Commit once a batch holds this many changes.
+        #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_ROWS)]
+        max_batch_rows: usize,
+        /// Drain, commit, confirm and exit 0 after this many seconds without a change.
+        #[arg(long, value_name = "SECONDS")]
+        exit_when_idle: Option<f64>,
+    },
     /// Run the seed walkthrough against a throwaway local PostgreSQL
     /// (server binaries found as in docs/testing.md) and print each step.
     Demo,
@@ -107,21 +128,36 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
+        Command::Run {
+            source,
+            lake,
+            namespace,
+            flush_interval_ms,
+            max_batch_rows,
+            exit_when_idle,
+        } => {
+            let (config, capture) = source.parse()?;
+            let options = wal2iceberg::ops::run::RunOptions {
+                capture,
+                lake,
+                namespace,
+                flush_interval: Duration::from_millis(flush_interval_ms),
+                max_batch_rows: max_batch_rows.max(1),
+                exit_when_idle: seconds(exit_when_idle)?,
+            };
+            let report = wal2iceberg::ops::run::run(&config, &options).await?;
+            println!(
+                "applied {} changes in {} batches; confirmed {}",
+                report.changes_applied, report.batches, report.confirmed
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Tail {
             source,
             exit_when_idle,
         } => {
             let (config, capture) = source.parse()?;
-            let exit_when_idle = exit_when_idle
-                .map(|s| {
-                    Duration::try_from_secs_f64(s).map_err(|_| {
-                        Error::new(
-                            ErrorKind::Config,
-                            "--exit-when-idle must be a non-negative number of seconds",
-                        )
-                    })
-                })
-                .transpose()?;
+            let exit_when_idle = seconds(exit_when_idle)?;
             let options = TailOptions {
                 capture,
                 exit_when_idle,
@@ -146,4 +182,17 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+fn seconds(value: Option<f64>) -> Result<Option<Duration>, Error> {
+    value
+        .map(|s| {
+            Duration::try_from_secs_f64(s).map_err(|_| {
+                Error::new(
+                    ErrorKind::Config,
+                    "--exit-when-idle must be a non-negative number of seconds",
+                )
+            })
+        })
+        .transpose()
 }

@@ -538,3 +538,114 @@ mod silver {
         stream.stop().await.unwrap();
     }
 }
+
+mod pipeline {
+    use std::time::Duration;
+
+    use serde_json::json;
+    use wal2iceberg::ops::run::{RunOptions, run};
+
+    use super::pyiceberg;
+    use crate::support::*;
+
+    fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
+        let mut capture = db.options(&["customers"]);
+        capture.slot = slot.to_owned();
+        RunOptions {
+            capture,
+            lake: lake.to_owned(),
+            namespace: Some("shop".into()),
+            flush_interval: Duration::from_millis(200),
+            max_batch_rows: 10_000,
+            exit_when_idle: Some(Duration::from_secs(2)),
+        }
+    }
+
+    async fn ops_and_plans(lake: &std::path::Path) -> (String, Vec<(i64, String)>) {
+        let bronze = pyiceberg(lake, "shop.customers_changes", "rows").await;
+        let ops = bronze
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
+            .collect();
+        let silver = pyiceberg(lake, "shop.customers", "rows").await;
+        let mut plans: Vec<(i64, String)> = silver
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["plan"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        plans.sort();
+        (ops, plans)
+    }
+
+    #[tokio::test]
+    async fn run_lands_the_seed_walkthrough_and_a_replay_adds_nothing() {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
+             ALTER TABLE customers REPLICA IDENTITY FULL;
+             INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');",
+        )
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let slot = unique("run");
+        let report = run(&db.config, &options(&db, &slot, dir.path()))
+            .await
+            .unwrap();
+        assert_eq!(report.changes_applied, 3);
+        let (ops, plans) = ops_and_plans(dir.path()).await;
+        assert_eq!(ops, "rrr");
+        assert_eq!(
+            plans,
+            [(1, "free".into()), (2, "pro".into()), (3, "free".into())]
+        );
+
+        // A copy of the slot that never hears the next confirmation: what a
+        // crash after the Iceberg commits and before the confirmation leaves.
+        let stale = unique("stale");
+        db.exec(&format!(
+            "SELECT pg_copy_logical_replication_slot('{slot}', '{stale}')"
+        ))
+        .await;
+
+        for sql in [
+            "UPDATE customers SET plan='pro' WHERE id=1",
+            "UPDATE customers SET plan='team' WHERE id=1",
+            "DELETE FROM customers WHERE id=3",
+            "INSERT INTO customers VALUES (4,'Barbara','free')",
+        ] {
+            db.exec(sql).await;
+        }
+        let report = run(&db.config, &options(&db, &slot, dir.path()))
+            .await
+            .unwrap();
+        assert_eq!(report.changes_applied, 4);
+        let after_run = ops_and_plans(dir.path()).await;
+        assert_eq!(after_run.0, "rrruudc");
+        assert_eq!(
+            after_run.1,
+            [(1, "team".into()), (2, "pro".into()), (4, "free".into())]
+        );
+        assert_eq!(db.confirmed_flush(&slot).await, Some(report.confirmed));
+
+        // The replay: the stale slot sends the four changes again.
+        let replay = run(&db.config, &options(&db, &stale, dir.path()))
+            .await
+            .unwrap();
+        assert_eq!(replay.changes_applied, 4, "the changes did come again");
+        assert_eq!(
+            ops_and_plans(dir.path()).await,
+            after_run,
+            "bronze still seven rows, silver unchanged"
+        );
+        let summary = pyiceberg(dir.path(), "shop.customers_changes", "summary").await;
+        assert_eq!(summary["total-records"], json!("7"));
+    }
+}

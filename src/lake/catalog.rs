@@ -58,6 +58,14 @@ impl Lake {
         &self.catalog
     }
 
+    /// Loads a table that exists.
+    pub async fn catalog_table(&self, ident: &TableIdent) -> Result<Table> {
+        self.catalog
+            .load_table(ident)
+            .await
+            .map_err(|e| iceberg_error(e, "cannot load the table").with_context("table", ident))
+    }
+
     /// Loads the table, creating it (and its namespace) with `schema` when
     /// missing.
     pub async fn ensure_table(&self, ident: &TableIdent, schema: Schema) -> Result<Table> {

@@ -29,7 +29,7 @@ use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator, FileNameGenerator, LocationGenerator,
 };
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterBuilder};
-use iceberg::{Catalog, MetadataLocation, TableIdent};
+use iceberg::{MetadataLocation, TableIdent};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 use sqlx::Row;
@@ -134,10 +134,7 @@ pub async fn write_position_deletes(
 /// other writer's). Returns the table as committed.
 pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta) -> Result<Table> {
     for attempt in 1..=MAX_ATTEMPTS {
-        let table =
-            lake.catalog().load_table(ident).await.map_err(|e| {
-                iceberg_error(e, "cannot load the table").with_context("table", ident)
-            })?;
+        let table = lake.catalog_table(ident).await?;
         match try_commit(lake, &table, delta).await? {
             Some(committed) => return Ok(committed),
             None => {
@@ -278,15 +275,7 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
     if !swap_metadata_location(lake, table.identifier(), &current_location, &new_location).await? {
         return Ok(None);
     }
-    let committed = lake
-        .catalog()
-        .load_table(table.identifier())
-        .await
-        .map_err(|e| {
-            iceberg_error(e, "cannot reload the committed table")
-                .with_context("table", table.identifier())
-        })?;
-    Ok(Some(committed))
+    Ok(Some(lake.catalog_table(table.identifier()).await?))
 }
 
 /// The compare-and-swap on the SQL catalog's pointer: true when our

@@ -21,9 +21,9 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
+use iceberg::TableIdent;
 use iceberg::spec::DataContentType;
 use iceberg::table::Table;
-use iceberg::{Catalog, TableIdent};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
@@ -104,6 +104,10 @@ impl SilverTable {
         };
         silver.rebuild_index(&table).await?;
         Ok(silver)
+    }
+
+    pub fn ident(&self) -> &TableIdent {
+        &self.ident
     }
 
     /// Number of live rows, as the index knows them.
@@ -313,9 +317,7 @@ impl SilverTable {
             return Ok(());
         }
 
-        let table = lake.catalog().load_table(&self.ident).await.map_err(|e| {
-            iceberg_error(e, "cannot load the silver table").with_context("table", &self.ident)
-        })?;
+        let table = lake.catalog_table(&self.ident).await?;
         let mut delta = RowDelta {
             properties: HashMap::from([(SUMMARY_COMMIT_LSN.to_owned(), commit_lsn.0.to_string())]),
             ..RowDelta::default()
