@@ -122,3 +122,41 @@ async fn malformed_options_exit_2_naming_the_problem() {
     assert_eq!(code, 2);
     assert!(stderr.contains("slot name"), "{stderr}");
 }
+
+#[tokio::test]
+async fn demo_walks_the_seed_steps_and_cleans_up() {
+    let (code, stdout, stderr) = run(&["demo"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let step7 = stdout.split("# step 7").nth(1).expect("step 7 printed");
+    assert!(step7.contains("received 4 changes again"), "{stdout}");
+    let silver: Vec<&str> = step7
+        .lines()
+        .filter(|l| l.starts_with("| 1 ") || l.starts_with("| 2 ") || l.starts_with("| 4 "))
+        .collect();
+    assert!(
+        silver
+            .iter()
+            .any(|l| l.contains("Ada") && l.contains("team")),
+        "{step7}"
+    );
+    assert!(
+        silver
+            .iter()
+            .any(|l| l.contains("Barbara") && l.contains("free")),
+        "{step7}"
+    );
+    assert!(
+        !step7.contains("Linus"),
+        "Linus is gone from silver: {step7}"
+    );
+    let bronze_rows = step7
+        .lines()
+        .filter(|l| {
+            l.contains("| r ") || l.contains("| u ") || l.contains("| d ") || l.contains("| c ")
+        })
+        .count();
+    assert_eq!(
+        bronze_rows, 7,
+        "bronze keeps seven rows after the replay: {step7}"
+    );
+}

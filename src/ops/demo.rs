@@ -1,20 +1,19 @@
-//! `wal2iceberg demo`: the seed walkthrough against a throwaway PostgreSQL.
-//! A `customers` table with REPLICA IDENTITY FULL and three rows; the
-//! initial load; two updates, a delete and an insert; then a restart of the
-//! capture that shows nothing confirmed comes again. Each step prints the
-//! change events as JSON lines; the server and its folder are removed at
-//! the end.
+//! `wal2iceberg demo`: the seed walkthrough (Steps 2 to 7) against a
+//! throwaway PostgreSQL, through the real pipeline into a temporary lake.
+//! After each step both tables are printed through our own reader. The
+//! server, the slot and the lake are removed at the end.
 
 use std::io::Write;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use iceberg::TableIdent;
 
+use super::run::{RunOptions, run};
 use super::scratch::ScratchPostgres;
-use crate::cdc::capture::{self, Capture, CaptureOptions};
-use crate::cdc::event::Event;
-use crate::cdc::stream::{ChangeStream, Next};
-use crate::error::{Error, ErrorKind, Result, postgres};
+use super::show::table_text;
+use crate::cdc::capture::CaptureOptions;
+use crate::error::{Result, postgres};
+use crate::lake::catalog::{Lake, namespace};
 use crate::pg::config::PgConfig;
 use crate::pg::source::{SourceClient, TableName};
 
@@ -32,9 +31,6 @@ const CHANGES: [&str; 4] = [
     "INSERT INTO customers(id, name, plan) VALUES (4,'Barbara','free')",
 ];
 
-/// How long a step waits for its events before calling the stream quiet.
-const STEP_IDLE: Duration = Duration::from_secs(2);
-
 pub async fn demo(out: &mut dyn Write) -> Result<()> {
     writeln!(out, "# starting a throwaway PostgreSQL (wal_level=logical)")?;
     let server = ScratchPostgres::start(&[], &[])?;
@@ -45,89 +41,108 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
         .map_err(|e| postgres(e, "cannot create the demo database"))?;
     let config = PgConfig::parse(&server.url("shop"))?;
     let shop = SourceClient::connect(&config).await?;
-    let run = |sql: &'static str| {
-        let shop = &shop;
-        async move {
-            shop.batch_execute(sql)
-                .await
-                .map_err(|e| postgres(e, "demo statement failed"))
+    let lake_dir = tempfile::Builder::new()
+        .prefix("wal2iceberg-demo-lake-")
+        .tempdir()?;
+    let options = |slot: &str| {
+        let mut capture = CaptureOptions::new(vec![TableName {
+            schema: "public".into(),
+            name: "customers".into(),
+        }]);
+        capture.slot = slot.to_owned();
+        RunOptions {
+            capture,
+            lake: lake_dir.path().to_owned(),
+            namespace: None,
+            flush_interval: Duration::from_millis(200),
+            max_batch_rows: 10_000,
+            exit_when_idle: Some(Duration::from_secs(1)),
         }
     };
 
     writeln!(
         out,
-        "# step 2: create customers (REPLICA IDENTITY FULL) with three rows"
+        "# step 2: customers with REPLICA IDENTITY FULL and three rows"
     )?;
-    run(SETUP).await?;
-    let options = CaptureOptions::new(vec![TableName::parse("public.customers")?]);
+    shop.batch_execute(SETUP)
+        .await
+        .map_err(|e| postgres(e, "demo setup failed"))?;
 
     writeln!(
         out,
-        "# step 5: initial load from the slot's exported snapshot (op r)"
+        "\n# step 5: wal2iceberg run (initial load from the slot's snapshot)"
     )?;
-    let Capture::Fresh { mut load, pending } = capture::open(&config, &options).await? else {
-        return Err(Error::new(ErrorKind::Slot, "the demo slot already existed"));
-    };
-    while let Some(event) = load.next_event().await? {
-        print_event(out, &event)?;
-    }
-    let mut stream = pending.start().await?;
-    stream.confirm(load.consistent_point()).await?;
+    let report = run(&config, &options("wal2iceberg")).await?;
+    writeln!(
+        out,
+        "applied {} changes; confirmed {}",
+        report.changes_applied, report.confirmed
+    )?;
+    show(out, lake_dir.path()).await?;
+
+    // A copy of the slot that will not hear the next confirmation, to
+    // replay step 6 in step 7 as a crash before confirming would.
+    shop.batch_execute(
+        "SELECT pg_copy_logical_replication_slot('wal2iceberg', 'wal2iceberg_replay')",
+    )
+    .await
+    .map_err(|e| postgres(e, "cannot copy the demo slot"))?;
 
     writeln!(
         out,
-        "# step 6: two updates of Ada, Linus deleted, Barbara inserted"
+        "\n# step 6: two updates of Ada, Linus deleted, Barbara inserted; wal2iceberg run"
     )?;
     for sql in CHANGES {
-        run(sql).await?;
+        shop.batch_execute(sql)
+            .await
+            .map_err(|e| postgres(e, "demo statement failed"))?;
     }
-    let printed = print_until_quiet(out, &mut stream).await?;
-    stream.stop().await?;
+    let report = run(&config, &options("wal2iceberg")).await?;
+    writeln!(
+        out,
+        "applied {} changes; confirmed {}",
+        report.changes_applied, report.confirmed
+    )?;
+    show(out, lake_dir.path()).await?;
 
     writeln!(
         out,
-        "# step 7: restart the capture; confirmed transactions do not come again"
+        "\n# step 7: replay step 6 from a slot that never confirmed it"
     )?;
-    let Capture::Resume(mut stream) = capture::open(&config, &options).await? else {
-        return Err(Error::new(ErrorKind::Slot, "the demo slot vanished"));
-    };
-    let replayed = print_until_quiet(out, &mut stream).await?;
-    stream.stop().await?;
+    let report = run(&config, &options("wal2iceberg_replay")).await?;
     writeln!(
         out,
-        "# {printed} events in step 6, {replayed} repeated after the restart"
+        "received {} changes again; the tables already held them, so nothing was added:",
+        report.changes_applied
     )?;
-    writeln!(out, "# stopping and removing the throwaway PostgreSQL")?;
+    show(out, lake_dir.path()).await?;
+    writeln!(
+        out,
+        "\n# stopping and removing the throwaway PostgreSQL and the lake"
+    )?;
+    drop(shop);
+    drop(admin);
     drop(server);
     Ok(())
 }
 
-/// Prints events, confirming each transaction once printed, until the
-/// stream has been quiet for [`STEP_IDLE`]. Returns the number printed.
-async fn print_until_quiet(out: &mut dyn Write, stream: &mut ChangeStream) -> Result<u64> {
-    let mut printed = 0;
-    loop {
-        match stream.next_before(Some(Instant::now() + STEP_IDLE)).await? {
-            Next::Event(event) => {
-                print_event(out, &event)?;
-                printed += 1;
-                if let Event::Commit { end_lsn, .. } = event {
-                    out.flush()?;
-                    stream.confirm(end_lsn).await?;
-                }
-            }
-            Next::Idle => return Ok(printed),
-            Next::Closed => {
-                return Err(Error::new(
-                    ErrorKind::Connection,
-                    "the server ended the stream",
-                ));
-            }
-        }
-    }
-}
-
-fn print_event(out: &mut dyn Write, event: &Event) -> Result<()> {
-    writeln!(out, "{}", event.to_json())?;
+async fn show(out: &mut dyn Write, lake_dir: &std::path::Path) -> Result<()> {
+    let lake = Lake::open_embedded(lake_dir).await?;
+    let shop = namespace("shop");
+    let silver = TableIdent::new(shop.clone(), "customers".into());
+    let bronze = TableIdent::new(shop, "customers_changes".into());
+    writeln!(out, "shop.customers (silver)")?;
+    writeln!(
+        out,
+        "{}",
+        table_text(&lake, &silver, &["id", "name", "plan"], &["id"]).await?
+    )?;
+    writeln!(out, "shop.customers_changes (bronze)")?;
+    let columns = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "id", "plan"];
+    writeln!(
+        out,
+        "{}",
+        table_text(&lake, &bronze, &columns, &["_cdc_commit_lsn", "_cdc_seq"]).await?
+    )?;
     Ok(())
 }

@@ -3,9 +3,11 @@
 //! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
+//! - `show`: a lake table printed through our own reader.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
 pub mod demo;
 pub mod run;
 pub mod scratch;
+pub mod show;
 pub mod tail;
