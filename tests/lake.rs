@@ -23,6 +23,24 @@ pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value
     serde_json::from_slice(&out.stdout).expect("JSON from the reader")
 }
 
+/// The (id, plan) pairs of a table, sorted, through pyiceberg.
+pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
+    let rows = pyiceberg(lake, table, "rows").await;
+    let mut pairs: Vec<(i64, String)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["plan"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
 #[tokio::test]
 async fn silver_and_bronze_tables_are_created_as_pyiceberg_reads_them() {
     let db = TestDb::new().await;
@@ -223,7 +241,7 @@ mod row_delta {
     use wal2iceberg::lake::writer::{arrow_schema, write_data_files};
     use wal2iceberg::pg::source::TableName;
 
-    use super::pyiceberg;
+    use super::{id_plan_rows, pyiceberg};
 
     fn relation() -> RelationInfo {
         let column = |name: &str, pg_type, is_primary_key| ColumnInfo {
@@ -321,19 +339,7 @@ mod row_delta {
         let snapshot = table.metadata().current_snapshot().unwrap();
         assert_eq!(snapshot.sequence_number(), 2);
 
-        let rows = pyiceberg(dir.path(), "shop.customers", "rows").await;
-        let mut got: Vec<(i64, String)> = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_i64().unwrap(),
-                    r["plan"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        got.sort();
+        let got = id_plan_rows(dir.path(), "shop.customers").await;
         assert_eq!(got, [(1, "team".to_owned()), (2, "pro".to_owned())]);
 
         let summary = pyiceberg(dir.path(), "shop.customers", "summary").await;
@@ -387,26 +393,8 @@ mod silver {
     use wal2iceberg::lake::catalog::{Lake, namespace};
     use wal2iceberg::lake::silver::SilverTable;
 
-    use super::pyiceberg;
+    use super::{id_plan_rows, pyiceberg};
     use crate::support::*;
-
-    /// Silver rows as (id, plan) pairs, sorted.
-    async fn silver_rows(lake: &std::path::Path) -> Vec<(i64, String)> {
-        let rows = pyiceberg(lake, "shop.customers", "rows").await;
-        let mut got: Vec<(i64, String)> = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_i64().unwrap(),
-                    r["plan"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        got.sort();
-        got
-    }
 
     fn pairs(rows: &[(i64, &str)]) -> Vec<(i64, String)> {
         rows.iter().map(|(i, p)| (*i, (*p).to_owned())).collect()
@@ -443,7 +431,7 @@ mod silver {
             .unwrap();
         apply(&mut silver, &lake, &load).await;
         assert_eq!(
-            silver_rows(dir.path()).await,
+            id_plan_rows(dir.path(), "shop.customers").await,
             pairs(&[(1, "free"), (2, "pro"), (3, "free")])
         );
 
@@ -458,7 +446,7 @@ mod silver {
         let events = read_commits(&mut stream, 4).await;
         apply(&mut silver, &lake, &events).await;
         assert_eq!(
-            silver_rows(dir.path()).await,
+            id_plan_rows(dir.path(), "shop.customers").await,
             pairs(&[(1, "team"), (2, "pro"), (4, "free")])
         );
         let summary = pyiceberg(dir.path(), "shop.customers", "summary").await;
@@ -482,7 +470,7 @@ mod silver {
         let events = read_commits(&mut stream, 2).await;
         apply(&mut silver, &lake, &events).await;
         assert_eq!(
-            silver_rows(dir.path()).await,
+            id_plan_rows(dir.path(), "shop.customers").await,
             pairs(&[(1, "team"), (4, "enterprise"), (5, "pro")]),
             "a primary-key update moves the row"
         );
@@ -521,7 +509,10 @@ mod silver {
         db.exec("UPDATE customers SET plan='team' WHERE id=1").await;
         let events = read_commits(&mut stream, 4).await;
         apply(&mut silver, &lake, &events).await;
-        assert_eq!(silver_rows(dir.path()).await, pairs(&[(1, "team")]));
+        assert_eq!(
+            id_plan_rows(dir.path(), "shop.customers").await,
+            pairs(&[(1, "team")])
+        );
         let summary = pyiceberg(dir.path(), "shop.customers", "summary").await;
         assert_eq!(
             summary["added-records"],
@@ -533,7 +524,10 @@ mod silver {
             .await;
         let events = read_commits(&mut stream, 1).await;
         apply(&mut silver, &lake, &events).await;
-        assert_eq!(silver_rows(dir.path()).await, pairs(&[(9, "new")]));
+        assert_eq!(
+            id_plan_rows(dir.path(), "shop.customers").await,
+            pairs(&[(9, "new")])
+        );
         assert_eq!(silver.row_count(), 1);
         stream.stop().await.unwrap();
     }
@@ -545,7 +539,7 @@ mod pipeline {
     use serde_json::json;
     use wal2iceberg::ops::run::{RunOptions, run};
 
-    use super::pyiceberg;
+    use super::{id_plan_rows, pyiceberg};
     use crate::support::*;
 
     fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
@@ -569,19 +563,7 @@ mod pipeline {
             .iter()
             .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
             .collect();
-        let silver = pyiceberg(lake, "shop.customers", "rows").await;
-        let mut plans: Vec<(i64, String)> = silver
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_i64().unwrap(),
-                    r["plan"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        plans.sort();
+        let plans = id_plan_rows(lake, "shop.customers").await;
         (ops, plans)
     }
 

@@ -72,13 +72,7 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
         out,
         "\n# step 5: wal2iceberg run (initial load from the slot's snapshot)"
     )?;
-    let report = run(&config, &options("wal2iceberg")).await?;
-    writeln!(
-        out,
-        "applied {} changes; confirmed {}",
-        report.changes_applied, report.confirmed
-    )?;
-    show(out, lake_dir.path()).await?;
+    run_and_show(out, &config, &options("wal2iceberg"), lake_dir.path()).await?;
 
     // A copy of the slot that will not hear the next confirmation, to
     // replay step 6 in step 7 as a crash before confirming would.
@@ -97,13 +91,7 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
             .await
             .map_err(|e| postgres(e, "demo statement failed"))?;
     }
-    let report = run(&config, &options("wal2iceberg")).await?;
-    writeln!(
-        out,
-        "applied {} changes; confirmed {}",
-        report.changes_applied, report.confirmed
-    )?;
-    show(out, lake_dir.path()).await?;
+    run_and_show(out, &config, &options("wal2iceberg"), lake_dir.path()).await?;
 
     writeln!(
         out,
@@ -124,6 +112,21 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
     drop(admin);
     drop(server);
     Ok(())
+}
+
+async fn run_and_show(
+    out: &mut dyn Write,
+    config: &PgConfig,
+    options: &RunOptions,
+    lake_dir: &std::path::Path,
+) -> Result<()> {
+    let report = run(config, options).await?;
+    writeln!(
+        out,
+        "applied {} changes; confirmed {}",
+        report.changes_applied, report.confirmed
+    )?;
+    show(out, lake_dir).await
 }
 
 async fn show(out: &mut dyn Write, lake_dir: &std::path::Path) -> Result<()> {
