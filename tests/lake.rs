@@ -285,6 +285,25 @@ mod row_delta {
         RecordBatch::try_new(schema.clone(), columns).unwrap()
     }
 
+    /// A new lake with an empty silver `shop.customers`.
+    async fn empty_customers(
+        dir: &std::path::Path,
+    ) -> (
+        Lake,
+        TableIdent,
+        iceberg::table::Table,
+        Arc<arrow_schema::Schema>,
+    ) {
+        let lake = Lake::open_embedded(dir).await.unwrap();
+        let ident = TableIdent::new(namespace("shop"), "customers".into());
+        let table = lake
+            .ensure_table(&ident, silver_schema(&relation()).unwrap())
+            .await
+            .unwrap();
+        let schema = arrow_schema(&table).unwrap();
+        (lake, ident, table, schema)
+    }
+
     fn at(lsn: i64) -> HashMap<String, String> {
         HashMap::from([("wal2iceberg.commit-lsn".to_owned(), lsn.to_string())])
     }
@@ -292,13 +311,7 @@ mod row_delta {
     #[tokio::test]
     async fn one_snapshot_deletes_rows_by_position_and_adds_their_new_versions() {
         let dir = tempfile::tempdir().unwrap();
-        let lake = Lake::open_embedded(dir.path()).await.unwrap();
-        let ident = TableIdent::new(namespace("shop"), "customers".into());
-        let table = lake
-            .ensure_table(&ident, silver_schema(&relation()).unwrap())
-            .await
-            .unwrap();
-        let schema = arrow_schema(&table).unwrap();
+        let (lake, ident, table, schema) = empty_customers(dir.path()).await;
 
         let files = write_data_files(
             &table,
@@ -354,13 +367,7 @@ mod row_delta {
     #[tokio::test]
     async fn concurrent_commits_both_land_one_after_the_other() {
         let dir = tempfile::tempdir().unwrap();
-        let lake = Lake::open_embedded(dir.path()).await.unwrap();
-        let ident = TableIdent::new(namespace("shop"), "customers".into());
-        let table = lake
-            .ensure_table(&ident, silver_schema(&relation()).unwrap())
-            .await
-            .unwrap();
-        let schema = arrow_schema(&table).unwrap();
+        let (lake, ident, table, schema) = empty_customers(dir.path()).await;
         let a = RowDelta {
             data_files: write_data_files(&table, batch(&schema, &[(1, "a")], 1))
                 .await
