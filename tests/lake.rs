@@ -23,6 +23,25 @@ pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value
     serde_json::from_slice(&out.stdout).expect("JSON from the reader")
 }
 
+/// Rows of a table as DuckDB's iceberg extension reads them.
+pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/read_lake_duckdb.py"
+    );
+    let out = tokio::process::Command::new("python3")
+        .args([script, &lake.display().to_string(), table])
+        .output()
+        .await
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "DuckDB reader failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON from the reader")
+}
+
 /// The (id, plan) pairs of a table, sorted, through pyiceberg.
 pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
     let rows = pyiceberg(lake, table, "rows").await;
@@ -546,7 +565,7 @@ mod pipeline {
     use serde_json::json;
     use wal2iceberg::ops::run::{RunOptions, run};
 
-    use super::{id_plan_rows, pyiceberg};
+    use super::{duckdb, id_plan_rows, pyiceberg};
     use crate::support::*;
 
     fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
@@ -636,5 +655,23 @@ mod pipeline {
         );
         let summary = pyiceberg(dir.path(), "shop.customers_changes", "summary").await;
         assert_eq!(summary["total-records"], json!("7"));
+
+        // DuckDB reads the same: position deletes applied, seven changes.
+        let mut silver: Vec<(i64, String)> = duckdb(dir.path(), "shop.customers")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["plan"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        silver.sort();
+        assert_eq!(silver, after_run.1);
+        let bronze = duckdb(dir.path(), "shop.customers_changes").await;
+        assert_eq!(bronze.as_array().unwrap().len(), 7);
     }
 }
