@@ -160,3 +160,45 @@ async fn demo_walks_the_seed_steps_and_cleans_up() {
         "bronze keeps seven rows after the replay: {step7}"
     );
 }
+
+#[tokio::test]
+async fn run_loads_a_table_into_the_lake_and_reports_what_it_applied() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free'),(2,'pro');")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("clirun");
+    let args = [
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--namespace",
+        "shop",
+        "--exit-when-idle",
+        "1",
+    ];
+    let (code, stdout, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("applied 2 changes"), "{stdout}");
+    assert!(lake.path().join("catalog.db").is_file());
+    assert!(
+        lake.path()
+            .join("warehouse/shop/customers_changes")
+            .is_dir(),
+        "bronze under the namespace"
+    );
+
+    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
+        .await;
+    let (code, stdout, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("applied 1 changes"), "{stdout}");
+}
