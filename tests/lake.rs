@@ -674,4 +674,65 @@ mod pipeline {
         let bronze = duckdb(dir.path(), "shop.customers_changes").await;
         assert_eq!(bronze.as_array().unwrap().len(), 7);
     }
+
+    #[tokio::test]
+    async fn default_and_full_identity_give_the_same_silver_across_one_transaction() {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE full_t(id int PRIMARY KEY, name text, plan text);
+             ALTER TABLE full_t REPLICA IDENTITY FULL;
+             CREATE TABLE default_t(id int PRIMARY KEY, name text, plan text);
+             INSERT INTO full_t VALUES (1,'Ada','free'),(2,'Grace','pro');
+             INSERT INTO default_t VALUES (1,'Ada','free'),(2,'Grace','pro');",
+        )
+        .await;
+        let dir = tempfile::tempdir().unwrap();
+        let mut opts = options(&db, &unique("both"), dir.path());
+        opts.capture = db.options(&["full_t", "default_t"]);
+        run(&db.config, &opts).await.unwrap();
+        db.exec(
+            "BEGIN;
+             UPDATE full_t SET plan='team' WHERE id=1; UPDATE default_t SET plan='team' WHERE id=1;
+             DELETE FROM full_t WHERE id=2; DELETE FROM default_t WHERE id=2;
+             COMMIT;",
+        )
+        .await;
+        let report = run(&db.config, &opts).await.unwrap();
+        assert_eq!(report.changes_applied, 4);
+
+        let full = id_plan_rows(dir.path(), "shop.full_t").await;
+        assert_eq!(full, [(1, "team".to_owned())]);
+        assert_eq!(
+            id_plan_rows(dir.path(), "shop.default_t").await,
+            full,
+            "silver is the same for both"
+        );
+
+        let bronze = |table: &'static str| {
+            let lake = dir.path().to_owned();
+            async move { pyiceberg(&lake, table, "rows").await }
+        };
+        let full_b = bronze("shop.full_t_changes").await;
+        let default_b = bronze("shop.default_t_changes").await;
+        // One source transaction: both tables' changes share its commit LSN.
+        assert_eq!(
+            full_b[2]["_cdc_commit_lsn"],
+            default_b[2]["_cdc_commit_lsn"]
+        );
+        assert_eq!(full_b[2]["_cdc_before"]["_cdc_image"], json!("full"));
+        assert_eq!(full_b[2]["_cdc_before"]["plan"], json!("free"));
+        assert_eq!(
+            default_b[2]["_cdc_before"],
+            serde_json::Value::Null,
+            "DEFAULT: no old tuple for a non-key update"
+        );
+        assert_eq!(full_b[3]["_cdc_op"], json!("d"));
+        assert_eq!(full_b[3]["name"], json!("Grace"));
+        assert_eq!(default_b[3]["_cdc_before"]["_cdc_image"], json!("key"));
+        assert_eq!(default_b[3]["name"], serde_json::Value::Null);
+        assert_eq!(
+            default_b[3]["_cdc_before"]["_cdc_not_sent"],
+            json!(["name", "plan"])
+        );
+    }
 }
