@@ -7,44 +7,35 @@ use wal2iceberg::lake::schema::{bronze_schema, silver_schema};
 
 use crate::support::*;
 
-/// Runs the pyiceberg reader; its output as JSON.
-pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/read_lake.py");
+/// Runs one of the reader scripts in tests/support; its output as JSON.
+async fn read_with(script: &str, args: &[&str]) -> Value {
+    let script = format!("{}/tests/support/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = tokio::process::Command::new("python3")
-        .args([script, &lake.display().to_string(), table, mode])
+        .arg(&script)
+        .args(args)
         .output()
         .await
         .expect("run python3");
     assert!(
         out.status.success(),
-        "pyiceberg reader failed: {}",
+        "{script} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("JSON from the reader")
+}
+
+/// Reads a table through pyiceberg (`mode`: schema, rows, summary, codecs).
+pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value {
+    read_with("read_lake.py", &[&lake.display().to_string(), table, mode]).await
 }
 
 /// Rows of a table as DuckDB's iceberg extension reads them.
 pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/support/read_lake_duckdb.py"
-    );
-    let out = tokio::process::Command::new("python3")
-        .args([script, &lake.display().to_string(), table])
-        .output()
-        .await
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "DuckDB reader failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON from the reader")
+    read_with("read_lake_duckdb.py", &[&lake.display().to_string(), table]).await
 }
 
-/// The (id, plan) pairs of a table, sorted, through pyiceberg.
-pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
-    let rows = pyiceberg(lake, table, "rows").await;
+/// The (id, plan) pairs of rows, sorted.
+pub fn id_plan_pairs(rows: &Value) -> Vec<(i64, String)> {
     let mut pairs: Vec<(i64, String)> = rows
         .as_array()
         .unwrap()
@@ -58,6 +49,11 @@ pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, Stri
         .collect();
     pairs.sort();
     pairs
+}
+
+/// The (id, plan) pairs of a table, sorted, through pyiceberg.
+pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
+    id_plan_pairs(&pyiceberg(lake, table, "rows").await)
 }
 
 #[tokio::test]
@@ -565,7 +561,7 @@ mod pipeline {
     use serde_json::json;
     use wal2iceberg::ops::run::{RunOptions, run};
 
-    use super::{duckdb, id_plan_rows, pyiceberg};
+    use super::{duckdb, id_plan_pairs, id_plan_rows, pyiceberg};
     use crate::support::*;
 
     fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
@@ -657,19 +653,7 @@ mod pipeline {
         assert_eq!(summary["total-records"], json!("7"));
 
         // DuckDB reads the same: position deletes applied, seven changes.
-        let mut silver: Vec<(i64, String)> = duckdb(dir.path(), "shop.customers")
-            .await
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_i64().unwrap(),
-                    r["plan"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect();
-        silver.sort();
+        let silver = id_plan_pairs(&duckdb(dir.path(), "shop.customers").await);
         assert_eq!(silver, after_run.1);
         let bronze = duckdb(dir.path(), "shop.customers_changes").await;
         assert_eq!(bronze.as_array().unwrap().len(), 7);

@@ -50,6 +50,7 @@ pub struct RunOptions {
 pub struct RunReport {
     pub changes_applied: u64,
     pub batches: u64,
+    /// The position the slot was left at.
     pub confirmed: Lsn,
 }
 
@@ -111,6 +112,8 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         Capture::Resume(stream) => stream,
     };
     pipeline.stream(&mut stream, options).await?;
+    // Keepalives may have moved the slot past the last batch while idle.
+    pipeline.report.confirmed = stream.confirmed();
     stream.stop().await?;
     Ok(pipeline.report)
 }
