@@ -157,12 +157,7 @@ async fn bronze_keeps_every_change_in_order_with_its_before_image_and_position()
         .collect();
     let table = append_changes(&lake, table, &loaded).await;
 
-    for sql in [
-        "UPDATE customers SET plan='pro' WHERE id=1",
-        "UPDATE customers SET plan='team' WHERE id=1",
-        "DELETE FROM customers WHERE id=3",
-        "INSERT INTO customers VALUES (4,'Barbara','free')",
-    ] {
+    for sql in SEED_CHANGES {
         db.exec(sql).await;
     }
     let events = read_commits(&mut stream, 4).await;
@@ -457,12 +452,7 @@ mod silver {
             pairs(&[(1, "free"), (2, "pro"), (3, "free")])
         );
 
-        for sql in [
-            "UPDATE customers SET plan='pro' WHERE id=1",
-            "UPDATE customers SET plan='team' WHERE id=1",
-            "DELETE FROM customers WHERE id=3",
-            "INSERT INTO customers VALUES (4,'Barbara','free')",
-        ] {
+        for sql in SEED_CHANGES {
             db.exec(sql).await;
         }
         let events = read_commits(&mut stream, 4).await;
@@ -619,12 +609,7 @@ mod pipeline {
         ))
         .await;
 
-        for sql in [
-            "UPDATE customers SET plan='pro' WHERE id=1",
-            "UPDATE customers SET plan='team' WHERE id=1",
-            "DELETE FROM customers WHERE id=3",
-            "INSERT INTO customers VALUES (4,'Barbara','free')",
-        ] {
+        for sql in SEED_CHANGES {
             db.exec(sql).await;
         }
         let report = run(&db.config, &options(&db, &slot, dir.path()))

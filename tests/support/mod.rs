@@ -84,6 +84,15 @@ fn start_server() -> wal2iceberg::Result<Server> {
     Ok(Server { pg, ca_file })
 }
 
+/// The seed's Step 6, one statement per transaction as psql runs them:
+/// two updates of Ada, the delete of Linus, the insert of Barbara.
+pub const SEED_CHANGES: [&str; 4] = [
+    "UPDATE customers SET plan='pro' WHERE id=1",
+    "UPDATE customers SET plan='team' WHERE id=1",
+    "DELETE FROM customers WHERE id=3",
+    "INSERT INTO customers VALUES (4,'Barbara','free')",
+];
+
 /// A name no other test of this run uses (slots are cluster-wide).
 pub fn unique(prefix: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);

@@ -25,6 +25,15 @@ fn relation(columns: Vec<ColumnInfo>) -> RelationInfo {
     }
 }
 
+fn field_names(schema: &Schema) -> Vec<&str> {
+    schema
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| f.name.as_str())
+        .collect()
+}
+
 fn customers() -> RelationInfo {
     relation(vec![
         column("id", PgType::Int4, -1, true),
@@ -100,12 +109,7 @@ fn types_map_as_documented() {
 #[test]
 fn silver_has_the_source_columns_then_position_and_the_key_as_identifier() {
     let schema = silver_schema(&customers()).unwrap();
-    let names: Vec<&str> = schema
-        .as_struct()
-        .fields()
-        .iter()
-        .map(|f| f.name.as_str())
-        .collect();
+    let names = field_names(&schema);
     assert_eq!(
         names,
         ["id", "name", "amount", "tags", COMMIT_LSN, COMMIT_TS]
@@ -122,12 +126,7 @@ fn silver_has_the_source_columns_then_position_and_the_key_as_identifier() {
 #[test]
 fn bronze_has_change_columns_source_columns_and_a_before_struct() {
     let schema = bronze_schema(&customers()).unwrap();
-    let names: Vec<&str> = schema
-        .as_struct()
-        .fields()
-        .iter()
-        .map(|f| f.name.as_str())
-        .collect();
+    let names = field_names(&schema);
     assert_eq!(
         names,
         [
