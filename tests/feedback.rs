@@ -60,7 +60,11 @@ async fn wait_for_flush(
 
 async fn resume(db: &TestDb, options: &capture::CaptureOptions) -> ChangeStream {
     match capture::open(&db.config, options).await.unwrap() {
-        Capture::Resume(stream) => stream,
+        Capture::Resume {
+            load: None,
+            pending,
+        } => pending.start().await.unwrap(),
+        Capture::Resume { load: Some(_), .. } => panic!("nothing to load"),
         Capture::Fresh { .. } => panic!("the slot should exist"),
     }
 }

@@ -7,55 +7,6 @@ use wal2iceberg::lake::schema::{bronze_schema, silver_schema};
 
 use crate::support::*;
 
-/// Runs one of the reader scripts in tests/support; its output as JSON.
-async fn read_with(script: &str, args: &[&str]) -> Value {
-    let script = format!("{}/tests/support/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new("python3")
-        .arg(&script)
-        .args(args)
-        .output()
-        .await
-        .expect("run python3");
-    assert!(
-        out.status.success(),
-        "{script} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON from the reader")
-}
-
-/// Reads a table through pyiceberg (`mode`: schema, rows, summary, codecs).
-pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value {
-    read_with("read_lake.py", &[&lake.display().to_string(), table, mode]).await
-}
-
-/// Rows of a table as DuckDB's iceberg extension reads them.
-pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
-    read_with("read_lake_duckdb.py", &[&lake.display().to_string(), table]).await
-}
-
-/// The (id, plan) pairs of rows, sorted.
-pub fn id_plan_pairs(rows: &Value) -> Vec<(i64, String)> {
-    let mut pairs: Vec<(i64, String)> = rows
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| {
-            (
-                r["id"].as_i64().unwrap(),
-                r["plan"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    pairs.sort();
-    pairs
-}
-
-/// The (id, plan) pairs of a table, sorted, through pyiceberg.
-pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
-    id_plan_pairs(&pyiceberg(lake, table, "rows").await)
-}
-
 #[tokio::test]
 async fn silver_and_bronze_tables_are_created_as_pyiceberg_reads_them() {
     let db = TestDb::new().await;
@@ -120,12 +71,21 @@ async fn append_changes(
     table: iceberg::table::Table,
     events: &[wal2iceberg::cdc::event::Event],
 ) -> iceberg::table::Table {
+    use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta};
     use wal2iceberg::lake::{bronze::bronze_batch, writer};
     let c = changes(events);
     let last = c.last().expect("changes").tx.commit_lsn;
     let batch = bronze_batch(&writer::arrow_schema(&table).unwrap(), &c).unwrap();
-    let files = writer::write_data_files(&table, batch).await.unwrap();
-    writer::append(lake.catalog(), &table, files, last)
+    let delta = RowDelta {
+        data_files: writer::write_data_files(&table, batch).await.unwrap(),
+        properties: writer::Position {
+            commit_lsn: last,
+            end_lsn: last,
+        }
+        .summary(),
+        ..RowDelta::default()
+    };
+    commit_row_delta(lake, table.identifier(), &delta)
         .await
         .unwrap()
 }
@@ -164,7 +124,9 @@ async fn bronze_keeps_every_change_in_order_with_its_before_image_and_position()
     let last_commit = changes(&events).last().unwrap().tx.commit_lsn;
     let table = append_changes(&lake, table, &events).await;
     assert_eq!(
-        wal2iceberg::lake::writer::committed_lsn(&table).unwrap(),
+        wal2iceberg::lake::writer::Position::of(&table)
+            .unwrap()
+            .map(|p| p.commit_lsn),
         Some(last_commit)
     );
 
@@ -251,7 +213,9 @@ mod row_delta {
     use wal2iceberg::lake::writer::{arrow_schema, write_data_files};
     use wal2iceberg::pg::source::TableName;
 
-    use super::{id_plan_rows, pyiceberg};
+    use crate::support::pyiceberg;
+
+    use super::id_plan_rows;
 
     fn relation() -> RelationInfo {
         let column = |name: &str, pg_type, is_primary_key| ColumnInfo {
@@ -404,13 +368,16 @@ mod row_delta {
 }
 
 mod silver {
+    use std::sync::Arc;
+
     use iceberg::TableIdent;
     use serde_json::json;
-    use wal2iceberg::cdc::event::{Change, Event};
+    use wal2iceberg::cdc::event::Event;
     use wal2iceberg::lake::catalog::{Lake, namespace};
     use wal2iceberg::lake::silver::SilverTable;
+    use wal2iceberg::lake::writer::Position;
 
-    use super::{id_plan_rows, pyiceberg};
+    use super::id_plan_rows;
     use crate::support::*;
 
     fn pairs(rows: &[(i64, &str)]) -> Vec<(i64, String)> {
@@ -418,16 +385,23 @@ mod silver {
     }
 
     async fn apply(silver: &mut SilverTable, lake: &Lake, events: &[Event]) {
-        let c: Vec<&Change> = changes(events);
-        let last = events
+        for change in changes(events) {
+            let mut change = change.clone();
+            silver.fill_unchanged(lake, &mut change).await.unwrap();
+            silver.stage(lake, Arc::new(change)).await.unwrap();
+        }
+        let position = events
             .iter()
             .rev()
             .find_map(|e| match e {
-                Event::Commit { tx, .. } => Some(tx.commit_lsn),
+                Event::Commit { tx, end_lsn } => Some(Position {
+                    commit_lsn: tx.commit_lsn,
+                    end_lsn: *end_lsn,
+                }),
                 _ => None,
             })
             .unwrap();
-        silver.apply(lake, &c, last).await.unwrap();
+        silver.commit(lake, position).await.unwrap();
     }
 
     #[tokio::test]
@@ -542,166 +516,5 @@ mod silver {
         );
         assert_eq!(silver.row_count(), 1);
         stream.stop().await.unwrap();
-    }
-}
-
-mod pipeline {
-    use std::time::Duration;
-
-    use serde_json::json;
-    use wal2iceberg::ops::run::{RunOptions, run};
-
-    use super::{duckdb, id_plan_pairs, id_plan_rows, pyiceberg};
-    use crate::support::*;
-
-    fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
-        let mut capture = db.options(&["customers"]);
-        capture.slot = slot.to_owned();
-        RunOptions {
-            capture,
-            lake: lake.to_owned(),
-            namespace: Some("shop".into()),
-            flush_interval: Duration::from_millis(200),
-            max_batch_rows: 10_000,
-            exit_when_idle: Some(Duration::from_secs(2)),
-        }
-    }
-
-    async fn ops_and_plans(lake: &std::path::Path) -> (String, Vec<(i64, String)>) {
-        let bronze = pyiceberg(lake, "shop.customers_changes", "rows").await;
-        let ops = bronze
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
-            .collect();
-        let plans = id_plan_rows(lake, "shop.customers").await;
-        (ops, plans)
-    }
-
-    #[tokio::test]
-    async fn run_lands_the_seed_walkthrough_and_a_replay_adds_nothing() {
-        let db = TestDb::new().await;
-        db.exec(
-            "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
-             ALTER TABLE customers REPLICA IDENTITY FULL;
-             INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');",
-        )
-        .await;
-        let dir = tempfile::tempdir().unwrap();
-        let slot = unique("run");
-        let report = run(&db.config, &options(&db, &slot, dir.path()))
-            .await
-            .unwrap();
-        assert_eq!(report.changes_applied, 3);
-        let (ops, plans) = ops_and_plans(dir.path()).await;
-        assert_eq!(ops, "rrr");
-        assert_eq!(
-            plans,
-            [(1, "free".into()), (2, "pro".into()), (3, "free".into())]
-        );
-
-        // A copy of the slot that never hears the next confirmation: what a
-        // crash after the Iceberg commits and before the confirmation leaves.
-        let stale = unique("stale");
-        db.exec(&format!(
-            "SELECT pg_copy_logical_replication_slot('{slot}', '{stale}')"
-        ))
-        .await;
-
-        for sql in SEED_CHANGES {
-            db.exec(sql).await;
-        }
-        let report = run(&db.config, &options(&db, &slot, dir.path()))
-            .await
-            .unwrap();
-        assert_eq!(report.changes_applied, 4);
-        let after_run = ops_and_plans(dir.path()).await;
-        assert_eq!(after_run.0, "rrruudc");
-        assert_eq!(
-            after_run.1,
-            [(1, "team".into()), (2, "pro".into()), (4, "free".into())]
-        );
-        assert_eq!(db.confirmed_flush(&slot).await, Some(report.confirmed));
-
-        // The replay: the stale slot sends the four changes again.
-        let replay = run(&db.config, &options(&db, &stale, dir.path()))
-            .await
-            .unwrap();
-        assert_eq!(replay.changes_applied, 4, "the changes did come again");
-        assert_eq!(
-            ops_and_plans(dir.path()).await,
-            after_run,
-            "bronze still seven rows, silver unchanged"
-        );
-        let summary = pyiceberg(dir.path(), "shop.customers_changes", "summary").await;
-        assert_eq!(summary["total-records"], json!("7"));
-
-        // DuckDB reads the same: position deletes applied, seven changes.
-        let silver = id_plan_pairs(&duckdb(dir.path(), "shop.customers").await);
-        assert_eq!(silver, after_run.1);
-        let bronze = duckdb(dir.path(), "shop.customers_changes").await;
-        assert_eq!(bronze.as_array().unwrap().len(), 7);
-    }
-
-    #[tokio::test]
-    async fn default_and_full_identity_give_the_same_silver_across_one_transaction() {
-        let db = TestDb::new().await;
-        db.exec(
-            "CREATE TABLE full_t(id int PRIMARY KEY, name text, plan text);
-             ALTER TABLE full_t REPLICA IDENTITY FULL;
-             CREATE TABLE default_t(id int PRIMARY KEY, name text, plan text);
-             INSERT INTO full_t VALUES (1,'Ada','free'),(2,'Grace','pro');
-             INSERT INTO default_t VALUES (1,'Ada','free'),(2,'Grace','pro');",
-        )
-        .await;
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = options(&db, &unique("both"), dir.path());
-        opts.capture = db.options(&["full_t", "default_t"]);
-        run(&db.config, &opts).await.unwrap();
-        db.exec(
-            "BEGIN;
-             UPDATE full_t SET plan='team' WHERE id=1; UPDATE default_t SET plan='team' WHERE id=1;
-             DELETE FROM full_t WHERE id=2; DELETE FROM default_t WHERE id=2;
-             COMMIT;",
-        )
-        .await;
-        let report = run(&db.config, &opts).await.unwrap();
-        assert_eq!(report.changes_applied, 4);
-
-        let full = id_plan_rows(dir.path(), "shop.full_t").await;
-        assert_eq!(full, [(1, "team".to_owned())]);
-        assert_eq!(
-            id_plan_rows(dir.path(), "shop.default_t").await,
-            full,
-            "silver is the same for both"
-        );
-
-        let bronze = |table: &'static str| {
-            let lake = dir.path().to_owned();
-            async move { pyiceberg(&lake, table, "rows").await }
-        };
-        let full_b = bronze("shop.full_t_changes").await;
-        let default_b = bronze("shop.default_t_changes").await;
-        // One source transaction: both tables' changes share its commit LSN.
-        assert_eq!(
-            full_b[2]["_cdc_commit_lsn"],
-            default_b[2]["_cdc_commit_lsn"]
-        );
-        assert_eq!(full_b[2]["_cdc_before"]["_cdc_image"], json!("full"));
-        assert_eq!(full_b[2]["_cdc_before"]["plan"], json!("free"));
-        assert_eq!(
-            default_b[2]["_cdc_before"],
-            serde_json::Value::Null,
-            "DEFAULT: no old tuple for a non-key update"
-        );
-        assert_eq!(full_b[3]["_cdc_op"], json!("d"));
-        assert_eq!(full_b[3]["name"], json!("Grace"));
-        assert_eq!(default_b[3]["_cdc_before"]["_cdc_image"], json!("key"));
-        assert_eq!(default_b[3]["name"], serde_json::Value::Null);
-        assert_eq!(
-            default_b[3]["_cdc_before"]["_cdc_not_sent"],
-            json!(["name", "plan"])
-        );
     }
 }

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::pg::config::PgConfig;
 use crate::pg::conn::ReplicationConnection;
 use crate::pg::lsn::Lsn;
-use crate::pg::replication::StartOptions;
+use crate::pg::replication::{CreatedSlot, StartOptions};
 use crate::pg::source::{self, CheckFailure, SourceClient, TableName};
 
 /// Default names; one slot and one publication per wal2iceberg pipeline.
@@ -32,6 +32,12 @@ pub struct CaptureOptions {
     pub messages: bool,
     /// Create the slot as TEMPORARY (dropped when the connection closes).
     pub temporary_slot: bool,
+    /// The tables the consumer already holds a complete copy of, or `None`
+    /// when it keeps no copy (`tail`). With `Some`, a new slot is refused
+    /// while any table is held (its copy would miss the changes between
+    /// the old slot and the new one), and on an existing slot the tables
+    /// not held are loaded from a temporary slot's snapshot.
+    pub held_tables: Option<Vec<TableName>>,
 }
 
 impl CaptureOptions {
@@ -44,6 +50,7 @@ impl CaptureOptions {
             streaming: false,
             messages: true,
             temporary_slot: false,
+            held_tables: None,
         }
     }
 
@@ -79,13 +86,21 @@ impl CaptureOptions {
 
 /// How a capture starts.
 pub enum Capture {
-    /// The slot was just created: load first, then stream.
+    /// The slot was just created: load every table at its consistent point,
+    /// confirm that point once the load is durable, then stream.
     Fresh {
         load: SnapshotLoad,
         pending: PendingStream,
     },
-    /// The slot existed: stream from its confirmed position.
-    Resume(ChangeStream),
+    /// The slot existed: load the tables the consumer lacks (from a
+    /// temporary slot's snapshot, a later position than the slot's), then
+    /// stream from the slot's confirmed position. The consumer skips, for
+    /// a table loaded so, the transactions that ended at or before the
+    /// load's consistent point.
+    Resume {
+        load: Option<SnapshotLoad>,
+        pending: PendingStream,
+    },
 }
 
 /// A replication connection waiting, idle, until the initial load is done.
@@ -161,14 +176,55 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         messages: options.messages,
         streaming: options.streaming,
     };
+    let held = options.held_tables.as_deref();
     if let Some(info) = existing {
         tracing::info!(
             slot = %options.slot,
             confirmed_flush_lsn = %info.confirmed_flush_lsn.unwrap_or_default(),
             "resuming from the existing slot"
         );
-        return Ok(Capture::Resume(
-            start_stream(connection, start, catalog, &options.tables).await?,
+        let missing: Vec<TableName> = match held {
+            None => Vec::new(),
+            Some(held) => options
+                .tables
+                .iter()
+                .filter(|t| !held.contains(t))
+                .cloned()
+                .collect(),
+        };
+        let load = if missing.is_empty() {
+            None
+        } else {
+            let mut exporter = ReplicationConnection::connect(config).await?;
+            let name = load_slot_name(&options.slot);
+            let created = exporter.create_slot(&name, true).await?;
+            tracing::info!(
+                tables = ?missing.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                consistent_point = %created.consistent_point,
+                "loading tables the lake lacks from a temporary slot's snapshot"
+            );
+            Some(begin_load(config, &catalog, &created, missing, Some(exporter)).await?)
+        };
+        return Ok(Capture::Resume {
+            load,
+            pending: PendingStream {
+                connection,
+                start,
+                catalog,
+                tables: options.tables.clone(),
+            },
+        });
+    }
+    if let Some(table) = held.and_then(|h| h.first()) {
+        return Err(Error::new(
+            ErrorKind::Slot,
+            format!(
+                "replication slot {:?} does not exist, but the lake already holds {table}: a new \
+                 slot would start after a gap in its history. If the slot was dropped on purpose, \
+                 remove the lake's tables (or choose another lake or namespace) and run again to \
+                 load from a new snapshot",
+                options.slot
+            ),
         ));
     }
     let created = connection
@@ -179,16 +235,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         consistent_point = %created.consistent_point,
         "created replication slot; starting the initial load"
     );
-    let load_client = SourceClient::connect(config).await?;
-    let load_catalog = Catalog::new(catalog.client().clone());
-    let load = SnapshotLoad::begin(
-        load_client,
-        load_catalog,
-        &created.snapshot_name,
-        created.consistent_point,
-        options.tables.clone(),
-    )
-    .await?;
+    let load = begin_load(config, &catalog, &created, options.tables.clone(), None).await?;
     Ok(Capture::Fresh {
         load,
         pending: PendingStream {
@@ -201,6 +248,34 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             tables: options.tables.clone(),
         },
     })
+}
+
+/// A temporary slot's name: unique per run, within the 63 characters.
+fn load_slot_name(slot: &str) -> String {
+    let prefix: String = slot.chars().take(40).collect();
+    format!(
+        "{prefix}_load_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
+async fn begin_load(
+    config: &PgConfig,
+    catalog: &Catalog,
+    created: &CreatedSlot,
+    tables: Vec<TableName>,
+    exporter: Option<ReplicationConnection>,
+) -> Result<SnapshotLoad> {
+    let load_client = SourceClient::connect(config).await?;
+    SnapshotLoad::begin(
+        load_client,
+        Catalog::new(catalog.client().clone()),
+        &created.snapshot_name,
+        created.consistent_point,
+        tables,
+        exporter,
+    )
+    .await
 }
 
 async fn start_stream(

@@ -14,6 +14,7 @@ use serde_json::{Map, json};
 use super::relation::RelationInfo;
 use super::temporal;
 use super::value::Value;
+use crate::error::{Error, ErrorKind};
 use crate::pg::lsn::Lsn;
 
 /// The kind of change, with the codes of the bronze `_cdc_op` column.
@@ -95,6 +96,36 @@ pub struct Change {
     pub after: Option<Vec<Datum>>,
     /// Truncates: the CASCADE and RESTART IDENTITY flags as sent.
     pub truncate_options: u8,
+}
+
+impl Change {
+    /// A rough count of the bytes the change's values hold, to bound what
+    /// is buffered before it is written to a file.
+    pub fn approx_bytes(&self) -> usize {
+        let row_bytes = |row: &[Datum]| -> usize {
+            row.iter()
+                .map(|d| match d {
+                    Datum::Value(v) => v.approx_bytes(),
+                    _ => 0,
+                })
+                .sum()
+        };
+        std::mem::size_of::<Change>()
+            + self.after.as_deref().map_or(0, row_bytes)
+            + self.before.as_ref().map_or(0, |b| row_bytes(&b.row))
+    }
+
+    /// The error for an unchanged TOAST value whose current value is not
+    /// known: never write a placeholder or a guess in its place.
+    pub fn unfilled(&self, column: &str) -> Error {
+        Error::new(
+            ErrorKind::Decode,
+            "an unchanged TOAST value has no known current value to fill it with",
+        )
+        .with_context("table", &self.relation.name)
+        .with_context("column", column)
+        .with_context("lsn", self.lsn)
+    }
 }
 
 #[derive(Debug, Clone)]

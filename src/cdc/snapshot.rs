@@ -18,6 +18,7 @@ use tokio_postgres::CopyOutStream;
 use super::event::{Change, Datum, Event, Op, TxInfo};
 use super::relation::{Catalog, RelationInfo};
 use crate::error::{Error, ErrorKind, Result};
+use crate::pg::conn::ReplicationConnection;
 use crate::pg::copy::{CopyTextReader, split_fields};
 use crate::pg::lsn::Lsn;
 use crate::pg::source::{self, SourceClient, TableName};
@@ -35,6 +36,11 @@ pub struct SnapshotLoad {
     catalog: Catalog,
     pending: std::vec::IntoIter<TableName>,
     current: Option<TableCopy>,
+    /// The tables read so far, empty ones included.
+    relations: Vec<Arc<RelationInfo>>,
+    /// The replication connection of a temporary slot that exported the
+    /// snapshot; closed (dropping the slot) when the load ends.
+    exporter: Option<ReplicationConnection>,
     tx: TxInfo,
     seq: u64,
     began: bool,
@@ -49,6 +55,7 @@ impl SnapshotLoad {
         snapshot_name: &str,
         consistent_point: Lsn,
         tables: Vec<TableName>,
+        exporter: Option<ReplicationConnection>,
     ) -> Result<SnapshotLoad> {
         source::begin_snapshot(&client, snapshot_name).await?;
         let commit_ts = std::time::SystemTime::now()
@@ -60,6 +67,8 @@ impl SnapshotLoad {
             catalog,
             pending: tables.into_iter(),
             current: None,
+            relations: Vec::new(),
+            exporter,
             tx: TxInfo {
                 xid: 0,
                 commit_lsn: consistent_point,
@@ -74,6 +83,12 @@ impl SnapshotLoad {
     /// The consistent point: confirm it once the load is durable.
     pub fn consistent_point(&self) -> Lsn {
         self.tx.commit_lsn
+    }
+
+    /// The relations of the tables loaded so far: all of them, empty ones
+    /// included, once the load has ended.
+    pub fn relations(&self) -> &[Arc<RelationInfo>] {
+        &self.relations
     }
 
     pub async fn next_event(&mut self) -> Result<Option<Event>> {
@@ -93,6 +108,9 @@ impl SnapshotLoad {
                             crate::error::postgres(e, "cannot end the snapshot transaction")
                         })?;
                         self.finished = true;
+                        if let Some(exporter) = self.exporter.take() {
+                            exporter.close().await?;
+                        }
                         return Ok(Some(Event::Commit {
                             tx: self.tx,
                             end_lsn: self.tx.commit_lsn,
@@ -138,6 +156,7 @@ impl SnapshotLoad {
         let described = source::describe_table(&self.client, table).await?;
         let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
         let stream = Box::pin(source::copy_out(&self.client, &described).await?);
+        self.relations.push(relation.clone());
         tracing::info!(table = %table, "initial load of table started");
         Ok(TableCopy {
             relation,

@@ -235,6 +235,24 @@ pub enum Value {
 }
 
 impl Value {
+    /// A rough count of the bytes the value holds.
+    pub fn approx_bytes(&self) -> usize {
+        let heap = match self {
+            Value::Numeric(Numeric::Finite(s))
+            | Value::Text(s)
+            | Value::Json(s)
+            | Value::Jsonb(s)
+            | Value::Inet(s)
+            | Value::Cidr(s)
+            | Value::Enum(s)
+            | Value::Unknown(s) => s.len(),
+            Value::Bytea(b) => b.len(),
+            Value::Array(items) => items.iter().map(Value::approx_bytes).sum(),
+            _ => 0,
+        };
+        std::mem::size_of::<Value>() + heap
+    }
+
     /// The JSON form used by `wal2iceberg tail`: numbers stay numbers where
     /// JSON holds them exactly; numeric, the infinities and NaN are strings.
     pub fn to_json(&self) -> serde_json::Value {

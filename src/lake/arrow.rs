@@ -1,9 +1,15 @@
 //! Typed values to Arrow arrays of the column types the schema mapping
 //! chose (src/lake/schema.rs, docs/tables.md).
 //!
-//! A value that the column's type cannot hold exactly is an error naming
-//! the column, never a silently changed value: numeric NaN or an infinity
-//! in a decimal column, an infinite date or timestamp (see docs/tables.md).
+//! Infinite dates and timestamps are stored as the largest and the negated
+//! largest value of the column's integer (i32 days, i64 microseconds), the
+//! encoding DuckDB reads back as `infinity` and `-infinity`; no finite
+//! PostgreSQL date or timestamp comes near them. A value that the column's
+//! type cannot hold exactly is an error naming the column, never a silently
+//! changed value (see docs/tables.md).
+//!
+//! [`arrow_value`] reads a stored cell back as a value, to fill unchanged
+//! TOAST values from the row a table already holds.
 
 use std::sync::Arc;
 
@@ -12,7 +18,12 @@ use arrow_array::builder::{
     Float64Builder, Int32Builder, Int64Builder, LargeBinaryBuilder, StringBuilder,
     Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
 };
-use arrow_array::{ArrayRef, ListArray};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Decimal128Type, DecimalType, Float32Type, Float64Type, Int32Type, Int64Type,
+    Time64MicrosecondType, TimestampMicrosecondType,
+};
+use arrow_array::{Array, ArrayRef, ListArray};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, TimeUnit};
 
@@ -119,7 +130,7 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
             DataType::Date32 => primitive!(
                 Date32Builder::with_capacity(cells.len()),
                 |v: &Value| match v {
-                    Value::Date(MaybeInfinite::Finite(d)) => Some(*d),
+                    Value::Date(d) => Some(encode_infinite(d, i32::MAX)),
                     _ => None,
                 }
             ),
@@ -137,8 +148,8 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
                     .with_timezone_opt(zone.clone());
                 let with_zone = zone.is_some();
                 primitive!(builder, |v: &Value| match v {
-                    Value::Timestamp(MaybeInfinite::Finite(t)) if !with_zone => Some(*t),
-                    Value::TimestampTz(MaybeInfinite::Finite(t)) if with_zone => Some(*t),
+                    Value::Timestamp(t) if !with_zone => Some(encode_infinite(t, i64::MAX)),
+                    Value::TimestampTz(t) if with_zone => Some(encode_infinite(t, i64::MAX)),
                     _ => None,
                 })
             }
@@ -196,6 +207,92 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
             }
         };
     Ok(array)
+}
+
+/// `max` for infinity, `-max` for -infinity.
+fn encode_infinite<T: Copy + std::ops::Neg<Output = T>>(value: &MaybeInfinite<T>, max: T) -> T {
+    match value {
+        MaybeInfinite::Finite(v) => *v,
+        MaybeInfinite::Infinity => max,
+        MaybeInfinite::NegInfinity => -max,
+    }
+}
+
+fn decode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
+    stored: T,
+    max: T,
+) -> MaybeInfinite<T> {
+    if stored == max {
+        MaybeInfinite::Infinity
+    } else if stored == -max {
+        MaybeInfinite::NegInfinity
+    } else {
+        MaybeInfinite::Finite(stored)
+    }
+}
+
+/// The value a stored cell holds, in the variant [`build_array`] turns back
+/// into the same cell (strings come back as text).
+pub fn arrow_value(array: &dyn Array, row: usize) -> Result<Value> {
+    if array.is_null(row) {
+        return Ok(Value::Null);
+    }
+    let value =
+        match array.data_type() {
+            DataType::Boolean => Value::Bool(array.as_boolean().value(row)),
+            DataType::Int32 => Value::Int4(array.as_primitive::<Int32Type>().value(row)),
+            DataType::Int64 => Value::Int8(array.as_primitive::<Int64Type>().value(row)),
+            DataType::Float32 => Value::Float4(array.as_primitive::<Float32Type>().value(row)),
+            DataType::Float64 => Value::Float8(array.as_primitive::<Float64Type>().value(row)),
+            DataType::Decimal128(_, scale) => {
+                Value::Numeric(Numeric::Finite(Decimal128Type::format_decimal(
+                    array.as_primitive::<Decimal128Type>().value(row),
+                    38,
+                    *scale,
+                )))
+            }
+            DataType::Utf8 => Value::Text(array.as_string::<i32>().value(row).to_owned()),
+            DataType::LargeBinary => Value::Bytea(array.as_binary::<i64>().value(row).to_vec()),
+            DataType::Date32 => Value::Date(decode_infinite(
+                array.as_primitive::<Date32Type>().value(row),
+                i32::MAX,
+            )),
+            DataType::Time64(TimeUnit::Microsecond) => {
+                Value::Time(array.as_primitive::<Time64MicrosecondType>().value(row))
+            }
+            DataType::Timestamp(TimeUnit::Microsecond, zone) => {
+                let t = decode_infinite(
+                    array.as_primitive::<TimestampMicrosecondType>().value(row),
+                    i64::MAX,
+                );
+                if zone.is_some() {
+                    Value::TimestampTz(t)
+                } else {
+                    Value::Timestamp(t)
+                }
+            }
+            DataType::FixedSizeBinary(16) => {
+                let bytes = array.as_fixed_size_binary().value(row);
+                Value::Uuid(bytes.try_into().map_err(|_| {
+                    Error::new(ErrorKind::Lake, "a uuid cell does not hold 16 bytes")
+                })?)
+            }
+            DataType::List(_) => {
+                let items = array.as_list::<i32>().value(row);
+                Value::Array(
+                    (0..items.len())
+                        .map(|i| arrow_value(items.as_ref(), i))
+                        .collect::<Result<_>>()?,
+                )
+            }
+            other => {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    format!("no conversion from Arrow type {other}"),
+                ));
+            }
+        };
+    Ok(value)
 }
 
 /// The text a string column holds for a value (docs/tables.md).
@@ -338,13 +435,77 @@ mod tests {
             err.to_string().contains("numeric NaN") && err.to_string().contains("column=amount"),
             "{err}"
         );
-        let ts = Field::new(
-            "at",
-            DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
-            true,
-        );
-        let inf = Value::TimestampTz(MaybeInfinite::Infinity);
-        let err = build_array(&ts, &[Some(&inf)]).unwrap_err();
-        assert!(err.to_string().contains("infinite timestamp"), "{err}");
+    }
+
+    #[test]
+    fn stored_cells_read_back_as_the_values_that_wrote_them() {
+        let list = |t: DataType| DataType::List(Arc::new(Field::new("element", t, true)));
+        let cases: Vec<(DataType, Vec<Value>)> = vec![
+            (DataType::Boolean, vec![Value::Bool(true)]),
+            (DataType::Int32, vec![Value::Int4(i32::MIN)]),
+            (DataType::Int64, vec![Value::Int8(i64::MAX)]),
+            (DataType::Float32, vec![Value::Float4(f32::NAN)]),
+            (DataType::Float64, vec![Value::Float8(f64::NEG_INFINITY)]),
+            (
+                DataType::Decimal128(38, 4),
+                vec![
+                    Value::Numeric(Numeric::Finite("-0.0100".into())),
+                    Value::Numeric(Numeric::Finite(format!("{}.0000", "9".repeat(34)))),
+                ],
+            ),
+            (DataType::Utf8, vec![Value::Text("żółw \u{0}".into())]),
+            (DataType::LargeBinary, vec![Value::Bytea(vec![0, 1, 0])]),
+            (
+                DataType::Date32,
+                vec![
+                    Value::Date(MaybeInfinite::Finite(-719_162)),
+                    Value::Date(MaybeInfinite::Infinity),
+                    Value::Date(MaybeInfinite::NegInfinity),
+                ],
+            ),
+            (
+                DataType::Time64(TimeUnit::Microsecond),
+                vec![Value::Time(86_399_999_999)],
+            ),
+            (
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                vec![
+                    Value::Timestamp(MaybeInfinite::Finite(-1)),
+                    Value::Timestamp(MaybeInfinite::NegInfinity),
+                ],
+            ),
+            (
+                DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+                vec![Value::TimestampTz(MaybeInfinite::Infinity)],
+            ),
+            (DataType::FixedSizeBinary(16), vec![Value::Uuid([7; 16])]),
+            (
+                list(list(DataType::Utf8)),
+                vec![
+                    Value::Array(vec![]),
+                    Value::Array(vec![Value::Array(vec![
+                        Value::Text("a".into()),
+                        Value::Null,
+                    ])]),
+                ],
+            ),
+        ];
+        for (data_type, values) in cases {
+            let field = Field::new("c", data_type.clone(), true);
+            let mut cells: Vec<Option<&Value>> = values.iter().map(Some).collect();
+            cells.push(None);
+            let array = build_array(&field, &cells).unwrap();
+            for (row, value) in values.iter().enumerate() {
+                let back = arrow_value(array.as_ref(), row).unwrap();
+                match (value, &back) {
+                    (Value::Float4(a), Value::Float4(b)) if a.is_nan() => assert!(b.is_nan()),
+                    _ => assert_eq!(&back, value, "{data_type}"),
+                }
+            }
+            assert_eq!(
+                arrow_value(array.as_ref(), values.len()).unwrap(),
+                Value::Null
+            );
+        }
     }
 }

@@ -4,10 +4,13 @@
 //! The source columns hold the after image, or the before image for a
 //! delete; `_cdc_before` holds the before image when the server sent one.
 //! A column the server did not send is null and named in
-//! `_cdc_before._cdc_not_sent`. An unchanged TOAST value in an after image
-//! is taken from a complete before image (REPLICA IDENTITY FULL); without
-//! one it cannot be filled here, and the batch fails with an error naming
-//! the column rather than store a wrong value.
+//! `_cdc_before._cdc_not_sent`. Unchanged TOAST values in an after image
+//! must have been filled with the row's current value before a change
+//! reaches bronze (`SilverTable::fill_unchanged`); one that was not is an
+//! error naming the column, never a placeholder.
+//!
+//! [`BronzeTable`] stages changes into an open batch, written to data files
+//! as it grows and committed as one append snapshot at its end.
 
 use std::sync::Arc;
 
@@ -16,13 +19,78 @@ use arrow_array::{ArrayRef, RecordBatch, StructArray};
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, Fields, Schema as ArrowSchema};
 
+use iceberg::TableIdent;
+use iceberg::spec::DataFile;
+
 use super::arrow::build_array;
+use super::catalog::Lake;
+use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
 };
+use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
 use crate::cdc::event::{Change, Datum, ImageKind, Op};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
+
+/// The bronze table of one source table and its open batch.
+pub struct BronzeTable {
+    ident: TableIdent,
+    buffer: Vec<Arc<Change>>,
+    buffer_bytes: usize,
+    written: Vec<DataFile>,
+}
+
+impl BronzeTable {
+    pub fn new(ident: TableIdent) -> BronzeTable {
+        BronzeTable {
+            ident,
+            buffer: Vec::new(),
+            buffer_bytes: 0,
+            written: Vec::new(),
+        }
+    }
+
+    pub fn ident(&self) -> &TableIdent {
+        &self.ident
+    }
+
+    /// Adds a change to the open batch.
+    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>) -> Result<()> {
+        self.buffer_bytes += change.approx_bytes();
+        self.buffer.push(change);
+        if self.buffer.len() >= STAGE_ROWS || self.buffer_bytes >= STAGE_BYTES {
+            self.write_buffer(lake).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_buffer(&mut self, lake: &Lake) -> Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let table = lake.catalog_table(&self.ident).await?;
+        let changes: Vec<&Change> = self.buffer.iter().map(AsRef::as_ref).collect();
+        let batch = bronze_batch(&arrow_schema(&table)?, &changes)?;
+        self.written.extend(write_data_files(&table, batch).await?);
+        self.buffer.clear();
+        self.buffer_bytes = 0;
+        Ok(())
+    }
+
+    /// Commits the open batch as one snapshot recording `position` (an
+    /// empty one when nothing was staged).
+    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+        self.write_buffer(lake).await?;
+        let delta = RowDelta {
+            data_files: std::mem::take(&mut self.written),
+            properties: position.summary(),
+            ..RowDelta::default()
+        };
+        commit_row_delta(lake, &self.ident, &delta).await?;
+        Ok(())
+    }
+}
 
 /// The record batch of `changes` in `schema` (the bronze table's, as Arrow).
 pub fn bronze_batch(schema: &Arc<ArrowSchema>, changes: &[&Change]) -> Result<RecordBatch> {
@@ -90,26 +158,8 @@ fn main_image_cell<'a>(change: &'a Change, name: &str) -> Result<Option<&'a Valu
     match datum(change, row, name) {
         None | Some(Datum::NotSent) => Ok(None),
         Some(Datum::Value(v)) => Ok(Some(v)),
-        Some(Datum::UnchangedToast) => match &change.before {
-            Some(before) if before.kind == ImageKind::Full => {
-                match datum(change, &before.row, name) {
-                    Some(Datum::Value(v)) => Ok(Some(v)),
-                    _ => Err(unfilled(change, name)),
-                }
-            }
-            _ => Err(unfilled(change, name)),
-        },
+        Some(Datum::UnchangedToast) => Err(change.unfilled(name)),
     }
-}
-
-fn unfilled(change: &Change, column: &str) -> Error {
-    Error::new(
-        ErrorKind::Decode,
-        "an unchanged TOAST value has no known current value to fill it with",
-    )
-    .with_context("table", &change.relation.name)
-    .with_context("column", column)
-    .with_context("lsn", change.lsn)
 }
 
 fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> {

@@ -66,6 +66,17 @@ impl Lake {
             .map_err(|e| iceberg_error(e, "cannot load the table").with_context("table", ident))
     }
 
+    /// Loads the table if it exists.
+    pub async fn table_if_exists(&self, ident: &TableIdent) -> Result<Option<Table>> {
+        let exists = self.catalog.table_exists(ident).await.map_err(|e| {
+            iceberg_error(e, "cannot read the catalog").with_context("table", ident)
+        })?;
+        if !exists {
+            return Ok(None);
+        }
+        self.catalog_table(ident).await.map(Some)
+    }
+
     /// Loads the table, creating it (and its namespace) with `schema` when
     /// missing.
     pub async fn ensure_table(&self, ident: &TableIdent, schema: Schema) -> Result<Table> {

@@ -6,12 +6,15 @@
 //! position). It is rebuilt from the table at start: each live data file's
 //! key columns, less the positions its delete files name.
 //!
-//! A batch of changes is collapsed to the last change per key, in commit
-//! order: a key with a live row gets a positional delete; inserts and
-//! updates write the new row; a key inserted and deleted inside one batch
-//! writes nothing; a primary-key update deletes the old key and writes the
-//! new one; a truncate deletes every live row. One snapshot per batch
-//! (`row_delta`), recording the source position it covers.
+//! Changes are staged into an open batch, which collapses them to the last
+//! change per key in commit order: a key with a live row gets a positional
+//! delete; inserts and updates write the new row; a key inserted and
+//! deleted inside one batch writes nothing; a primary-key update deletes
+//! the old key and writes the new one; a truncate deletes every live row.
+//! A batch too large for memory is written to data files as it grows (a
+//! later change to a row already written deletes it by position in the
+//! same snapshot), and [`SilverTable::commit`] makes it one snapshot
+//! (`row_delta`) recording the source position it covers.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,42 +25,32 @@ use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
-use iceberg::spec::DataContentType;
+use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::arrow::build_array;
+use super::arrow::{arrow_value, build_array};
 use super::catalog::{Lake, iceberg_error};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
-use super::writer::{SUMMARY_COMMIT_LSN, arrow_schema, write_data_files};
+use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
 use crate::cdc::event::{Change, Datum, ImageKind, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::lsn::Lsn;
 
-/// Where a live row is.
+/// Where a live row is: a committed data file, or one written for the open
+/// batch and not committed yet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Location {
     file: Arc<str>,
     pos: i64,
 }
 
-/// A row to write: its key, the change that wrote it, and its values.
-struct NewRow<'a> {
-    key: Box<[u8]>,
-    change: &'a Change,
-    values: Vec<Option<&'a Value>>,
-}
-
-/// The last word on a key within a batch.
-enum Pending<'a> {
-    Upsert {
-        change: &'a Change,
-        row: Vec<Option<&'a Value>>,
-    },
+/// The last word on a key among the open batch's changes held in memory.
+enum Pending {
+    Upsert(Arc<Change>),
     Delete,
 }
 
@@ -67,7 +60,18 @@ pub struct SilverTable {
     /// Arrow schema indices of the primary-key columns, in key order.
     key_fields: Vec<usize>,
     converter: RowConverter,
+    /// Every live row in a file, committed or written for the open batch.
     index: HashMap<Box<[u8]>, Location>,
+    /// The open batch: the last change per key not yet in a file, keys in
+    /// first-seen order.
+    pending: HashMap<Box<[u8]>, Pending>,
+    order: Vec<Box<[u8]>>,
+    pending_bytes: usize,
+    /// The open batch's data files and the rows it deletes.
+    written: Vec<DataFile>,
+    deletes: Vec<(Arc<str>, i64)>,
+    /// The last data file read to fill unchanged TOAST values.
+    cached_file: Option<(Arc<str>, Vec<RecordBatch>)>,
 }
 
 impl SilverTable {
@@ -101,6 +105,12 @@ impl SilverTable {
             key_fields,
             converter,
             index: HashMap::new(),
+            pending: HashMap::new(),
+            order: Vec::new(),
+            pending_bytes: 0,
+            written: Vec::new(),
+            deletes: Vec::new(),
+            cached_file: None,
         };
         silver.rebuild_index(&table).await?;
         Ok(silver)
@@ -245,102 +255,189 @@ impl SilverTable {
         }
         Ok(self.encode_keys(&columns)?.remove(0))
     }
-
-    /// Applies a batch of changes, in commit order, as one snapshot that
-    /// records `commit_lsn` (the last transaction the batch fully holds).
-    pub async fn apply(&mut self, lake: &Lake, changes: &[&Change], commit_lsn: Lsn) -> Result<()> {
-        let mut pending: HashMap<Box<[u8]>, Pending<'_>> = HashMap::new();
-        let mut order: Vec<Box<[u8]>> = Vec::new();
-        let mut truncated = false;
-        for &change in changes {
-            match change.op {
-                Op::Truncate => {
-                    pending.clear();
-                    order.clear();
-                    truncated = true;
-                }
-                Op::Delete => {
-                    let before = change
-                        .before
-                        .as_ref()
-                        .ok_or_else(|| missing_image(change))?;
-                    let key = self.key_of(change, &before.row)?;
-                    remember(&mut pending, &mut order, key, Pending::Delete);
-                }
-                Op::Read | Op::Insert | Op::Update => {
-                    let after = change.after.as_ref().ok_or_else(|| missing_image(change))?;
-                    let key = self.key_of(change, after)?;
-                    if let Some(before) = &change.before {
-                        let old_key = self.key_of(change, &before.row)?;
-                        if old_key != key {
-                            remember(&mut pending, &mut order, old_key, Pending::Delete);
-                        }
-                    }
-                    let previous = pending.get(&key);
-                    let row = self.new_row(change, after, previous)?;
-                    remember(
-                        &mut pending,
-                        &mut order,
-                        key,
-                        Pending::Upsert { change, row },
-                    );
-                }
-            }
-        }
-
-        let mut deletes: Vec<(String, i64)> = Vec::new();
-        let mut removed: Vec<Box<[u8]>> = Vec::new();
-        if truncated {
-            deletes.extend(self.index.values().map(|l| (l.file.to_string(), l.pos)));
-            removed.extend(self.index.keys().cloned());
-        }
-        let mut upserts: Vec<NewRow<'_>> = Vec::new();
-        for key in order {
-            let Some(op) = pending.remove(&key) else {
-                continue;
-            };
-            if !truncated {
-                if let Some(location) = self.index.get(&key) {
-                    deletes.push((location.file.to_string(), location.pos));
-                    removed.push(key.clone());
-                }
-            }
-            if let Pending::Upsert { change, row } = op {
-                upserts.push(NewRow {
-                    key,
-                    change,
-                    values: row,
-                });
-            }
-        }
-        if deletes.is_empty() && upserts.is_empty() {
+    /// Replaces the unchanged TOAST values of an update's after image with
+    /// the row's current values: from a complete before image (REPLICA
+    /// IDENTITY FULL), else from the open batch or the row's data file. A
+    /// value that cannot be found is an error, never a guess. Call before
+    /// [`Self::stage`], and before the change goes to bronze too.
+    pub async fn fill_unchanged(&mut self, lake: &Lake, change: &mut Change) -> Result<()> {
+        let Some(after) = &change.after else {
+            return Ok(());
+        };
+        let missing: Vec<usize> = after
+            .iter()
+            .enumerate()
+            .filter(|(_, d)| matches!(d, Datum::UnchangedToast))
+            .map(|(i, _)| i)
+            .collect();
+        if missing.is_empty() {
             return Ok(());
         }
-
-        let table = lake.catalog_table(&self.ident).await?;
-        let mut delta = RowDelta {
-            properties: HashMap::from([(SUMMARY_COMMIT_LSN.to_owned(), commit_lsn.0.to_string())]),
-            ..RowDelta::default()
+        // The row as it was: under its old key when the update moved it.
+        let key = match &change.before {
+            Some(before) => self.key_of(change, &before.row)?,
+            None => self.key_of(change, after)?,
         };
-        if !deletes.is_empty() {
-            delta
-                .delete_files
-                .push(write_position_deletes(&table, deletes).await?);
+        for column in missing {
+            let value = self.current_value(lake, change, &key, column).await?;
+            if let Some(after) = change.after.as_mut() {
+                after[column] = Datum::Value(value);
+            }
         }
-        if !upserts.is_empty() {
-            let batch = self.batch(&upserts)?;
-            delta.data_files = write_data_files(&table, batch).await?;
-        }
-        commit_row_delta(lake, &self.ident, &delta).await?;
+        Ok(())
+    }
 
-        for key in removed {
-            self.index.remove(&key);
+    async fn current_value(
+        &mut self,
+        lake: &Lake,
+        change: &Change,
+        key: &[u8],
+        column: usize,
+    ) -> Result<Value> {
+        let name = &change.relation.columns[column].name;
+        if let Some(before) = change.before.as_ref().filter(|b| b.kind == ImageKind::Full) {
+            if let Some(Datum::Value(v)) = before.row.get(column) {
+                return Ok(v.clone());
+            }
         }
-        let mut rows = upserts.into_iter().map(|row| row.key);
-        for file in &delta.data_files {
+        match self.pending.get(key) {
+            Some(Pending::Upsert(previous)) => {
+                let j = previous
+                    .relation
+                    .columns
+                    .iter()
+                    .position(|c| c.name == *name);
+                return match j.and_then(|j| previous.after.as_ref()?.get(j)) {
+                    Some(Datum::Value(v)) => Ok(v.clone()),
+                    _ => Err(change.unfilled(name)),
+                };
+            }
+            Some(Pending::Delete) => return Err(change.unfilled(name)),
+            None => {}
+        }
+        let Some(location) = self.index.get(key).cloned() else {
+            return Err(change.unfilled(name));
+        };
+        let mut row = usize::try_from(location.pos).unwrap_or(usize::MAX);
+        for batch in self.file_rows(lake, &location.file).await? {
+            if row < batch.num_rows() {
+                let Some(array) = batch.column_by_name(name) else {
+                    return Err(change.unfilled(name));
+                };
+                return arrow_value(array.as_ref(), row)
+                    .map_err(|e| e.with_context("file", &location.file));
+            }
+            row -= batch.num_rows();
+        }
+        Err(lake_error(
+            "the key index points past the end of a data file",
+            &self.ident,
+        )
+        .with_context("file", &location.file))
+    }
+
+    /// The rows of a data file, read once and kept while the same file is
+    /// asked for again.
+    async fn file_rows(&mut self, lake: &Lake, path: &Arc<str>) -> Result<&[RecordBatch]> {
+        if self.cached_file.as_ref().is_none_or(|(p, _)| p != path) {
+            let table = lake.catalog_table(&self.ident).await?;
+            let bytes = read_file(&table, path).await?;
+            let bad = |e: parquet::errors::ParquetError| {
+                lake_error("cannot read a silver data file", &self.ident)
+                    .with_context("file", path)
+                    .with_source(e)
+            };
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .map_err(bad)?
+                .build()
+                .map_err(bad)?;
+            let batches = reader
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| {
+                    lake_error("cannot read a silver data file", &self.ident)
+                        .with_context("file", path)
+                        .with_source(e)
+                })?;
+            self.cached_file = Some((path.clone(), batches));
+        }
+        Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
+    }
+
+    /// Adds a change, its unchanged TOAST values already filled, to the
+    /// open batch. A large batch is written to data files as it grows;
+    /// nothing is visible until [`Self::commit`].
+    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>) -> Result<()> {
+        match change.op {
+            Op::Truncate => {
+                self.deletes
+                    .extend(self.index.drain().map(|(_, l)| (l.file, l.pos)));
+                self.pending.clear();
+                self.order.clear();
+                self.pending_bytes = 0;
+            }
+            Op::Delete => {
+                let before = change
+                    .before
+                    .as_ref()
+                    .ok_or_else(|| missing_image(&change))?;
+                let key = self.key_of(&change, &before.row)?;
+                self.set(key, Pending::Delete);
+            }
+            Op::Read | Op::Insert | Op::Update => {
+                let after = change
+                    .after
+                    .as_ref()
+                    .ok_or_else(|| missing_image(&change))?;
+                let key = self.key_of(&change, after)?;
+                if let Some(before) = &change.before {
+                    let old_key = self.key_of(&change, &before.row)?;
+                    if old_key != key {
+                        self.set(old_key, Pending::Delete);
+                    }
+                }
+                self.pending_bytes += change.approx_bytes();
+                self.set(key, Pending::Upsert(change));
+            }
+        }
+        if self.pending.len() >= STAGE_ROWS || self.pending_bytes >= STAGE_BYTES {
+            self.write_pending(lake).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `op` the last word on `key`; a row the key had in a file gets
+    /// a position delete.
+    fn set(&mut self, key: Box<[u8]>, op: Pending) {
+        if let Some(location) = self.index.remove(&key) {
+            self.deletes.push((location.file, location.pos));
+        }
+        if self.pending.insert(key.clone(), op).is_none() {
+            self.order.push(key);
+        }
+    }
+
+    /// Writes the rows held in memory to data files of the open batch.
+    async fn write_pending(&mut self, lake: &Lake) -> Result<()> {
+        let mut keys = Vec::new();
+        let mut changes = Vec::new();
+        for key in self.order.drain(..) {
+            if let Some(Pending::Upsert(change)) = self.pending.remove(&key) {
+                keys.push(key);
+                changes.push(change);
+            }
+        }
+        self.pending.clear();
+        self.pending_bytes = 0;
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let table = lake.catalog_table(&self.ident).await?;
+        let files = write_data_files(&table, self.batch(&changes)?).await?;
+        let mut keys = keys.into_iter();
+        for file in &files {
             let path: Arc<str> = file.file_path().into();
             for pos in 0..file.record_count() as i64 {
-                let key = rows
+                let key = keys
                     .next()
                     .ok_or_else(|| lake_error("more rows written than given", &self.ident))?;
                 self.index.insert(
@@ -352,67 +449,43 @@ impl SilverTable {
                 );
             }
         }
+        self.written.extend(files);
         Ok(())
     }
 
-    /// The values silver stores for an insert or update, unchanged TOAST
-    /// values filled from a complete before image or from this batch.
-    fn new_row<'a>(
-        &self,
-        change: &'a Change,
-        after: &'a [Datum],
-        previous: Option<&Pending<'a>>,
-    ) -> Result<Vec<Option<&'a Value>>> {
-        let fields = self.schema.fields();
-        let source_fields = &fields[..fields.len() - 2];
-        source_fields
-            .iter()
-            .enumerate()
-            .map(|(field_index, field)| {
-                let Some(j) = change
-                    .relation
-                    .columns
-                    .iter()
-                    .position(|c| c.name == *field.name())
-                else {
-                    return Ok(None);
-                };
-                match &after[j] {
-                    Datum::Value(Value::Null) | Datum::NotSent => Ok(None),
-                    Datum::Value(v) => Ok(Some(v)),
-                    Datum::UnchangedToast => {
-                        if let Some(before) =
-                            change.before.as_ref().filter(|b| b.kind == ImageKind::Full)
-                        {
-                            if let Some(Datum::Value(v)) = before.row.get(j) {
-                                return Ok(Some(v));
-                            }
-                        }
-                        if let Some(Pending::Upsert { row, .. }) = previous {
-                            return Ok(row[field_index]);
-                        }
-                        Err(Error::new(
-                            ErrorKind::Decode,
-                            "an unchanged TOAST value has no known current value to fill it with",
-                        )
-                        .with_context("table", &change.relation.name)
-                        .with_context("column", field.name())
-                        .with_context("lsn", change.lsn))
-                    }
-                }
-            })
-            .collect()
+    /// Commits the open batch as one snapshot recording `position`; an
+    /// empty one when the batch changed nothing (which is how the load of
+    /// an empty table is marked done).
+    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+        self.write_pending(lake).await?;
+        let mut delta = RowDelta {
+            data_files: std::mem::take(&mut self.written),
+            properties: position.summary(),
+            ..RowDelta::default()
+        };
+        if !self.deletes.is_empty() {
+            let table = lake.catalog_table(&self.ident).await?;
+            let deletes = std::mem::take(&mut self.deletes)
+                .into_iter()
+                .map(|(file, pos)| (file.to_string(), pos))
+                .collect();
+            delta
+                .delete_files
+                .push(write_position_deletes(&table, deletes).await?);
+        }
+        commit_row_delta(lake, &self.ident, &delta).await?;
+        Ok(())
     }
 
-    fn batch(&self, upserts: &[NewRow<'_>]) -> Result<RecordBatch> {
+    fn batch(&self, changes: &[Arc<Change>]) -> Result<RecordBatch> {
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
-        for (i, field) in self.schema.fields().iter().enumerate() {
+        for field in self.schema.fields() {
             let array: ArrayRef = match field.name().as_str() {
                 COMMIT_LSN => {
-                    let mut b = Int64Builder::with_capacity(upserts.len());
-                    upserts
+                    let mut b = Int64Builder::with_capacity(changes.len());
+                    changes
                         .iter()
-                        .for_each(|r| b.append_value(r.change.tx.commit_lsn.0 as i64));
+                        .for_each(|c| b.append_value(c.tx.commit_lsn.0 as i64));
                     Arc::new(b.finish())
                 }
                 COMMIT_TS => {
@@ -422,15 +495,16 @@ impl SilverTable {
                             &self.ident,
                         ));
                     };
-                    let mut b = TimestampMicrosecondBuilder::with_capacity(upserts.len())
+                    let mut b = TimestampMicrosecondBuilder::with_capacity(changes.len())
                         .with_timezone_opt(zone.clone());
-                    upserts
-                        .iter()
-                        .for_each(|r| b.append_value(r.change.tx.commit_ts));
+                    changes.iter().for_each(|c| b.append_value(c.tx.commit_ts));
                     Arc::new(b.finish())
                 }
-                _ => {
-                    let cells: Vec<Option<&Value>> = upserts.iter().map(|r| r.values[i]).collect();
+                name => {
+                    let cells = changes
+                        .iter()
+                        .map(|c| after_cell(c, name))
+                        .collect::<Result<Vec<_>>>()?;
                     build_array(field, &cells)?
                 }
             };
@@ -441,14 +515,16 @@ impl SilverTable {
     }
 }
 
-fn remember<'a>(
-    pending: &mut HashMap<Box<[u8]>, Pending<'a>>,
-    order: &mut Vec<Box<[u8]>>,
-    key: Box<[u8]>,
-    op: Pending<'a>,
-) {
-    if pending.insert(key.clone(), op).is_none() {
-        order.push(key);
+/// The value of column `name` in the change's after image; null when the
+/// relation no longer has the column.
+fn after_cell<'a>(change: &'a Change, name: &str) -> Result<Option<&'a Value>> {
+    let Some(j) = change.relation.columns.iter().position(|c| c.name == name) else {
+        return Ok(None);
+    };
+    match change.after.as_ref().and_then(|row| row.get(j)) {
+        None | Some(Datum::NotSent | Datum::Value(Value::Null)) => Ok(None),
+        Some(Datum::Value(v)) => Ok(Some(v)),
+        Some(Datum::UnchangedToast) => Err(change.unfilled(name)),
     }
 }
 

@@ -1,19 +1,17 @@
 //! Writing Parquet data files (ZSTD) into a table's data folder, and the
 //! append commit that records the source position a snapshot covers.
 //!
-//! Every snapshot we commit carries [`SUMMARY_COMMIT_LSN`]: the highest
-//! source commit LSN whose transaction it fully contains. Read back with
-//! [`committed_lsn`] at start, it tells which transactions are already in
-//! the table, which is what makes a replay add nothing.
+//! Every snapshot we commit carries its [`Position`]: the commit LSN and
+//! the end LSN of the last source transaction it fully contains. Read back
+//! at start, it tells which transactions are already in the table, which is
+//! what makes a replay add nothing.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use iceberg::Catalog;
 use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::table::Table;
-use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
@@ -25,11 +23,77 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use super::catalog::iceberg_error;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 
-/// Snapshot summary key: the highest source commit LSN fully contained.
+/// An open batch holds at most this many rows, or about this many bytes of
+/// values, in memory per table before writing them to a data file.
+pub const STAGE_ROWS: usize = 50_000;
+pub const STAGE_BYTES: usize = 64 << 20;
+
+/// Snapshot summary keys of the source position a snapshot covers.
 pub const SUMMARY_COMMIT_LSN: &str = "wal2iceberg.commit-lsn";
+pub const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
+
+/// The source position a snapshot covers: the last source transaction it
+/// fully contains (for the initial load, the consistent point for both).
+///
+/// A later transaction is in the table exactly when its commit record
+/// starts before `end_lsn`: records never overlap, so a commit record that
+/// starts before the end of the last one held also ends by then. A
+/// snapshot's consistent point is such a record end as well, which is why
+/// the comparison is on the end LSN and not on the commit LSN: the first
+/// transaction streamed after a load may commit exactly at the consistent
+/// point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    pub commit_lsn: Lsn,
+    pub end_lsn: Lsn,
+}
+
+impl Position {
+    /// Whether the transaction committed at `commit_lsn` is already held.
+    pub fn holds(self, commit_lsn: Lsn) -> bool {
+        commit_lsn < self.end_lsn
+    }
+
+    /// The snapshot summary properties that record this position.
+    pub fn summary(self) -> HashMap<String, String> {
+        HashMap::from([
+            (SUMMARY_COMMIT_LSN.to_owned(), self.commit_lsn.0.to_string()),
+            (SUMMARY_END_LSN.to_owned(), self.end_lsn.0.to_string()),
+        ])
+    }
+
+    /// The position the table's current snapshot covers, if any.
+    pub fn of(table: &Table) -> Result<Option<Position>> {
+        let Some(snapshot) = table.metadata().current_snapshot() else {
+            return Ok(None);
+        };
+        let properties = &snapshot.summary().additional_properties;
+        let read = |key: &str| -> Result<Option<Lsn>> {
+            properties
+                .get(key)
+                .map(|text| {
+                    text.parse::<u64>().map(Lsn).map_err(|_| {
+                        Error::new(
+                            ErrorKind::Lake,
+                            format!("snapshot summary {key} is not a number"),
+                        )
+                        .with_context("table", table.identifier())
+                    })
+                })
+                .transpose()
+        };
+        match (read(SUMMARY_COMMIT_LSN)?, read(SUMMARY_END_LSN)?) {
+            (Some(commit_lsn), Some(end_lsn)) => Ok(Some(Position {
+                commit_lsn,
+                end_lsn,
+            })),
+            _ => Ok(None),
+        }
+    }
+}
 
 /// Writes `batch` as one or more Parquet data files of `table`.
 pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>> {
@@ -58,51 +122,6 @@ pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<D
         .map_err(context)?;
     writer.write(batch).await.map_err(context)?;
     writer.close().await.map_err(context)
-}
-
-/// Appends data files in one snapshot that records `commit_lsn`.
-pub async fn append(
-    catalog: &dyn Catalog,
-    table: &Table,
-    files: Vec<DataFile>,
-    commit_lsn: Lsn,
-) -> Result<Table> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot commit to the table")
-            .with_context("table", table.identifier())
-            .with_context("lsn", commit_lsn)
-    };
-    let tx = Transaction::new(table);
-    let action = tx
-        .fast_append()
-        .add_data_files(files)
-        .set_snapshot_properties(HashMap::from([(
-            SUMMARY_COMMIT_LSN.to_owned(),
-            commit_lsn.0.to_string(),
-        )]));
-    let tx = action.apply(tx).map_err(context)?;
-    tx.commit(catalog).await.map_err(context)
-}
-
-/// The source position the table's current snapshot covers, if any.
-pub fn committed_lsn(table: &Table) -> Result<Option<Lsn>> {
-    let Some(snapshot) = table.metadata().current_snapshot() else {
-        return Ok(None);
-    };
-    match snapshot
-        .summary()
-        .additional_properties
-        .get(SUMMARY_COMMIT_LSN)
-    {
-        None => Ok(None),
-        Some(text) => text.parse::<u64>().map(|n| Some(Lsn(n))).map_err(|_| {
-            Error::new(
-                crate::error::ErrorKind::Lake,
-                format!("snapshot summary {SUMMARY_COMMIT_LSN} is not a number"),
-            )
-            .with_context("table", table.identifier())
-        }),
-    }
 }
 
 /// The Arrow schema of the table's current schema, with field ids.

@@ -10,20 +10,22 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
 use crate::cdc::capture::{self, Capture, CaptureOptions};
-use crate::cdc::event::{Change, Event};
+use crate::cdc::event::{Change, Event, Op};
+use crate::cdc::relation::RelationInfo;
 use crate::cdc::stream::{ChangeStream, Next};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::bronze::bronze_batch;
+use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::schema::bronze_schema;
 use crate::lake::silver::SilverTable;
-use crate::lake::writer::{append, arrow_schema, committed_lsn, write_data_files};
+use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
@@ -66,22 +68,35 @@ pub fn iceberg_name(table: &TableName) -> String {
 
 /// The two Iceberg tables of one source table.
 struct TableSink {
-    bronze: TableIdent,
+    bronze: BronzeTable,
     silver: SilverTable,
-    /// What each table already holds (skip transactions at or below).
-    bronze_lsn: Option<Lsn>,
-    silver_lsn: Option<Lsn>,
+    /// What each table already holds; `None` until its initial load landed.
+    bronze_at: Option<Position>,
+    silver_at: Option<Position>,
+    /// Whether the open batch staged anything for each table.
+    bronze_dirty: bool,
+    silver_dirty: bool,
+}
+
+/// Whether a table holding `held` still needs `change`: a table not yet
+/// loaded takes only the rows of its load, a loaded one only the
+/// transactions it does not hold.
+fn wants(held: Option<Position>, change: &Change) -> bool {
+    match held {
+        None => change.op == Op::Read,
+        Some(at) => change.op != Op::Read && !at.holds(change.tx.commit_lsn),
+    }
 }
 
 struct Pipeline {
     lake: Lake,
     namespace: iceberg::NamespaceIdent,
     sinks: HashMap<TableName, TableSink>,
-    batch: Vec<Change>,
-    /// The end LSN of the last transaction in the batch.
-    batch_end: Option<Lsn>,
-    /// The commit LSN of the last transaction in the batch.
-    batch_commit: Lsn,
+    /// Changes staged in the open batch.
+    batch_changes: usize,
+    /// The last transaction in the batch; `None` while the batch holds no
+    /// complete transaction.
+    batch_end: Option<Position>,
     report: RunReport,
 }
 
@@ -93,23 +108,33 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         lake,
         namespace,
         sinks: HashMap::new(),
-        batch: Vec::new(),
+        batch_changes: 0,
         batch_end: None,
-        batch_commit: Lsn::ZERO,
         report: RunReport::default(),
     };
-    let mut stream = match capture::open(config, &options.capture).await? {
-        Capture::Fresh { mut load, pending } => {
+    let mut capture_options = options.capture.clone();
+    capture_options.held_tables = Some(pipeline.loaded_tables(&options.capture.tables).await?);
+    let (load, pending, new_slot) = match capture::open(config, &capture_options).await? {
+        Capture::Fresh { load, pending } => (Some(load), pending, true),
+        Capture::Resume { load, pending } => (load, pending, false),
+    };
+    let mut stream = match load {
+        Some(mut load) => {
             while let Some(event) = load.next_event().await? {
                 pipeline.take(event).await?;
             }
+            for relation in load.relations() {
+                pipeline.ensure_sink(relation).await?;
+            }
             pipeline.flush().await?;
             let mut stream = pending.start().await?;
-            stream.confirm(load.consistent_point()).await?;
-            pipeline.report.confirmed = load.consistent_point();
+            if new_slot {
+                stream.confirm(load.consistent_point()).await?;
+                pipeline.report.confirmed = load.consistent_point();
+            }
             stream
         }
-        Capture::Resume(stream) => stream,
+        None => pending.start().await?,
     };
     pipeline.stream(&mut stream, options).await?;
     // Keepalives may have moved the slot past the last batch while idle.
@@ -149,7 +174,7 @@ impl Pipeline {
                     self.take(event).await?;
                     if is_commit && self.batch_end.is_some() {
                         flush_at.get_or_insert(Instant::now() + options.flush_interval);
-                        if self.batch.len() >= options.max_batch_rows {
+                        if self.batch_changes >= options.max_batch_rows {
                             self.flush_and_confirm(stream).await?;
                             flush_at = None;
                         }
@@ -177,100 +202,123 @@ impl Pipeline {
     /// only a Commit makes the batch flushable.
     async fn take(&mut self, event: Event) -> Result<()> {
         match event {
-            Event::Change(change) => {
-                self.ensure_sink(&change).await?;
-                self.batch.push(change);
+            Event::Change(mut change) => {
+                self.ensure_sink(&change.relation).await?;
+                let sink = self
+                    .sinks
+                    .get_mut(&change.relation.name)
+                    .expect("ensure_sink just ran");
+                let to_bronze = wants(sink.bronze_at, &change);
+                let to_silver = wants(sink.silver_at, &change);
+                if to_silver {
+                    sink.silver.fill_unchanged(&self.lake, &mut change).await?;
+                }
+                let change = Arc::new(change);
+                if to_bronze {
+                    sink.bronze.stage(&self.lake, change.clone()).await?;
+                    sink.bronze_dirty = true;
+                }
+                if to_silver {
+                    sink.silver.stage(&self.lake, change).await?;
+                    sink.silver_dirty = true;
+                }
+                self.batch_changes += 1;
             }
             Event::Commit { tx, end_lsn } => {
-                self.batch_end = Some(end_lsn);
-                self.batch_commit = tx.commit_lsn;
+                self.batch_end = Some(Position {
+                    commit_lsn: tx.commit_lsn,
+                    end_lsn,
+                });
             }
             Event::Begin(_) | Event::Message { .. } => {}
         }
         Ok(())
     }
 
-    async fn ensure_sink(&mut self, change: &Change) -> Result<()> {
-        if self.sinks.contains_key(&change.relation.name) {
+    fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {
+        let name = iceberg_name(table);
+        (
+            TableIdent::new(self.namespace.clone(), format!("{name}_changes")),
+            TableIdent::new(self.namespace.clone(), name),
+        )
+    }
+
+    /// The tables whose bronze and silver both hold their initial load.
+    async fn loaded_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let mut loaded = Vec::new();
+        for table in tables {
+            let mut complete = true;
+            for ident in <[TableIdent; 2]>::from(self.idents(table)) {
+                complete &= match self.lake.table_if_exists(&ident).await? {
+                    Some(t) => Position::of(&t)?.is_some(),
+                    None => false,
+                };
+            }
+            if complete {
+                loaded.push(table.clone());
+            }
+        }
+        Ok(loaded)
+    }
+
+    async fn ensure_sink(&mut self, relation: &RelationInfo) -> Result<()> {
+        if self.sinks.contains_key(&relation.name) {
             return Ok(());
         }
-        let name = iceberg_name(&change.relation.name);
-        let bronze = TableIdent::new(self.namespace.clone(), format!("{name}_changes"));
+        let (bronze, silver_ident) = self.idents(&relation.name);
         let bronze_table = self
             .lake
-            .ensure_table(&bronze, bronze_schema(&change.relation)?)
+            .ensure_table(&bronze, bronze_schema(relation)?)
             .await?;
-        let silver_ident = TableIdent::new(self.namespace.clone(), name);
-        let silver = SilverTable::open(&self.lake, silver_ident, &change.relation).await?;
+        let silver = SilverTable::open(&self.lake, silver_ident, relation).await?;
         let silver_table = self.lake.catalog_table(silver.ident()).await?;
         let sink = TableSink {
-            bronze,
-            bronze_lsn: committed_lsn(&bronze_table)?,
-            silver_lsn: committed_lsn(&silver_table)?,
+            bronze: BronzeTable::new(bronze),
+            bronze_at: Position::of(&bronze_table)?,
+            silver_at: Position::of(&silver_table)?,
             silver,
+            bronze_dirty: false,
+            silver_dirty: false,
         };
-        self.sinks.insert(change.relation.name.clone(), sink);
+        self.sinks.insert(relation.name.clone(), sink);
         Ok(())
     }
 
-    /// Commits the batch: per table, bronze then silver, each skipping what
-    /// the table already holds.
+    /// Commits the open batch: per table, bronze then silver. A table not
+    /// yet loaded gets a snapshot even when its load was empty, which marks
+    /// it loaded.
     async fn flush(&mut self) -> Result<()> {
-        if self.batch.is_empty() {
-            self.batch_end = None;
+        let Some(position) = self.batch_end.take() else {
             return Ok(());
-        }
-        let commit_lsn = self.batch_commit;
-        let mut by_table: HashMap<&TableName, Vec<&Change>> = HashMap::new();
-        for change in &self.batch {
-            by_table
-                .entry(&change.relation.name)
-                .or_default()
-                .push(change);
-        }
-        for (table, changes) in by_table {
-            let sink = self
-                .sinks
-                .get_mut(table)
-                .expect("ensure_sink ran for every change");
-            let new_for = |held: Option<Lsn>| -> Vec<&Change> {
-                changes
-                    .iter()
-                    .copied()
-                    .filter(|c| held.is_none_or(|h| c.tx.commit_lsn > h))
-                    .collect()
-            };
-            let bronze_changes = new_for(sink.bronze_lsn);
-            if !bronze_changes.is_empty() {
-                let table = self.lake.catalog_table(&sink.bronze).await?;
-                let batch = bronze_batch(&arrow_schema(&table)?, &bronze_changes)?;
-                let files = write_data_files(&table, batch).await?;
-                append(self.lake.catalog(), &table, files, commit_lsn).await?;
-                sink.bronze_lsn = Some(commit_lsn);
+        };
+        for sink in self.sinks.values_mut() {
+            if sink.bronze_dirty || sink.bronze_at.is_none() {
+                sink.bronze.commit(&self.lake, position).await?;
+                sink.bronze_at = Some(position);
+                sink.bronze_dirty = false;
             }
-            let silver_changes = new_for(sink.silver_lsn);
-            if !silver_changes.is_empty() {
-                sink.silver
-                    .apply(&self.lake, &silver_changes, commit_lsn)
-                    .await?;
-                sink.silver_lsn = Some(commit_lsn);
+            if sink.silver_dirty || sink.silver_at.is_none() {
+                sink.silver.commit(&self.lake, position).await?;
+                sink.silver_at = Some(position);
+                sink.silver_dirty = false;
             }
         }
-        self.report.changes_applied += self.batch.len() as u64;
-        self.report.batches += 1;
-        self.batch.clear();
+        if self.batch_changes > 0 {
+            self.report.changes_applied += self.batch_changes as u64;
+            self.report.batches += 1;
+            self.batch_changes = 0;
+        }
         Ok(())
     }
 
     async fn flush_and_confirm(&mut self, stream: &mut ChangeStream) -> Result<()> {
-        let end = self.batch_end;
+        let Some(end) = self.batch_end.map(|p| p.end_lsn) else {
+            return Ok(());
+        };
         self.flush().await?;
-        if let Some(end) = end {
-            stream.confirm(end).await?;
-            self.report.confirmed = end;
-            tracing::info!(lsn = %end, "batch committed and confirmed");
-        }
-        self.batch_end = None;
+        stream.confirm(end).await?;
+        self.report.confirmed = end;
+        tracing::info!(lsn = %end, "batch committed and confirmed");
         Ok(())
     }
 }

@@ -36,7 +36,7 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
             stream.confirm(consistent_point).await?;
             stream
         }
-        Capture::Resume(stream) => stream,
+        Capture::Resume { pending, .. } => pending.start().await?,
     };
     let mut deadline = options.exit_when_idle.map(|d| Instant::now() + d);
     loop {

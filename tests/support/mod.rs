@@ -19,6 +19,11 @@ use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::source::{SourceClient, TableName};
 
 pub mod alloc;
+pub mod readers;
+pub mod reconcile;
+
+pub use readers::{duckdb, id_plan_pairs, id_plan_rows, pyiceberg};
+pub use reconcile::assert_reconciled;
 
 /// Users with a password, one per authentication method.
 pub const PASSWORD: &str = "s3cret-Pw";

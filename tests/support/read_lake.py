@@ -1,7 +1,12 @@
 """Reads a wal2iceberg lake through pyiceberg, a reader we did not write.
 
-usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs
+usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical
 Rows of a bronze table come sorted by (_cdc_commit_lsn, _cdc_seq).
+`canonical` gives the source columns of each row in the form the
+reconciliation helper (tests/support/reconcile.rs) compares: temporal values
+as integers (days or microseconds since 1970, "infinity" and "-infinity" for
+the stored infinities), binary as \\x-hex, decimals as plain text, float
+NaN and infinities as text.
 Prints one JSON document on stdout.
 """
 import json
@@ -32,6 +37,48 @@ elif mode == "rows":
     if rows and "_cdc_seq" in rows[0]:
         rows.sort(key=lambda r: (r["_cdc_commit_lsn"], r["_cdc_seq"]))
     print(json.dumps(rows, default=str))
+elif mode == "canonical":
+    import math
+    import uuid
+
+    import pyarrow as pa
+
+    def plain(t):
+        if pa.types.is_timestamp(t) or pa.types.is_time64(t):
+            return pa.int64()
+        if pa.types.is_date32(t):
+            return pa.int32()
+        if pa.types.is_list(t):
+            return pa.list_(plain(t.value_type))
+        return t
+
+    def canonical(v, t):
+        if v is None:
+            return None
+        if pa.types.is_timestamp(t) or pa.types.is_date32(t):
+            top = 2**63 - 1 if pa.types.is_timestamp(t) else 2**31 - 1
+            return "infinity" if v == top else "-infinity" if v == -top else v
+        if pa.types.is_floating(t) and (math.isnan(v) or math.isinf(v)):
+            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        if pa.types.is_fixed_size_binary(t):
+            return str(uuid.UUID(bytes=v))
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return "\\x" + v.hex()
+        if pa.types.is_decimal(t):
+            return format(v, "f")
+        if pa.types.is_list(t):
+            return [canonical(x, t.value_type) for x in v]
+        return v
+
+    arrow = table.scan().to_arrow()
+    names = [n for n in arrow.column_names if not n.startswith("_cdc_")]
+    types = {n: arrow.schema.field(n).type for n in names}
+    columns = {n: arrow.column(n).cast(plain(types[n])).to_pylist() for n in names}
+    rows = [
+        {n: canonical(columns[n][i], types[n]) for n in names}
+        for i in range(arrow.num_rows)
+    ]
+    print(json.dumps(rows))
 elif mode == "summary":
     snapshot = table.current_snapshot()
     print(json.dumps(snapshot.summary.additional_properties if snapshot else None))

@@ -1,0 +1,394 @@
+//! `wal2iceberg run` end to end: source changes to bronze and silver,
+//! read back through pyiceberg and DuckDB.
+
+use std::time::Duration;
+
+use serde_json::json;
+use wal2iceberg::ops::run::{RunOptions, run};
+
+use crate::support::*;
+
+fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
+    let mut capture = db.options(&["customers"]);
+    capture.slot = slot.to_owned();
+    RunOptions {
+        capture,
+        lake: lake.to_owned(),
+        namespace: Some("shop".into()),
+        flush_interval: Duration::from_millis(200),
+        max_batch_rows: 10_000,
+        exit_when_idle: Some(Duration::from_secs(2)),
+    }
+}
+
+async fn ops_and_plans(lake: &std::path::Path) -> (String, Vec<(i64, String)>) {
+    let bronze = pyiceberg(lake, "shop.customers_changes", "rows").await;
+    let ops = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
+        .collect();
+    let plans = id_plan_rows(lake, "shop.customers").await;
+    (ops, plans)
+}
+
+#[tokio::test]
+async fn run_lands_the_seed_walkthrough_and_a_replay_adds_nothing() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
+         ALTER TABLE customers REPLICA IDENTITY FULL;
+         INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("run");
+    let report = run(&db.config, &options(&db, &slot, dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(report.changes_applied, 3);
+    let (ops, plans) = ops_and_plans(dir.path()).await;
+    assert_eq!(ops, "rrr");
+    assert_eq!(
+        plans,
+        [(1, "free".into()), (2, "pro".into()), (3, "free".into())]
+    );
+
+    // A copy of the slot that never hears the next confirmation: what a
+    // crash after the Iceberg commits and before the confirmation leaves.
+    let stale = unique("stale");
+    db.exec(&format!(
+        "SELECT pg_copy_logical_replication_slot('{slot}', '{stale}')"
+    ))
+    .await;
+
+    for sql in SEED_CHANGES {
+        db.exec(sql).await;
+    }
+    let report = run(&db.config, &options(&db, &slot, dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(report.changes_applied, 4);
+    let after_run = ops_and_plans(dir.path()).await;
+    assert_eq!(after_run.0, "rrruudc");
+    assert_eq!(
+        after_run.1,
+        [(1, "team".into()), (2, "pro".into()), (4, "free".into())]
+    );
+    assert_eq!(db.confirmed_flush(&slot).await, Some(report.confirmed));
+
+    // The replay: the stale slot sends the four changes again.
+    let replay = run(&db.config, &options(&db, &stale, dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(replay.changes_applied, 4, "the changes did come again");
+    assert_eq!(
+        ops_and_plans(dir.path()).await,
+        after_run,
+        "bronze still seven rows, silver unchanged"
+    );
+    let summary = pyiceberg(dir.path(), "shop.customers_changes", "summary").await;
+    assert_eq!(summary["total-records"], json!("7"));
+
+    // DuckDB reads the same: position deletes applied, seven changes.
+    let silver = id_plan_pairs(&duckdb(dir.path(), "shop.customers").await);
+    assert_eq!(silver, after_run.1);
+    let bronze = duckdb(dir.path(), "shop.customers_changes").await;
+    assert_eq!(bronze.as_array().unwrap().len(), 7);
+}
+
+#[tokio::test]
+async fn default_and_full_identity_give_the_same_silver_across_one_transaction() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE full_t(id int PRIMARY KEY, name text, plan text);
+         ALTER TABLE full_t REPLICA IDENTITY FULL;
+         CREATE TABLE default_t(id int PRIMARY KEY, name text, plan text);
+         INSERT INTO full_t VALUES (1,'Ada','free'),(2,'Grace','pro');
+         INSERT INTO default_t VALUES (1,'Ada','free'),(2,'Grace','pro');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&db, &unique("both"), dir.path());
+    opts.capture = db.options(&["full_t", "default_t"]);
+    run(&db.config, &opts).await.unwrap();
+    db.exec(
+        "BEGIN;
+         UPDATE full_t SET plan='team' WHERE id=1; UPDATE default_t SET plan='team' WHERE id=1;
+         DELETE FROM full_t WHERE id=2; DELETE FROM default_t WHERE id=2;
+         COMMIT;",
+    )
+    .await;
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, 4);
+
+    let full = id_plan_rows(dir.path(), "shop.full_t").await;
+    assert_eq!(full, [(1, "team".to_owned())]);
+    assert_eq!(
+        id_plan_rows(dir.path(), "shop.default_t").await,
+        full,
+        "silver is the same for both"
+    );
+
+    let bronze = |table: &'static str| {
+        let lake = dir.path().to_owned();
+        async move { pyiceberg(&lake, table, "rows").await }
+    };
+    let full_b = bronze("shop.full_t_changes").await;
+    let default_b = bronze("shop.default_t_changes").await;
+    // One source transaction: both tables' changes share its commit LSN.
+    assert_eq!(
+        full_b[2]["_cdc_commit_lsn"],
+        default_b[2]["_cdc_commit_lsn"]
+    );
+    assert_eq!(full_b[2]["_cdc_before"]["_cdc_image"], json!("full"));
+    assert_eq!(full_b[2]["_cdc_before"]["plan"], json!("free"));
+    assert_eq!(
+        default_b[2]["_cdc_before"],
+        serde_json::Value::Null,
+        "DEFAULT: no old tuple for a non-key update"
+    );
+    assert_eq!(full_b[3]["_cdc_op"], json!("d"));
+    assert_eq!(full_b[3]["name"], json!("Grace"));
+    assert_eq!(default_b[3]["_cdc_before"]["_cdc_image"], json!("key"));
+    assert_eq!(default_b[3]["name"], serde_json::Value::Null);
+    assert_eq!(
+        default_b[3]["_cdc_before"]["_cdc_not_sent"],
+        json!(["name", "plan"])
+    );
+}
+
+fn options_for(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {
+    let mut opts = options(db, slot, lake);
+    opts.capture = db.options(tables);
+    opts.capture.slot = slot.to_owned();
+    opts
+}
+
+/// The `_cdc_op` codes of a bronze table, in commit order.
+async fn bronze_ops(lake: &std::path::Path, table: &str) -> String {
+    pyiceberg(lake, table, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn unchanged_toast_under_default_is_filled_from_the_current_row() {
+    let db = TestDb::new().await;
+    // EXTERNAL storage keeps the 6,400-byte bodies out of line and
+    // uncompressed, so an update that leaves them alone does not send them.
+    db.exec(
+        "CREATE TABLE docs(id int PRIMARY KEY, n int NOT NULL, body text NOT NULL);
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
+         INSERT INTO docs SELECT i, 0, repeat(md5(i::text), 200) FROM generate_series(1, 3) i;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options_for(&db, &["docs"], &unique("toast"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    // From the committed data file.
+    db.exec("UPDATE docs SET n = 1 WHERE id = 1").await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "docs", dir.path(), "shop.docs").await;
+
+    // From the open batch, and across a primary-key change (the old key's
+    // row holds the value).
+    db.exec(
+        "INSERT INTO docs VALUES (4, 0, repeat(md5('4'), 200));
+         UPDATE docs SET n = 2 WHERE id = 4;
+         UPDATE docs SET n = 3 WHERE id = 2;
+         UPDATE docs SET id = 5, n = 4 WHERE id = 3;",
+    )
+    .await;
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, 4);
+    assert_reconciled(&db, "docs", dir.path(), "shop.docs").await;
+
+    // Bodies never change here, so every update's bronze row must hold the
+    // body its key has at the source now.
+    let source: std::collections::HashMap<i32, String> = db
+        .client
+        .query("SELECT id, body FROM docs", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let bronze = pyiceberg(dir.path(), "shop.docs_changes", "rows").await;
+    let updates: Vec<_> = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["_cdc_op"] == json!("u"))
+        .collect();
+    assert_eq!(updates.len(), 4);
+    for row in updates {
+        let id = row["id"].as_i64().unwrap() as i32;
+        assert_eq!(
+            row["body"].as_str(),
+            Some(source[&id].as_str()),
+            "bronze holds the real value of {id}, not a placeholder"
+        );
+    }
+}
+
+#[tokio::test]
+async fn tables_the_lake_lacks_are_loaded_from_a_new_snapshot_while_the_others_stream() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE a(id int PRIMARY KEY, v text);
+         CREATE TABLE b(id int PRIMARY KEY, v text);
+         CREATE TABLE empty_t(id int PRIMARY KEY);
+         INSERT INTO a SELECT i, 'a' || i FROM generate_series(1, 3) i;
+         INSERT INTO b SELECT i, 'b' || i FROM generate_series(1, 3) i;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("added");
+    run(
+        &db.config,
+        &options_for(&db, &["a", "empty_t"], &slot, dir.path()),
+    )
+    .await
+    .unwrap();
+    // An empty source table gets both tables, marked loaded.
+    assert_eq!(
+        pyiceberg(dir.path(), "shop.empty_t", "rows").await,
+        json!([])
+    );
+    let summary = pyiceberg(dir.path(), "shop.empty_t_changes", "summary").await;
+    assert!(summary["wal2iceberg.end-lsn"].is_string(), "{summary}");
+
+    // b joins later: changes made to it before then are in its snapshot.
+    db.exec("UPDATE a SET v = 'a1*' WHERE id = 1; UPDATE b SET v = 'b1*' WHERE id = 1; INSERT INTO b VALUES (4, 'b4');")
+        .await;
+    let all = options_for(&db, &["a", "b", "empty_t"], &slot, dir.path());
+    run(&db.config, &all).await.unwrap();
+    assert_eq!(bronze_ops(dir.path(), "shop.a_changes").await, "rrru");
+    assert_eq!(bronze_ops(dir.path(), "shop.b_changes").await, "rrrr");
+    assert_reconciled(&db, "a", dir.path(), "shop.a").await;
+    assert_reconciled(&db, "b", dir.path(), "shop.b").await;
+
+    db.exec("UPDATE b SET v = 'b2*' WHERE id = 2; DELETE FROM b WHERE id = 3;")
+        .await;
+    run(&db.config, &all).await.unwrap();
+    assert_eq!(bronze_ops(dir.path(), "shop.b_changes").await, "rrrrud");
+    assert_reconciled(&db, "b", dir.path(), "shop.b").await;
+
+    // A crash between b's bronze and silver commits of a load leaves
+    // bronze loaded and silver not: only silver is loaded again.
+    let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
+        .await
+        .unwrap();
+    let silver_b =
+        iceberg::TableIdent::new(wal2iceberg::lake::catalog::namespace("shop"), "b".into());
+    iceberg::Catalog::drop_table(lake.catalog(), &silver_b)
+        .await
+        .unwrap();
+    db.exec("UPDATE b SET v = 'b4*' WHERE id = 4").await;
+    run(&db.config, &all).await.unwrap();
+    assert_eq!(
+        bronze_ops(dir.path(), "shop.b_changes").await,
+        "rrrrudu",
+        "bronze is not loaded twice"
+    );
+    assert_reconciled(&db, "b", dir.path(), "shop.b").await;
+    assert_reconciled(&db, "a", dir.path(), "shop.a").await;
+    let slots: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 1, "the temporary load slots are gone");
+}
+
+#[tokio::test]
+async fn a_lost_slot_is_never_replaced_under_a_loaded_lake() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1, 'free');")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("lost");
+    let opts = options(&db, &slot, dir.path());
+    run(&db.config, &opts).await.unwrap();
+    db.exec(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+        .await;
+    db.exec("UPDATE customers SET plan = 'pro'").await;
+    let err = run(&db.config, &opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("does not exist") && err.contains("gap") && err.contains("public.customers"),
+        "{err}"
+    );
+    assert_eq!(
+        db.confirmed_flush(&slot).await,
+        None,
+        "no new slot was made"
+    );
+    assert_eq!(
+        id_plan_rows(dir.path(), "shop.customers").await,
+        [(1, "free".to_owned())]
+    );
+}
+
+#[tokio::test]
+async fn a_large_transaction_is_spread_over_files_and_committed_as_one_snapshot() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE big(id int PRIMARY KEY, n int NOT NULL, note text)")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options_for(&db, &["big"], &unique("big"), dir.path());
+    opts.max_batch_rows = 1;
+    run(&db.config, &opts).await.unwrap();
+    db.exec(
+        "BEGIN;
+         INSERT INTO big SELECT i, 0, 'row ' || i FROM generate_series(1, 120000) i;
+         UPDATE big SET n = 1 WHERE id % 1000 = 0;
+         DELETE FROM big WHERE id % 1000 = 1;
+         COMMIT;",
+    )
+    .await;
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, 120_240);
+    assert_eq!(report.batches, 1, "one source transaction, one commit");
+
+    let bronze = pyiceberg(dir.path(), "shop.big_changes", "summary").await;
+    assert_eq!(bronze["added-records"], json!("120240"));
+    let files: u64 = bronze["added-data-files"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(files >= 3, "bronze spread over {files} files");
+    let silver = pyiceberg(dir.path(), "shop.big", "summary").await;
+    println!("large transaction: bronze {files} data files; silver {silver}");
+    assert_eq!(
+        silver["total-records"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            - silver["total-position-deletes"]
+                .as_str()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+        119_880
+    );
+    assert_reconciled(&db, "big", dir.path(), "shop.big").await;
+    let duck = duckdb(dir.path(), "shop.big").await;
+    assert_eq!(
+        duck.as_array().unwrap().len(),
+        119_880,
+        "DuckDB applies the same deletes"
+    );
+}

@@ -1,0 +1,53 @@
+//! The lake read back through readers we did not write: pyiceberg and
+//! DuckDB, run as Python scripts from tests/support.
+
+use serde_json::Value;
+
+/// Runs one of the reader scripts in tests/support; its output as JSON.
+async fn read_with(script: &str, args: &[&str]) -> Value {
+    let script = format!("{}/tests/support/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = tokio::process::Command::new("python3")
+        .arg(&script)
+        .args(args)
+        .output()
+        .await
+        .expect("run python3");
+    assert!(
+        out.status.success(),
+        "{script} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON from the reader")
+}
+
+/// Reads a table through pyiceberg (`mode`: schema, rows, summary, codecs).
+pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value {
+    read_with("read_lake.py", &[&lake.display().to_string(), table, mode]).await
+}
+
+/// Rows of a table as DuckDB's iceberg extension reads them.
+pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
+    read_with("read_lake_duckdb.py", &[&lake.display().to_string(), table]).await
+}
+
+/// The (id, plan) pairs of rows, sorted.
+pub fn id_plan_pairs(rows: &Value) -> Vec<(i64, String)> {
+    let mut pairs: Vec<(i64, String)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["plan"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    pairs.sort();
+    pairs
+}
+
+/// The (id, plan) pairs of a table, sorted, through pyiceberg.
+pub async fn id_plan_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
+    id_plan_pairs(&pyiceberg(lake, table, "rows").await)
+}

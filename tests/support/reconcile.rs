@@ -1,0 +1,187 @@
+//! Reconciliation: a source table and an Iceberg table compared as a row
+//! count plus an order-independent checksum over every source column, with
+//! the differing keys named when they disagree.
+//!
+//! Both sides are brought to one canonical form per value: PostgreSQL
+//! computes it in SQL from the source table, pyiceberg
+//! (`read_lake.py canonical`) from the lake. Temporal values become integers
+//! since 1970 (the infinities as text), binary `\x`-hex, numerics their
+//! exact text, floats the shortest text of their own width. Each row's
+//! canonical JSON (keys sorted) is hashed, and the hashes are summed, so row
+//! order does not matter and any changed value does.
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::TestDb;
+use super::readers::pyiceberg;
+
+/// Row count and order-independent checksum of one side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Digest {
+    pub rows: u64,
+    pub checksum: u64,
+}
+
+struct Column {
+    name: String,
+    /// The base type's name (`_int4` for an int4 array).
+    type_name: String,
+}
+
+async fn columns(db: &TestDb, table: &str) -> Vec<Column> {
+    db.client
+        .query(
+            "SELECT a.attname::text, coalesce(b.typname, t.typname)::text \
+             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+             LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype \
+             WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
+             ORDER BY a.attnum",
+            &[&table],
+        )
+        .await
+        .expect("read the table's columns")
+        .iter()
+        .map(|r| Column {
+            name: r.get(0),
+            type_name: r.get(1),
+        })
+        .collect()
+}
+
+async fn primary_key(db: &TestDb, table: &str) -> Vec<String> {
+    db.client
+        .query(
+            "SELECT a.attname::text FROM pg_index i \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = $1::text::regclass AND i.indisprimary ORDER BY a.attnum",
+            &[&table],
+        )
+        .await
+        .expect("read the primary key")
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
+
+/// The SQL that gives a column's canonical JSON value.
+fn canonical_sql(column: &Column) -> String {
+    let c = format!("\"{}\"", column.name.replace('"', "\"\""));
+    let infinite = |finite: &str| {
+        format!(
+            "CASE WHEN {c} = 'infinity' THEN to_jsonb('infinity'::text) \
+             WHEN {c} = '-infinity' THEN to_jsonb('-infinity'::text) \
+             ELSE to_jsonb({finite}) END"
+        )
+    };
+    match column.type_name.as_str() {
+        "timestamp" | "timestamptz" => infinite(&format!(
+            "(extract(epoch FROM {c}) * 1000000)::numeric(30,0)::bigint"
+        )),
+        "date" => infinite(&format!("{c} - date '1970-01-01'")),
+        "time" => format!("to_jsonb((extract(epoch FROM {c}) * 1000000)::bigint)"),
+        "bool" | "int2" | "int4" | "int8" | "float4" | "float8" | "_int2" | "_int4" | "_int8"
+        | "_text" | "_varchar" | "_bool" => format!("to_jsonb({c})"),
+        _ => format!("to_jsonb({c}::text)"),
+    }
+}
+
+/// The canonical text of a row: floats at their own width, keys sorted.
+fn canonical_row(row: &serde_json::Map<String, Value>, types: &BTreeMap<&str, &str>) -> String {
+    let mut out = BTreeMap::new();
+    for (name, value) in row {
+        let value = match (types.get(name.as_str()), value) {
+            (Some(&"float4"), Value::Number(n)) => {
+                Value::String(format!("{:?}", n.as_f64().expect("a float") as f32))
+            }
+            (Some(&"float8"), Value::Number(n)) => {
+                Value::String(format!("{:?}", n.as_f64().expect("a float")))
+            }
+            _ => value.clone(),
+        };
+        out.insert(name.clone(), value);
+    }
+    serde_json::to_string(&out).expect("serialize")
+}
+
+fn digest_of(rows: &BTreeMap<String, String>) -> Digest {
+    let checksum = rows.values().fold(0u64, |sum, row| {
+        let mut h = DefaultHasher::new();
+        row.hash(&mut h);
+        sum.wrapping_add(h.finish())
+    });
+    Digest {
+        rows: rows.len() as u64,
+        checksum,
+    }
+}
+
+/// Canonical rows by their key's canonical text.
+fn keyed(rows: &[Value], key: &[String], types: &BTreeMap<&str, &str>) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let row = row.as_object().expect("a row object");
+        let k: Vec<&Value> = key.iter().map(|c| &row[c]).collect();
+        let previous = out.insert(
+            serde_json::to_string(&k).unwrap(),
+            canonical_row(row, types),
+        );
+        assert!(previous.is_none(), "key {k:?} appears twice");
+    }
+    out
+}
+
+/// Compares a source table with its silver table read through pyiceberg;
+/// panics naming the first differing keys unless count and checksum agree.
+/// Returns the (equal) digest.
+pub async fn assert_reconciled(db: &TestDb, source: &str, lake: &Path, iceberg: &str) -> Digest {
+    let columns = columns(db, source).await;
+    let key = primary_key(db, source).await;
+    let types: BTreeMap<&str, &str> = columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.type_name.as_str()))
+        .collect();
+    let select = columns
+        .iter()
+        .map(|c| format!("'{}', {}", c.name.replace('\'', "''"), canonical_sql(c)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let source_rows: Vec<Value> = db
+        .client
+        .query(
+            &format!("SELECT jsonb_build_object({select})::text FROM {source}"),
+            &[],
+        )
+        .await
+        .expect("read the source table")
+        .iter()
+        .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
+        .collect();
+    let lake_rows = pyiceberg(lake, iceberg, "canonical").await;
+    let source_rows = keyed(&source_rows, &key, &types);
+    let lake_rows = keyed(lake_rows.as_array().expect("rows"), &key, &types);
+    let (source_digest, lake_digest) = (digest_of(&source_rows), digest_of(&lake_rows));
+    if source_digest != lake_digest {
+        let differing: Vec<String> = source_rows
+            .keys()
+            .chain(lake_rows.keys())
+            .filter(|k| source_rows.get(*k) != lake_rows.get(*k))
+            .take(5)
+            .map(|k| {
+                format!(
+                    "key {k}:\n  source: {:?}\n  lake:   {:?}",
+                    source_rows.get(k),
+                    lake_rows.get(k)
+                )
+            })
+            .collect();
+        panic!(
+            "{source} and {iceberg} differ: source {source_digest:?}, lake {lake_digest:?}\n{}",
+            differing.join("\n")
+        );
+    }
+    source_digest
+}
