@@ -392,3 +392,82 @@ async fn a_large_transaction_is_spread_over_files_and_committed_as_one_snapshot(
         "DuckDB applies the same deletes"
     );
 }
+
+#[tokio::test]
+async fn added_and_dropped_columns_are_followed_and_other_changes_stop_clearly() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text, old text); INSERT INTO customers VALUES (1, 'free', 'x');")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(&db, &unique("ddl"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    // Mid-stream, inside one batch: rows before and after each change.
+    db.exec(
+        "INSERT INTO customers VALUES (2, 'pro', 'y');
+         ALTER TABLE customers ADD COLUMN tags text[], ADD COLUMN score numeric(5,1);
+         INSERT INTO customers VALUES (3, 'team', 'z', '{a,NULL}', 4.5);
+         ALTER TABLE customers DROP COLUMN old;
+         UPDATE customers SET score = 1.5 WHERE id = 1;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+    let schema = pyiceberg(dir.path(), "shop.customers_changes", "schema").await;
+    assert_eq!(schema["types"]["tags"], json!("list<string>"));
+    assert!(
+        schema["types"]["_cdc_before"]
+            .as_str()
+            .unwrap()
+            .contains("score"),
+        "{schema}"
+    );
+    let bronze = pyiceberg(dir.path(), "shop.customers_changes", "rows").await;
+    let by_op: Vec<(String, serde_json::Value, serde_json::Value)> = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["_cdc_op"].as_str().unwrap().to_owned(),
+                r["old"].clone(),
+                r["score"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        by_op,
+        [
+            ("r".to_owned(), json!("x"), json!(null)),
+            ("c".to_owned(), json!("y"), json!(null)),
+            ("c".to_owned(), json!("z"), json!("4.5")),
+            ("u".to_owned(), json!(null), json!("1.5")),
+        ],
+        "the dropped column keeps its history and is null from then on"
+    );
+    let silver = pyiceberg(dir.path(), "shop.customers", "rows").await;
+    let old_of_1 = silver
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == json!(1))
+        .unwrap()["old"]
+        .clone();
+    assert_eq!(old_of_1, json!(null));
+
+    // A type change cannot be followed: the run stops and says what and how.
+    db.exec("ALTER TABLE customers ALTER COLUMN score TYPE numeric(9,1); UPDATE customers SET plan = 'x' WHERE id = 2;")
+        .await;
+    let err = run(&db.config, &opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("\"score\" changed type")
+            && err.contains("public.customers")
+            && err.contains("ADD COLUMN"),
+        "{err}"
+    );
+    assert_eq!(
+        bronze_ops(dir.path(), "shop.customers_changes").await,
+        "rccu",
+        "nothing of the refused change was written"
+    );
+}

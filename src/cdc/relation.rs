@@ -248,3 +248,42 @@ impl RelationCache {
         })
     }
 }
+
+/// Relations for unit tests.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use super::{ColumnInfo, RelationInfo};
+    use crate::cdc::value::PgType;
+    use crate::pg::source::TableName;
+
+    pub fn column(
+        name: &str,
+        pg_type: PgType,
+        type_modifier: i32,
+        is_primary_key: bool,
+    ) -> ColumnInfo {
+        ColumnInfo {
+            name: name.to_owned(),
+            type_oid: 0,
+            type_modifier,
+            pg_type,
+            is_identity_key: is_primary_key,
+            is_primary_key,
+        }
+    }
+
+    /// The type modifier of numeric(precision, scale).
+    pub fn typmod(precision: i32, scale: i32) -> i32 {
+        ((precision << 16) | (scale & 0x7ff)) + 4
+    }
+
+    /// `public.customers` with these columns.
+    pub fn relation(columns: Vec<ColumnInfo>) -> RelationInfo {
+        RelationInfo {
+            oid: 1,
+            name: TableName::parse("public.customers").unwrap(),
+            replica_identity: b'd',
+            columns,
+        }
+    }
+}

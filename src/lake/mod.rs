@@ -1,17 +1,19 @@
-//! Iceberg: what the change stream becomes. Not yet wired into a `run`
-//! command: the pieces are tested one by one against pyiceberg.
+//! Iceberg: what the change stream becomes (`ops::run` drives it).
 //!
-//! - `arrow`: typed values to Arrow arrays of the mapped column types.
-//! - `bronze`: bronze rows, one per change, as record batches.
+//! - `arrow`: typed values to Arrow arrays of the mapped column types, and
+//!   back.
+//! - `bronze`: bronze rows, one per change, and the staged bronze batch.
 //! - `catalog`: the embedded SQL catalog on SQLite and table creation.
+//! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
-//! - `silver`: the current-state table, its key index and batch apply.
+//! - `silver`: the current-state table, its key index and staged batch.
 //! - `schema`: the bronze and silver schemas and the type mapping.
-//! - `writer`: Parquet data files and the append commit with its LSN.
+//! - `writer`: Parquet data files and the source position of a snapshot.
 
 pub mod arrow;
 pub mod bronze;
 pub mod catalog;
+pub mod evolve;
 pub mod row_delta;
 pub mod schema;
 pub mod silver;

@@ -83,15 +83,7 @@ impl SilverTable {
     ) -> Result<SilverTable> {
         let table = lake.ensure_table(&ident, silver_schema(relation)?).await?;
         let schema = arrow_schema(&table)?;
-        let key_fields: Vec<usize> = relation
-            .columns
-            .iter()
-            .filter(|c| c.is_primary_key)
-            .map(|c| schema.index_of(&c.name))
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| {
-                lake_error("the primary key is not in the silver table", &ident).with_source(e)
-            })?;
+        let key_fields = key_fields(&schema, relation, &ident)?;
         let converter = RowConverter::new(
             key_fields
                 .iter()
@@ -118,6 +110,14 @@ impl SilverTable {
 
     pub fn ident(&self) -> &TableIdent {
         &self.ident
+    }
+
+    /// Takes up the table's current schema after columns were added.
+    pub async fn refresh_schema(&mut self, lake: &Lake, relation: &RelationInfo) -> Result<()> {
+        let table = lake.catalog_table(&self.ident).await?;
+        self.schema = arrow_schema(&table)?;
+        self.key_fields = key_fields(&self.schema, relation, &self.ident)?;
+        Ok(())
     }
 
     /// Number of live rows, as the index knows them.
@@ -526,6 +526,21 @@ fn after_cell<'a>(change: &'a Change, name: &str) -> Result<Option<&'a Value>> {
         Some(Datum::Value(v)) => Ok(Some(v)),
         Some(Datum::UnchangedToast) => Err(change.unfilled(name)),
     }
+}
+
+/// Arrow schema indices of the primary-key columns, in key order.
+fn key_fields(
+    schema: &ArrowSchema,
+    relation: &RelationInfo,
+    ident: &TableIdent,
+) -> Result<Vec<usize>> {
+    relation
+        .columns
+        .iter()
+        .filter(|c| c.is_primary_key)
+        .map(|c| schema.index_of(&c.name))
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| lake_error("the primary key is not in the silver table", ident).with_source(e))
 }
 
 fn missing_image(change: &Change) -> Error {

@@ -23,7 +23,8 @@ use crate::cdc::stream::{ChangeStream, Next};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, namespace};
-use crate::lake::schema::bronze_schema;
+use crate::lake::evolve;
+use crate::lake::schema::{bronze_schema, silver_schema};
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
@@ -68,6 +69,8 @@ pub fn iceberg_name(table: &TableName) -> String {
 
 /// The two Iceberg tables of one source table.
 struct TableSink {
+    /// The source table's columns as last seen.
+    relation: Arc<RelationInfo>,
     bronze: BronzeTable,
     silver: SilverTable,
     /// What each table already holds; `None` until its initial load landed.
@@ -76,6 +79,20 @@ struct TableSink {
     /// Whether the open batch staged anything for each table.
     bronze_dirty: bool,
     silver_dirty: bool,
+}
+
+impl TableSink {
+    /// Takes up a schema change of the source table (docs/tables.md).
+    async fn follow(&mut self, lake: &Lake, relation: &Arc<RelationInfo>) -> Result<()> {
+        evolve::check_rename(&self.relation, relation)?;
+        let bronze = lake.catalog_table(self.bronze.ident()).await?;
+        let silver = lake.catalog_table(self.silver.ident()).await?;
+        if evolve::follow(lake, &bronze, &silver, relation).await? {
+            self.silver.refresh_schema(lake, relation).await?;
+        }
+        self.relation = relation.clone();
+        Ok(())
+    }
 }
 
 /// Whether a table holding `held` still needs `change`: a table not yet
@@ -208,6 +225,9 @@ impl Pipeline {
                     .sinks
                     .get_mut(&change.relation.name)
                     .expect("ensure_sink just ran");
+                if sink.relation.columns != change.relation.columns {
+                    sink.follow(&self.lake, &change.relation).await?;
+                }
                 let to_bronze = wants(sink.bronze_at, &change);
                 let to_silver = wants(sink.silver_at, &change);
                 if to_silver {
@@ -270,9 +290,15 @@ impl Pipeline {
             .lake
             .ensure_table(&bronze, bronze_schema(relation)?)
             .await?;
+        let silver_table = self
+            .lake
+            .ensure_table(&silver_ident, silver_schema(relation)?)
+            .await?;
+        // The source may have changed while wal2iceberg was stopped.
+        evolve::follow(&self.lake, &bronze_table, &silver_table, relation).await?;
         let silver = SilverTable::open(&self.lake, silver_ident, relation).await?;
-        let silver_table = self.lake.catalog_table(silver.ident()).await?;
         let sink = TableSink {
+            relation: Arc::new(relation.clone()),
             bronze: BronzeTable::new(bronze),
             bronze_at: Position::of(&bronze_table)?,
             silver_at: Position::of(&silver_table)?,

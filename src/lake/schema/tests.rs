@@ -1,29 +1,5 @@
 use super::*;
-use crate::pg::source::TableName;
-
-fn column(name: &str, pg_type: PgType, type_modifier: i32, is_primary_key: bool) -> ColumnInfo {
-    ColumnInfo {
-        name: name.to_owned(),
-        type_oid: 0,
-        type_modifier,
-        pg_type,
-        is_identity_key: is_primary_key,
-        is_primary_key,
-    }
-}
-
-fn typmod(precision: i32, scale: i32) -> i32 {
-    ((precision << 16) | (scale & 0x7ff)) + 4
-}
-
-fn relation(columns: Vec<ColumnInfo>) -> RelationInfo {
-    RelationInfo {
-        oid: 1,
-        name: TableName::parse("public.customers").unwrap(),
-        replica_identity: b'd',
-        columns,
-    }
-}
+use crate::cdc::relation::fixtures::{column, relation, typmod};
 
 fn field_names(schema: &Schema) -> Vec<&str> {
     schema

@@ -1,0 +1,192 @@
+//! Following the source's schema: a relation (from a new Relation message,
+//! or at start) compared with the columns a table already has.
+//!
+//! - A column the table lacks is added, optional, with new field ids
+//!   (iceberg's update-schema action), to both tables and to bronze's
+//!   `_cdc_before`; rows written before read it as null.
+//! - A column the relation lacks (dropped at the source) stays in the
+//!   table for history; rows written from then on hold null there.
+//! - Anything else stops the run with an error that says what changed: a
+//!   column whose type now maps to another Iceberg type, a changed primary
+//!   key, or a column gone and another new in the same change (a rename
+//!   cannot be told from a drop and an add).
+
+use iceberg::spec::{Schema, Type};
+use iceberg::table::Table;
+use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
+
+use super::catalog::{Lake, iceberg_error};
+use super::schema::{BEFORE, iceberg_type};
+use crate::cdc::relation::{ColumnInfo, RelationInfo};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Brings a source table's bronze and silver tables to the relation's
+/// columns. True when a schema changed.
+pub async fn follow(
+    lake: &Lake,
+    bronze: &Table,
+    silver: &Table,
+    relation: &RelationInfo,
+) -> Result<bool> {
+    check_key(silver.metadata().current_schema(), relation)?;
+    let for_bronze = missing_columns(bronze.metadata().current_schema(), relation)?;
+    let for_silver = missing_columns(silver.metadata().current_schema(), relation)?;
+    for (table, columns, nested_in) in [
+        (bronze, &for_bronze, Some(BEFORE)),
+        (silver, &for_silver, None),
+    ] {
+        if !columns.is_empty() {
+            tracing::info!(
+                table = %table.identifier(),
+                columns = ?columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
+                "adding the source's new columns"
+            );
+            add_columns(lake, table, columns, nested_in).await?;
+        }
+    }
+    Ok(!for_bronze.is_empty() || !for_silver.is_empty())
+}
+
+/// The relation's columns `schema` lacks, in column order; an error for a
+/// column whose type no longer matches.
+pub fn missing_columns<'a>(
+    schema: &Schema,
+    relation: &'a RelationInfo,
+) -> Result<Vec<&'a ColumnInfo>> {
+    let mut missing = Vec::new();
+    for column in &relation.columns {
+        let wanted = iceberg_type(column);
+        match schema.as_struct().field_by_name(&column.name) {
+            None => {
+                if column.name.starts_with("_cdc_") {
+                    return Err(unsupported(
+                        relation,
+                        format!(
+                            "new column {:?} uses the prefix _cdc_, which wal2iceberg reserves",
+                            column.name
+                        ),
+                    ));
+                }
+                missing.push(column);
+            }
+            Some(field) if !same_type(&field.field_type, &wanted) => {
+                return Err(unsupported(
+                    relation,
+                    format!(
+                        "column {:?} changed type: the table holds {}, the source now sends {}",
+                        column.name, field.field_type, wanted
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(missing)
+}
+
+/// The primary key must stay what silver's identifier fields are.
+pub fn check_key(silver: &Schema, relation: &RelationInfo) -> Result<()> {
+    let mut table_key: Vec<&str> = silver
+        .identifier_field_ids()
+        .filter_map(|id| silver.name_by_field_id(id))
+        .collect();
+    let mut source_key: Vec<&str> = relation
+        .columns
+        .iter()
+        .filter(|c| c.is_primary_key)
+        .map(|c| c.name.as_str())
+        .collect();
+    table_key.sort_unstable();
+    source_key.sort_unstable();
+    if table_key != source_key {
+        return Err(unsupported(
+            relation,
+            format!("the primary key changed from {table_key:?} to {source_key:?}"),
+        ));
+    }
+    Ok(())
+}
+
+/// A column gone and another new in one change may be a rename, which
+/// cannot be followed as a drop and an add without splitting the column's
+/// history silently.
+pub fn check_rename(previous: &RelationInfo, relation: &RelationInfo) -> Result<()> {
+    let has = |r: &RelationInfo, name: &str| r.columns.iter().any(|c| c.name == name);
+    let gone: Vec<&str> = previous
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|n| !has(relation, n))
+        .collect();
+    let new: Vec<&str> = relation
+        .columns
+        .iter()
+        .map(|c| c.name.as_str())
+        .filter(|n| !has(previous, n))
+        .collect();
+    if !gone.is_empty() && !new.is_empty() {
+        return Err(unsupported(
+            relation,
+            format!(
+                "columns {gone:?} are gone and {new:?} are new in one change, which may be a rename"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Adds `columns` (optional) to the table, at the top level and, when
+/// `nested_in` names a struct column, inside it too.
+pub async fn add_columns(
+    lake: &Lake,
+    table: &Table,
+    columns: &[&ColumnInfo],
+    nested_in: Option<&str>,
+) -> Result<Table> {
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot add columns to the table")
+            .with_context("table", table.identifier())
+    };
+    let tx = Transaction::new(table);
+    let mut action = tx.update_schema();
+    for column in columns {
+        action = action.add_column(AddColumn::optional(&column.name, iceberg_type(column)));
+        if let Some(parent) = nested_in {
+            action = action.add_column(
+                AddColumn::builder()
+                    .parent(parent)
+                    .name(column.name.clone())
+                    .field_type(iceberg_type(column))
+                    .build(),
+            );
+        }
+    }
+    let tx = action.apply(tx).map_err(context)?;
+    tx.commit(lake.catalog()).await.map_err(context)
+}
+
+/// Types equal but for the ids of nested fields.
+fn same_type(a: &Type, b: &Type) -> bool {
+    match (a, b) {
+        (Type::Primitive(a), Type::Primitive(b)) => a == b,
+        (Type::List(a), Type::List(b)) => {
+            same_type(&a.element_field.field_type, &b.element_field.field_type)
+        }
+        _ => false,
+    }
+}
+
+fn unsupported(relation: &RelationInfo, change: String) -> Error {
+    Error::new(
+        ErrorKind::Lake,
+        format!(
+            "unsupported schema change: {change}. wal2iceberg follows ADD COLUMN and DROP \
+             COLUMN only; to take this change, remove the table's Iceberg tables and run \
+             again to load it afresh (docs/tables.md, Schema changes)"
+        ),
+    )
+    .with_context("table", &relation.name)
+}
+
+#[cfg(test)]
+mod tests;
