@@ -105,6 +105,13 @@ impl PgType {
         let bad = || ValueError {
             type_name: self.name(),
             len: text.len(),
+            hint: match self {
+                PgType::Timestamp | PgType::TimestampTz => {
+                    "; a timestamp after 294247-01-10 04:00:54.775807 UTC does not fit in \
+                     microseconds since 1970, the form Iceberg stores"
+                }
+                _ => "",
+            },
         };
         let value = match self {
             PgType::Bool => match text {
@@ -181,10 +188,12 @@ impl PgType {
 /// A text value did not have the shape of its type's output. Carries the
 /// type and length only: row values never go into errors or logs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot decode {type_name} from its text output ({len} bytes)")]
+#[error("cannot decode {type_name} from its text output ({len} bytes){hint}")]
 pub struct ValueError {
     pub type_name: &'static str,
     pub len: usize,
+    /// What may be wrong, when the type has a known limit.
+    pub hint: &'static str,
 }
 
 /// An exact `numeric`.

@@ -31,6 +31,9 @@ use crate::cdc::temporal::{self, MaybeInfinite};
 use crate::cdc::value::{Numeric, Value};
 use crate::error::{Error, ErrorKind, Result};
 
+/// Iceberg's time ends at 23:59:59.999999; PostgreSQL's at 24:00:00.
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
 /// The values of one column; `None` is null.
 pub type Cells<'a> = [Option<&'a Value>];
 
@@ -138,7 +141,7 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
                 primitive!(
                     Time64MicrosecondBuilder::with_capacity(cells.len()),
                     |v: &Value| match v {
-                        Value::Time(t) => Some(*t),
+                        Value::Time(t) if *t < MICROS_PER_DAY => Some(*t),
                         _ => None,
                     }
                 )
@@ -175,6 +178,15 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
                     match cell {
                         None | Some(Value::Null) => valid.push(false),
                         Some(Value::Array(items)) => {
+                            let nested = !matches!(element.data_type(), DataType::List(_));
+                            if nested && items.iter().any(|i| matches!(i, Value::Array(_))) {
+                                return Err(Error::new(
+                                    ErrorKind::Decode,
+                                    "a multi-dimensional array value does not fit the column's \
+                                     list type (arrays map to one-dimensional lists)",
+                                )
+                                .with_context("column", field.name()));
+                            }
                             valid.push(true);
                             children.extend(items.iter().map(Some));
                         }
@@ -352,6 +364,7 @@ fn value_kind(v: &Value) -> &'static str {
         | Value::TimestampTz(MaybeInfinite::Infinity | MaybeInfinite::NegInfinity) => {
             "infinite timestamp"
         }
+        Value::Time(t) if *t >= MICROS_PER_DAY => "time 24:00:00",
         Value::Null => "null",
         Value::Bool(_) => "bool",
         Value::Int2(_) | Value::Int4(_) | Value::Int8(_) => "integer",

@@ -71,7 +71,8 @@ impl BronzeTable {
         }
         let table = lake.catalog_table(&self.ident).await?;
         let changes: Vec<&Change> = self.buffer.iter().map(AsRef::as_ref).collect();
-        let batch = bronze_batch(&arrow_schema(&table)?, &changes)?;
+        let batch = bronze_batch(&arrow_schema(&table)?, &changes)
+            .map_err(|e| e.with_context("table", &self.ident))?;
         self.written.extend(write_data_files(&table, batch).await?);
         self.buffer.clear();
         self.buffer_bytes = 0;

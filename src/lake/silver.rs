@@ -432,7 +432,10 @@ impl SilverTable {
             return Ok(());
         }
         let table = lake.catalog_table(&self.ident).await?;
-        let files = write_data_files(&table, self.batch(&changes)?).await?;
+        let batch = self
+            .batch(&changes)
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        let files = write_data_files(&table, batch).await?;
         let mut keys = keys.into_iter();
         for file in &files {
             let path: Arc<str> = file.file_path().into();

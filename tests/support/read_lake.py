@@ -55,6 +55,8 @@ elif mode == "canonical":
     def canonical(v, t):
         if v is None:
             return None
+        if isinstance(v, uuid.UUID):
+            return str(v)
         if pa.types.is_timestamp(t) or pa.types.is_date32(t):
             top = 2**63 - 1 if pa.types.is_timestamp(t) else 2**31 - 1
             return "infinity" if v == top else "-infinity" if v == -top else v

@@ -83,9 +83,14 @@ fn canonical_sql(column: &Column) -> String {
         )),
         "date" => infinite(&format!("{c} - date '1970-01-01'")),
         "time" => format!("to_jsonb((extract(epoch FROM {c}) * 1000000)::bigint)"),
-        "bool" | "int2" | "int4" | "int8" | "float4" | "float8" | "_int2" | "_int4" | "_int8"
-        | "_text" | "_varchar" | "_bool" => format!("to_jsonb({c})"),
-        _ => format!("to_jsonb({c}::text)"),
+        // The lake writes the offset as +hh:mm always.
+        "timetz" => format!("to_jsonb(regexp_replace({c}::text, '([+-][0-9][0-9])$', '\\1:00'))"),
+        // Exact text where to_jsonb would give a JSON number or document.
+        "numeric" | "json" | "jsonb" => format!("to_jsonb({c}::text)"),
+        // Everything else as its output function prints it (to_jsonb uses
+        // it for types JSON has no form for; a ::text cast would differ for
+        // bpchar padding and inet masks).
+        _ => format!("to_jsonb({c})"),
     }
 }
 
