@@ -90,6 +90,9 @@ enum Command {
         /// Commit once a batch holds this many changes.
         #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_ROWS)]
         max_batch_rows: usize,
+        /// Commit once a batch holds about this many bytes of values.
+        #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_BYTES)]
+        max_batch_bytes: usize,
         /// Drain, commit, confirm and exit 0 after this many seconds without a change.
         #[arg(long, value_name = "SECONDS")]
         exit_when_idle: Option<f64>,
@@ -134,16 +137,17 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             namespace,
             flush_interval_ms,
             max_batch_rows,
+            max_batch_bytes,
             exit_when_idle,
         } => {
             let (config, capture) = source.parse()?;
             let options = wal2iceberg::ops::run::RunOptions {
-                capture,
-                lake,
                 namespace,
                 flush_interval: Duration::from_millis(flush_interval_ms),
                 max_batch_rows: max_batch_rows.max(1),
+                max_batch_bytes: max_batch_bytes.max(1),
                 exit_when_idle: seconds(exit_when_idle)?,
+                ..wal2iceberg::ops::run::RunOptions::new(capture, lake)
             };
             let report = wal2iceberg::ops::run::run(&config, &options).await?;
             println!(

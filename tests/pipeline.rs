@@ -12,12 +12,10 @@ fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
     let mut capture = db.options(&["customers"]);
     capture.slot = slot.to_owned();
     RunOptions {
-        capture,
-        lake: lake.to_owned(),
         namespace: Some("shop".into()),
         flush_interval: Duration::from_millis(200),
-        max_batch_rows: 10_000,
         exit_when_idle: Some(Duration::from_secs(2)),
+        ..RunOptions::new(capture, lake.to_owned())
     }
 }
 
@@ -469,5 +467,63 @@ async fn added_and_dropped_columns_are_followed_and_other_changes_stop_clearly()
         bronze_ops(dir.path(), "shop.customers_changes").await,
         "rccu",
         "nothing of the refused change was written"
+    );
+}
+
+#[tokio::test]
+async fn a_hundred_batches_of_random_changes_on_100k_rows_read_back_correct() {
+    use rand::{Rng, SeedableRng};
+
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE big(id int PRIMARY KEY, n int NOT NULL, note text);
+         INSERT INTO big SELECT i, 0, 'row ' || i FROM generate_series(1, 100000) i;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options_for(&db, &["big"], &unique("random"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    // One source transaction per batch: a batch is flushed at the first
+    // commit that reaches a batch limit, here the bytes.
+    opts.max_batch_bytes = 1;
+    opts.flush_interval = Duration::from_secs(60);
+    opts.exit_when_idle = Some(Duration::from_secs(3));
+    let config = db.config.clone();
+    let pipeline = tokio::spawn(async move { run(&config, &opts).await });
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut next_id = 100_001;
+    for batch in 0..100 {
+        let mut sql = String::from("BEGIN;");
+        for _ in 0..500 {
+            let id = rng.random_range(1..next_id);
+            match rng.random_range(0..20) {
+                0 => sql.push_str(&format!("DELETE FROM big WHERE id = {id};")),
+                1 => {
+                    sql.push_str(&format!(
+                        "INSERT INTO big VALUES ({next_id}, {batch}, NULL);"
+                    ));
+                    next_id += 1;
+                }
+                _ => sql.push_str(&format!(
+                    "UPDATE big SET n = n + 1, note = 'b{batch}' WHERE id = {id};"
+                )),
+            }
+        }
+        sql.push_str("COMMIT;");
+        db.exec(&sql).await;
+    }
+    let report = pipeline.await.unwrap().unwrap();
+    assert!(report.batches >= 100, "{report:?}");
+
+    let digest = assert_reconciled(&db, "big", dir.path(), "shop.big").await;
+    let summary = pyiceberg(dir.path(), "shop.big", "summary").await;
+    println!(
+        "100k rows after {} batches: {} live rows, silver holds {} data files and {} delete files ({} bytes)",
+        report.batches,
+        digest.rows,
+        summary["total-data-files"],
+        summary["total-delete-files"],
+        summary["total-files-size"],
     );
 }

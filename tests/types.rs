@@ -179,12 +179,10 @@ mod lake {
 
     fn options(db: &TestDb, tables: &[&str], lake: &std::path::Path) -> RunOptions {
         RunOptions {
-            capture: db.options(tables),
-            lake: lake.to_owned(),
             namespace: Some("shop".into()),
             flush_interval: Duration::from_millis(200),
-            max_batch_rows: 10_000,
             exit_when_idle: Some(Duration::from_secs(2)),
+            ..RunOptions::new(db.options(tables), lake.to_owned())
         }
     }
 

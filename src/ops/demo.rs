@@ -51,12 +51,9 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
         }]);
         capture.slot = slot.to_owned();
         RunOptions {
-            capture,
-            lake: lake_dir.path().to_owned(),
-            namespace: None,
             flush_interval: Duration::from_millis(200),
-            max_batch_rows: 10_000,
             exit_when_idle: Some(Duration::from_secs(1)),
+            ..RunOptions::new(capture, lake_dir.path().to_owned())
         }
     };
 

@@ -35,6 +35,8 @@ use crate::pg::source::TableName;
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// Flush once a batch holds this many changes (at the next transaction end).
 pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
+/// Flush once a batch holds about this many bytes of values.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
 
 pub struct RunOptions {
     pub capture: CaptureOptions,
@@ -44,8 +46,25 @@ pub struct RunOptions {
     pub namespace: Option<String>,
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
+    pub max_batch_bytes: usize,
     /// Drain, commit, confirm and return once no change came for this long.
     pub exit_when_idle: Option<Duration>,
+}
+
+impl RunOptions {
+    /// The defaults: namespace from the database, flush every second or
+    /// at the batch limits, run until stopped.
+    pub fn new(capture: CaptureOptions, lake: PathBuf) -> RunOptions {
+        RunOptions {
+            capture,
+            lake,
+            namespace: None,
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
+            max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            exit_when_idle: None,
+        }
+    }
 }
 
 /// What a run did, for the caller to print.
@@ -109,8 +128,9 @@ struct Pipeline {
     lake: Lake,
     namespace: iceberg::NamespaceIdent,
     sinks: HashMap<TableName, TableSink>,
-    /// Changes staged in the open batch.
+    /// Changes staged in the open batch, and roughly their bytes.
     batch_changes: usize,
+    batch_bytes: usize,
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     batch_end: Option<Position>,
@@ -126,6 +146,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         namespace,
         sinks: HashMap::new(),
         batch_changes: 0,
+        batch_bytes: 0,
         batch_end: None,
         report: RunReport::default(),
     };
@@ -191,7 +212,9 @@ impl Pipeline {
                     self.take(event).await?;
                     if is_commit && self.batch_end.is_some() {
                         flush_at.get_or_insert(Instant::now() + options.flush_interval);
-                        if self.batch_changes >= options.max_batch_rows {
+                        if self.batch_changes >= options.max_batch_rows
+                            || self.batch_bytes >= options.max_batch_bytes
+                        {
                             self.flush_and_confirm(stream).await?;
                             flush_at = None;
                         }
@@ -233,6 +256,7 @@ impl Pipeline {
                 if to_silver {
                     sink.silver.fill_unchanged(&self.lake, &mut change).await?;
                 }
+                let change_bytes = change.approx_bytes();
                 let change = Arc::new(change);
                 if to_bronze {
                     sink.bronze.stage(&self.lake, change.clone()).await?;
@@ -243,6 +267,7 @@ impl Pipeline {
                     sink.silver_dirty = true;
                 }
                 self.batch_changes += 1;
+                self.batch_bytes += change_bytes;
             }
             Event::Commit { tx, end_lsn } => {
                 self.batch_end = Some(Position {
@@ -333,6 +358,7 @@ impl Pipeline {
             self.report.changes_applied += self.batch_changes as u64;
             self.report.batches += 1;
             self.batch_changes = 0;
+            self.batch_bytes = 0;
         }
         Ok(())
     }
