@@ -75,6 +75,7 @@ async fn run_lands_the_seed_walkthrough_and_a_replay_adds_nothing() {
         [(1, "team".into()), (2, "pro".into()), (4, "free".into())]
     );
     assert_eq!(db.confirmed_flush(&slot).await, Some(report.confirmed));
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
 
     // The replay: the stale slot sends the four changes again.
     let replay = run(&db.config, &options(&db, &stale, dir.path()))
@@ -155,6 +156,28 @@ async fn default_and_full_identity_give_the_same_silver_across_one_transaction()
         default_b[3]["_cdc_before"]["_cdc_not_sent"],
         json!(["name", "plan"])
     );
+    for table in ["full_t", "default_t"] {
+        assert_reconciled(&db, table, dir.path(), &format!("shop.{table}")).await;
+    }
+
+    // One TRUNCATE of both, then a row: bronze records it, silver empties in
+    // the same snapshot that adds the row.
+    db.exec("BEGIN; TRUNCATE full_t, default_t; INSERT INTO default_t VALUES (9, 'Lin', 'pro'); COMMIT;")
+        .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_eq!(bronze_ops(dir.path(), "shop.full_t_changes").await, "rrudt");
+    assert_eq!(
+        bronze_ops(dir.path(), "shop.default_t_changes").await,
+        "rrudtc"
+    );
+    assert_eq!(id_plan_rows(dir.path(), "shop.full_t").await, []);
+    assert_eq!(
+        id_plan_rows(dir.path(), "shop.default_t").await,
+        [(9, "pro".to_owned())]
+    );
+    for table in ["full_t", "default_t"] {
+        assert_reconciled(&db, table, dir.path(), &format!("shop.{table}")).await;
+    }
 }
 
 fn options_for(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {

@@ -124,6 +124,95 @@ fn wants(held: Option<Position>, change: &Change) -> bool {
     }
 }
 
+/// What the stream loop does next.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    Wait,
+    Flush,
+    Exit,
+}
+
+/// When to commit the open batch and when to stop: a batch is committed
+/// at a transaction's end once it reached a limit or its interval, or when
+/// the stream goes quiet between transactions; never inside a transaction,
+/// however long its changes take to arrive, so a snapshot never holds part
+/// of one.
+struct FlushPolicy {
+    interval: Duration,
+    max_rows: usize,
+    max_bytes: usize,
+    exit_when_idle: Option<Duration>,
+    in_tx: bool,
+    /// When the complete transactions waiting in the batch are due.
+    flush_at: Option<Instant>,
+    last_event: Instant,
+}
+
+impl FlushPolicy {
+    fn new(options: &RunOptions, now: Instant) -> FlushPolicy {
+        FlushPolicy {
+            interval: options.flush_interval,
+            max_rows: options.max_batch_rows,
+            max_bytes: options.max_batch_bytes,
+            exit_when_idle: options.exit_when_idle,
+            in_tx: false,
+            flush_at: None,
+            last_event: now,
+        }
+    }
+
+    /// How long to wait for the next event before [`Self::on_idle`].
+    fn deadline(&self) -> Option<Instant> {
+        if self.in_tx {
+            return None;
+        }
+        let idle_at = self.exit_when_idle.map(|d| self.last_event + d);
+        [self.flush_at, idle_at].into_iter().flatten().min()
+    }
+
+    fn saw(&mut self, event: &Event, now: Instant) {
+        self.last_event = now;
+        match event {
+            Event::Begin(_) => self.in_tx = true,
+            Event::Commit { .. } => self.in_tx = false,
+            Event::Change(_) | Event::Message { .. } => {}
+        }
+    }
+
+    /// After an event went into the batch; `complete` says whether the
+    /// batch holds a finished transaction.
+    fn after_event(&mut self, now: Instant, complete: bool, rows: usize, bytes: usize) -> Step {
+        if self.in_tx || !complete {
+            return Step::Wait;
+        }
+        let due = *self.flush_at.get_or_insert(now + self.interval);
+        if rows >= self.max_rows || bytes >= self.max_bytes || now >= due {
+            Step::Flush
+        } else {
+            Step::Wait
+        }
+    }
+
+    fn on_idle(&mut self, now: Instant, complete: bool) -> Step {
+        if self.in_tx {
+            Step::Wait
+        } else if complete {
+            Step::Flush
+        } else if self
+            .exit_when_idle
+            .is_some_and(|d| now >= self.last_event + d)
+        {
+            Step::Exit
+        } else {
+            Step::Wait
+        }
+    }
+
+    fn flushed(&mut self) {
+        self.flush_at = None;
+    }
+}
+
 struct Pipeline {
     lake: Lake,
     namespace: iceberg::NamespaceIdent,
@@ -200,40 +289,35 @@ fn check_names(tables: &[TableName]) -> Result<()> {
 
 impl Pipeline {
     async fn stream(&mut self, stream: &mut ChangeStream, options: &RunOptions) -> Result<()> {
-        let mut last_event = Instant::now();
-        let mut flush_at: Option<Instant> = None;
+        let mut policy = FlushPolicy::new(options, Instant::now());
         loop {
-            let idle_at = options.exit_when_idle.map(|d| last_event + d);
-            let deadline = [flush_at, idle_at].into_iter().flatten().min();
-            match stream.next_before(deadline).await? {
+            let step = match stream.next_before(policy.deadline()).await? {
                 Next::Event(event) => {
-                    last_event = Instant::now();
-                    let is_commit = matches!(event, Event::Commit { .. });
+                    let now = Instant::now();
+                    policy.saw(&event, now);
                     self.take(event).await?;
-                    if is_commit && self.batch_end.is_some() {
-                        flush_at.get_or_insert(Instant::now() + options.flush_interval);
-                        if self.batch_changes >= options.max_batch_rows
-                            || self.batch_bytes >= options.max_batch_bytes
-                        {
-                            self.flush_and_confirm(stream).await?;
-                            flush_at = None;
-                        }
-                    }
+                    policy.after_event(
+                        now,
+                        self.batch_end.is_some(),
+                        self.batch_changes,
+                        self.batch_bytes,
+                    )
                 }
-                Next::Idle => {
-                    if self.batch_end.is_some() {
-                        self.flush_and_confirm(stream).await?;
-                        flush_at = None;
-                    } else if idle_at.is_some_and(|t| Instant::now() >= t) {
-                        return Ok(());
-                    }
-                }
+                Next::Idle => policy.on_idle(Instant::now(), self.batch_end.is_some()),
                 Next::Closed => {
                     return Err(Error::new(
                         ErrorKind::Connection,
                         "the server ended the replication stream",
                     ));
                 }
+            };
+            match step {
+                Step::Wait => {}
+                Step::Flush => {
+                    self.flush_and_confirm(stream).await?;
+                    policy.flushed();
+                }
+                Step::Exit => return Ok(()),
             }
         }
     }
@@ -372,5 +456,75 @@ impl Pipeline {
         self.report.confirmed = end;
         tracing::info!(lsn = %end, "batch committed and confirmed");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdc::event::TxInfo;
+
+    fn policy(now: Instant) -> FlushPolicy {
+        let mut options = RunOptions::new(CaptureOptions::new(Vec::new()), PathBuf::new());
+        options.flush_interval = Duration::from_secs(1);
+        options.max_batch_rows = 100;
+        options.exit_when_idle = Some(Duration::from_secs(5));
+        FlushPolicy::new(&options, now)
+    }
+
+    fn begin() -> Event {
+        Event::Begin(TxInfo {
+            xid: 7,
+            commit_lsn: Lsn(100),
+            commit_ts: 0,
+        })
+    }
+
+    fn commit() -> Event {
+        Event::Commit {
+            tx: TxInfo {
+                xid: 7,
+                commit_lsn: Lsn(100),
+                commit_ts: 0,
+            },
+            end_lsn: Lsn(108),
+        }
+    }
+
+    #[test]
+    fn nothing_is_flushed_or_ended_inside_a_transaction() {
+        let t0 = Instant::now();
+        let mut p = policy(t0);
+        p.saw(&begin(), t0);
+        assert_eq!(p.after_event(t0, false, 0, 0), Step::Wait);
+        p.saw(&commit(), t0);
+        assert_eq!(p.after_event(t0, true, 1, 10), Step::Wait, "not due yet");
+        // The next transaction starts; its changes stall past the interval
+        // and past the idle exit: the complete one before it must wait.
+        p.saw(&begin(), t0);
+        assert_eq!(p.deadline(), None);
+        assert_eq!(p.on_idle(t0 + Duration::from_secs(9), true), Step::Wait);
+        p.saw(&commit(), t0 + Duration::from_secs(10));
+        assert_eq!(
+            p.after_event(t0 + Duration::from_secs(10), true, 2, 20),
+            Step::Flush,
+            "due at the first transaction end past the interval"
+        );
+        p.flushed();
+        assert_eq!(p.on_idle(t0 + Duration::from_secs(12), false), Step::Wait);
+        assert_eq!(p.on_idle(t0 + Duration::from_secs(15), false), Step::Exit);
+    }
+
+    #[test]
+    fn limits_flush_at_the_transaction_end_and_quiet_flushes_what_is_complete() {
+        let t0 = Instant::now();
+        let mut p = policy(t0);
+        p.saw(&commit(), t0);
+        assert_eq!(p.after_event(t0, true, 100, 0), Step::Flush, "row limit");
+        p.flushed();
+        p.saw(&commit(), t0);
+        assert_eq!(p.after_event(t0, true, 1, 0), Step::Wait);
+        assert_eq!(p.deadline(), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(p.on_idle(t0 + Duration::from_secs(1), true), Step::Flush);
     }
 }
