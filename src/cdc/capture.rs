@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::assembler::Assembler;
-use super::relation::Catalog;
+use super::relation::{Catalog, RelationInfo};
 use super::snapshot::SnapshotLoad;
 use super::stream::ChangeStream;
 use crate::error::{Error, ErrorKind, Result};
@@ -112,6 +112,20 @@ pub struct PendingStream {
 }
 
 impl PendingStream {
+    /// The tables as the catalog describes them now, so a consumer can get
+    /// ready for them (slow work, like rebuilding an index) before the
+    /// stream starts: a started stream must be read within the server's
+    /// `wal_sender_timeout`, an idle replication connection need not.
+    pub async fn describe_tables(&mut self) -> Result<Vec<RelationInfo>> {
+        let client = self.catalog.client().clone();
+        let mut relations = Vec::with_capacity(self.tables.len());
+        for table in &self.tables {
+            let described = source::describe_table(&client, table).await?;
+            relations.push(self.catalog.relation_from_table(&described).await?);
+        }
+        Ok(relations)
+    }
+
     /// Starts streaming at the consistent point. Call after the load has
     /// been read to its end: this ends the exported snapshot.
     pub async fn start(self) -> Result<ChangeStream> {

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use crate::cdc::capture::{self, Capture, CaptureOptions};
 use crate::cdc::event::{Change, Event, Op};
 use crate::cdc::relation::RelationInfo;
+use crate::cdc::snapshot::SnapshotLoad;
 use crate::cdc::stream::{ChangeStream, Next};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::bronze::BronzeTable;
@@ -88,8 +89,8 @@ pub fn iceberg_name(table: &TableName) -> String {
 
 /// The two Iceberg tables of one source table.
 struct TableSink {
-    /// The source table's columns as last seen.
-    relation: Arc<RelationInfo>,
+    /// The source table's columns as the stream last described them.
+    relation: Option<Arc<RelationInfo>>,
     bronze: BronzeTable,
     silver: SilverTable,
     /// What each table already holds; `None` until its initial load landed.
@@ -103,13 +104,15 @@ struct TableSink {
 impl TableSink {
     /// Takes up a schema change of the source table (docs/tables.md).
     async fn follow(&mut self, lake: &Lake, relation: &Arc<RelationInfo>) -> Result<()> {
-        evolve::check_rename(&self.relation, relation)?;
+        if let Some(previous) = &self.relation {
+            evolve::check_rename(previous, relation)?;
+        }
         let bronze = lake.catalog_table(self.bronze.ident()).await?;
         let silver = lake.catalog_table(self.silver.ident()).await?;
         if evolve::follow(lake, &bronze, &silver, relation).await? {
             self.silver.refresh_schema(lake, relation).await?;
         }
-        self.relation = relation.clone();
+        self.relation = Some(relation.clone());
         Ok(())
     }
 }
@@ -241,28 +244,30 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     };
     let mut capture_options = options.capture.clone();
     capture_options.held_tables = Some(pipeline.loaded_tables(&options.capture.tables).await?);
-    let (load, pending, new_slot) = match capture::open(config, &capture_options).await? {
+    let (load, mut pending, new_slot) = match capture::open(config, &capture_options).await? {
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
     };
-    let mut stream = match load {
-        Some(mut load) => {
-            while let Some(event) = load.next_event().await? {
-                pipeline.take(event).await?;
-            }
-            for relation in load.relations() {
-                pipeline.ensure_sink(relation).await?;
-            }
-            pipeline.flush().await?;
-            let mut stream = pending.start().await?;
-            if new_slot {
-                stream.confirm(load.consistent_point()).await?;
-                pipeline.report.confirmed = load.consistent_point();
-            }
-            stream
+    let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
+    if let Some(mut load) = load {
+        while let Some(event) = load.next_event().await? {
+            pipeline.take(event).await?;
         }
-        None => pending.start().await?,
-    };
+        for relation in load.relations() {
+            pipeline.ensure_sink(relation).await?;
+        }
+        pipeline.flush().await?;
+    }
+    // Open every table (rebuilding silver's key index) while the
+    // replication connection may still idle.
+    for relation in pending.describe_tables().await? {
+        pipeline.ensure_sink(&relation).await?;
+    }
+    let mut stream = pending.start().await?;
+    if let Some(point) = load_end.filter(|_| new_slot) {
+        stream.confirm(point).await?;
+        pipeline.report.confirmed = point;
+    }
     pipeline.stream(&mut stream, options).await?;
     // Keepalives may have moved the slot past the last batch while idle.
     pipeline.report.confirmed = stream.confirmed();
@@ -332,7 +337,11 @@ impl Pipeline {
                     .sinks
                     .get_mut(&change.relation.name)
                     .expect("ensure_sink just ran");
-                if sink.relation.columns != change.relation.columns {
+                if sink
+                    .relation
+                    .as_ref()
+                    .is_none_or(|r| r.columns != change.relation.columns)
+                {
                     sink.follow(&self.lake, &change.relation).await?;
                 }
                 let to_bronze = wants(sink.bronze_at, &change);
@@ -407,7 +416,7 @@ impl Pipeline {
         evolve::follow(&self.lake, &bronze_table, &silver_table, relation).await?;
         let silver = SilverTable::open(&self.lake, silver_ident, relation).await?;
         let sink = TableSink {
-            relation: Arc::new(relation.clone()),
+            relation: None,
             bronze: BronzeTable::new(bronze),
             bronze_at: Position::of(&bronze_table)?,
             silver_at: Position::of(&silver_table)?,
