@@ -5,12 +5,14 @@
 //!   decoding, catalog queries, COPY framing.
 //! - [`cdc`]: the domain. Typed values, relations, change events, the
 //!   initial load and the change stream with its confirmation rules.
-//! - [`lake`]: Iceberg: schemas and type mapping.
-//! - [`ops`]: what operators run: `tail`, the throwaway Postgres behind
-//!   `demo` and the tests.
+//! - [`lake`]: Iceberg: schemas, type mapping, files, commits, silver.
+//! - [`ops`]: what operators run: `run`, `tail`, `demo`, `show`, and the
+//!   throwaway Postgres behind `demo` and the tests.
+//! - [`config`]: option values shared by the command line and config.
 //! - [`error`]: the one error type and the retry decision.
 
 pub mod cdc;
+pub mod config;
 pub mod error;
 pub mod lake;
 pub mod ops;

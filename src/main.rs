@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use wal2iceberg::cdc::capture::{self, CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
+use wal2iceberg::config::parse_duration;
 use wal2iceberg::ops::tail::{TailOptions, tail};
 use wal2iceberg::pg::config::PgConfig;
 use wal2iceberg::pg::source::TableName;
@@ -69,9 +70,9 @@ enum Command {
     Tail {
         #[command(flatten)]
         source: SourceArgs,
-        /// Exit 0 after this many seconds without a change.
-        #[arg(long, value_name = "SECONDS")]
-        exit_when_idle: Option<f64>,
+        /// Exit 0 once no change came for this long (6s, 500ms, 2m).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        exit_when_idle: Option<Duration>,
     },
     /// Replicate the tables into the lake: bronze `<table>_changes` and
     /// silver `<table>`, initial load first when the slot is new.
@@ -84,18 +85,19 @@ enum Command {
         /// Iceberg namespace; the source database's name when unset.
         #[arg(long)]
         namespace: Option<String>,
-        /// Commit a batch at least this often, in milliseconds.
-        #[arg(long, default_value_t = 1000)]
-        flush_interval_ms: u64,
+        /// Commit a batch at least this often.
+        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+        flush_interval: Duration,
         /// Commit once a batch holds this many changes.
         #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_ROWS)]
         max_batch_rows: usize,
         /// Commit once a batch holds about this many bytes of values.
         #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_BYTES)]
         max_batch_bytes: usize,
-        /// Drain, commit, confirm and exit 0 after this many seconds without a change.
-        #[arg(long, value_name = "SECONDS")]
-        exit_when_idle: Option<f64>,
+        /// Drain, commit, confirm and exit 0 once no change came for this
+        /// long (6s, 500ms, 2m).
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+        exit_when_idle: Option<Duration>,
     },
     /// Run the seed walkthrough against a throwaway local PostgreSQL
     /// (server binaries found as in docs/testing.md) and print each step.
@@ -135,7 +137,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             source,
             lake,
             namespace,
-            flush_interval_ms,
+            flush_interval,
             max_batch_rows,
             max_batch_bytes,
             exit_when_idle,
@@ -143,10 +145,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let (config, capture) = source.parse()?;
             let options = wal2iceberg::ops::run::RunOptions {
                 namespace,
-                flush_interval: Duration::from_millis(flush_interval_ms),
+                flush_interval,
                 max_batch_rows: max_batch_rows.max(1),
                 max_batch_bytes: max_batch_bytes.max(1),
-                exit_when_idle: seconds(exit_when_idle)?,
+                exit_when_idle,
                 ..wal2iceberg::ops::run::RunOptions::new(capture, lake)
             };
             let report = wal2iceberg::ops::run::run(&config, &options).await?;
@@ -161,7 +163,6 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             exit_when_idle,
         } => {
             let (config, capture) = source.parse()?;
-            let exit_when_idle = seconds(exit_when_idle)?;
             let options = TailOptions {
                 capture,
                 exit_when_idle,
@@ -186,17 +187,4 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::from(1))
         }
     }
-}
-
-fn seconds(value: Option<f64>) -> Result<Option<Duration>, Error> {
-    value
-        .map(|s| {
-            Duration::try_from_secs_f64(s).map_err(|_| {
-                Error::new(
-                    ErrorKind::Config,
-                    "--exit-when-idle must be a non-negative number of seconds",
-                )
-            })
-        })
-        .transpose()
 }

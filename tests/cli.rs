@@ -49,7 +49,7 @@ async fn tail_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
         "--slot",
         &slot,
         "--exit-when-idle",
-        "1.5",
+        "1500ms",
     ];
 
     let (code, stdout, stderr) = run(&tail).await;
@@ -183,7 +183,7 @@ async fn run_loads_a_table_into_the_lake_and_reports_what_it_applied() {
         "--namespace",
         "shop",
         "--exit-when-idle",
-        "1",
+        "1s",
     ];
     let (code, stdout, stderr) = run(&args).await;
     assert_eq!(code, 0, "{stderr}");
