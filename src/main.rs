@@ -6,6 +6,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use wal2iceberg::cdc::capture::{self, CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use wal2iceberg::config::parse_duration;
+use wal2iceberg::ops::shutdown::Shutdown;
 use wal2iceberg::ops::tail::{TailOptions, tail};
 use wal2iceberg::pg::config::PgConfig;
 use wal2iceberg::pg::source::TableName;
@@ -149,6 +150,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 max_batch_rows: max_batch_rows.max(1),
                 max_batch_bytes: max_batch_bytes.max(1),
                 exit_when_idle,
+                shutdown: Shutdown::on_signals()?,
                 ..wal2iceberg::ops::run::RunOptions::new(capture, lake)
             };
             let report = wal2iceberg::ops::run::run(&config, &options).await?;

@@ -202,3 +202,112 @@ async fn run_loads_a_table_into_the_lake_and_reports_what_it_applied() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("applied 1 changes"), "{stdout}");
 }
+
+#[tokio::test]
+async fn sigterm_during_a_run_stops_cleanly_and_a_restart_loses_and_repeats_nothing() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE events(id int PRIMARY KEY, n int NOT NULL, note text)")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("sigterm");
+    let base = [
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.events",
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--namespace",
+        "shop",
+        "--flush-interval",
+        "100ms",
+    ];
+    let child = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(base)
+        .env("RUST_LOG", "wal2iceberg=info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start wal2iceberg run");
+
+    // Streaming once the slot is active.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let active = db
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .unwrap();
+        if active.is_some() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run never started streaming"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    // Transactions of 2,000 rows keep batches and transactions in flight.
+    let db = &db;
+    let write = |from: i32| {
+        let sql = format!(
+            "BEGIN;
+             INSERT INTO events SELECT i, 0, 'n' || i FROM generate_series({from}, {}) i;
+             UPDATE events SET n = n + 1 WHERE id % 7 = 0 AND id >= {from};
+             COMMIT;",
+            from + 1999
+        );
+        async move { db.exec(&sql).await }
+    };
+    let mut next = 1;
+    for _ in 0..10 {
+        write(next).await;
+        next += 2000;
+    }
+    let pid = child.id().expect("pid").to_string();
+    let killed = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert!(killed.success());
+    for _ in 0..3 {
+        write(next).await;
+        next += 2000;
+    }
+    let out = child.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("SIGTERM"), "{stderr}");
+
+    let mut again = base.to_vec();
+    again.extend(["--exit-when-idle", "2s"]);
+    let (code, _, stderr) = run(&again).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_reconciled(db, "events", lake.path(), "shop.events").await;
+    let bronze = pyiceberg(lake.path(), "shop.events_changes", "rows").await;
+    let rows = bronze.as_array().unwrap();
+    let inserts = rows.iter().filter(|r| r["_cdc_op"] == "c").count();
+    assert_eq!(inserts, (next - 1) as usize, "every insert exactly once");
+    let mut ids: Vec<(i64, i64)> = rows
+        .iter()
+        .map(|r| {
+            (
+                r["_cdc_commit_lsn"].as_i64().unwrap(),
+                r["_cdc_seq"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), rows.len(), "no change twice");
+}

@@ -4,10 +4,12 @@
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
 //! - `show`: a lake table printed through our own reader.
+//! - `shutdown`: the stop request from SIGINT and SIGTERM.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
 pub mod demo;
 pub mod run;
 pub mod scratch;
 pub mod show;
+pub mod shutdown;
 pub mod tail;

@@ -16,6 +16,7 @@ use std::time::Duration;
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
+use super::shutdown::Shutdown;
 use crate::cdc::capture::{self, Capture, CaptureOptions};
 use crate::cdc::event::{Change, Event, Op};
 use crate::cdc::relation::RelationInfo;
@@ -50,6 +51,10 @@ pub struct RunOptions {
     pub max_batch_bytes: usize,
     /// Drain, commit, confirm and return once no change came for this long.
     pub exit_when_idle: Option<Duration>,
+    /// Stop at the next safe point once requested: commit the batch if it
+    /// holds only complete transactions, abandon it (to be streamed again
+    /// after a restart) if a transaction is still arriving.
+    pub shutdown: Shutdown,
 }
 
 impl RunOptions {
@@ -64,6 +69,7 @@ impl RunOptions {
             max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             exit_when_idle: None,
+            shutdown: Shutdown::default(),
         }
     }
 }
@@ -133,7 +139,13 @@ enum Step {
     Wait,
     Flush,
     Exit,
+    FlushAndExit,
+    /// Stop without committing the open batch.
+    Abandon,
 }
+
+/// How often a stop request is looked at while the stream is quiet.
+const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
 
 /// When to commit the open batch and when to stop: a batch is committed
 /// at a transaction's end once it reached a limit or its interval, or when
@@ -164,13 +176,31 @@ impl FlushPolicy {
         }
     }
 
-    /// How long to wait for the next event before [`Self::on_idle`].
-    fn deadline(&self) -> Option<Instant> {
+    /// How long to wait for the next event before [`Self::on_idle`]: at
+    /// most [`SHUTDOWN_POLL`], so a stop request is seen while idle.
+    fn deadline(&self, now: Instant) -> Instant {
+        let poll = now + SHUTDOWN_POLL;
         if self.in_tx {
-            return None;
+            return poll;
         }
         let idle_at = self.exit_when_idle.map(|d| self.last_event + d);
-        [self.flush_at, idle_at].into_iter().flatten().min()
+        [self.flush_at, idle_at, Some(poll)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(poll)
+    }
+
+    /// What a stop request means now: commit what is complete, or abandon
+    /// a batch a transaction is still arriving into.
+    fn on_shutdown(&self, complete: bool) -> Step {
+        if self.in_tx {
+            Step::Abandon
+        } else if complete {
+            Step::FlushAndExit
+        } else {
+            Step::Exit
+        }
     }
 
     fn saw(&mut self, event: &Event, now: Instant) {
@@ -251,6 +281,10 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
     if let Some(mut load) = load {
         while let Some(event) = load.next_event().await? {
+            if options.shutdown.is_requested() {
+                tracing::info!("stopping during the initial load: nothing of it is committed");
+                return Ok(pipeline.report);
+            }
             pipeline.take(event).await?;
         }
         for relation in load.relations() {
@@ -296,7 +330,10 @@ impl Pipeline {
     async fn stream(&mut self, stream: &mut ChangeStream, options: &RunOptions) -> Result<()> {
         let mut policy = FlushPolicy::new(options, Instant::now());
         loop {
-            let step = match stream.next_before(policy.deadline()).await? {
+            let step = match stream
+                .next_before(Some(policy.deadline(Instant::now())))
+                .await?
+            {
                 Next::Event(event) => {
                     let now = Instant::now();
                     policy.saw(&event, now);
@@ -316,6 +353,11 @@ impl Pipeline {
                     ));
                 }
             };
+            let step = if options.shutdown.is_requested() {
+                policy.on_shutdown(self.batch_end.is_some())
+            } else {
+                step
+            };
             match step {
                 Step::Wait => {}
                 Step::Flush => {
@@ -323,6 +365,17 @@ impl Pipeline {
                     policy.flushed();
                 }
                 Step::Exit => return Ok(()),
+                Step::FlushAndExit => {
+                    self.flush_and_confirm(stream).await?;
+                    return Ok(());
+                }
+                Step::Abandon => {
+                    tracing::info!(
+                        changes = self.batch_changes,
+                        "stopping inside a transaction: the open batch is not committed and will be streamed again"
+                    );
+                    return Ok(());
+                }
             }
         }
     }
@@ -511,7 +564,12 @@ mod tests {
         // The next transaction starts; its changes stall past the interval
         // and past the idle exit: the complete one before it must wait.
         p.saw(&begin(), t0);
-        assert_eq!(p.deadline(), None);
+        assert_eq!(
+            p.deadline(t0),
+            t0 + SHUTDOWN_POLL,
+            "only the stop request is polled"
+        );
+        assert_eq!(p.on_shutdown(true), Step::Abandon);
         assert_eq!(p.on_idle(t0 + Duration::from_secs(9), true), Step::Wait);
         p.saw(&commit(), t0 + Duration::from_secs(10));
         assert_eq!(
@@ -522,6 +580,9 @@ mod tests {
         p.flushed();
         assert_eq!(p.on_idle(t0 + Duration::from_secs(12), false), Step::Wait);
         assert_eq!(p.on_idle(t0 + Duration::from_secs(15), false), Step::Exit);
+        assert_eq!(p.on_shutdown(false), Step::Exit);
+        p.saw(&commit(), t0);
+        assert_eq!(p.on_shutdown(true), Step::FlushAndExit);
     }
 
     #[test]
@@ -533,7 +594,11 @@ mod tests {
         p.flushed();
         p.saw(&commit(), t0);
         assert_eq!(p.after_event(t0, true, 1, 0), Step::Wait);
-        assert_eq!(p.deadline(), Some(t0 + Duration::from_secs(1)));
+        assert_eq!(p.deadline(t0), t0 + SHUTDOWN_POLL);
+        assert_eq!(
+            p.deadline(t0 + Duration::from_millis(900)),
+            t0 + Duration::from_secs(1)
+        );
         assert_eq!(p.on_idle(t0 + Duration::from_secs(1), true), Step::Flush);
     }
 }
