@@ -103,6 +103,25 @@ enum Command {
     /// Run the seed walkthrough against a throwaway local PostgreSQL
     /// (server binaries found as in docs/testing.md) and print each step.
     Demo,
+    /// The slot (activity, confirmed position, retained WAL, lag) and each
+    /// lake table's last source transaction and its lag.
+    Status {
+        /// Source connection, as for `run`.
+        #[arg(long, env = "WAL2ICEBERG_SOURCE", default_value = "")]
+        source: String,
+        /// Replication slot name.
+        #[arg(long, default_value = DEFAULT_SLOT)]
+        slot: String,
+        /// Folder of the embedded lake.
+        #[arg(long, default_value = "./lake")]
+        lake: std::path::PathBuf,
+        /// Iceberg namespace; the source database's name when unset.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run every preflight check and print each failure with its fix.
     Check {
         #[command(flatten)]
@@ -170,6 +189,31 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 exit_when_idle,
             };
             tail(&config, &options, &mut std::io::stdout().lock()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Status {
+            source,
+            slot,
+            lake,
+            namespace,
+            json,
+        } => {
+            let config = PgConfig::parse(&source)?;
+            let status =
+                wal2iceberg::ops::status::status(&config, &slot, &lake, namespace.as_deref())
+                    .await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status).map_err(|e| Error::new(
+                        ErrorKind::Io,
+                        "cannot print the status"
+                    )
+                    .with_source(e))?
+                );
+            } else {
+                print!("{}", status.to_text());
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo => {

@@ -311,3 +311,99 @@ async fn sigterm_during_a_run_stops_cleanly_and_a_restart_loses_and_repeats_noth
     ids.dedup();
     assert_eq!(ids.len(), rows.len(), "no change twice");
 }
+
+#[tokio::test]
+async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("status");
+    let common = ["--source", &url, "--slot", &slot, "--lake", &lake_path];
+    let (code, stdout, _) = run(&[&["status"], &common[..]].concat()).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains("does not exist"), "{stdout}");
+
+    let mut args = vec![
+        "run",
+        "--tables",
+        "public.customers",
+        "--exit-when-idle",
+        "1s",
+    ];
+    args.extend(common);
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    let before = db.wal_insert_lsn().await;
+    db.exec("UPDATE customers SET plan = 'pro'").await;
+    let after = db.wal_insert_lsn().await;
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+
+    let wal_before = current_wal(&db).await;
+    let (code, stdout, stderr) = run(&[&["status", "--json"], &common[..]].concat()).await;
+    let wal_after = current_wal(&db).await;
+    assert_eq!(code, 0, "{stderr}");
+    let status: Value = serde_json::from_str(&stdout).unwrap();
+    let row = db
+        .client
+        .query_one(
+            "SELECT confirmed_flush_lsn::text, restart_lsn::text, wal_status, active \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    let s = &status["slot"];
+    assert_eq!(s["confirmed_flush_lsn"], row.get::<_, String>(0));
+    assert_eq!(s["restart_lsn"], row.get::<_, String>(1));
+    assert_eq!(s["wal_status"], row.get::<_, String>(2));
+    assert_eq!(s["active"], row.get::<_, bool>(3));
+    let restart: wal2iceberg::pg::lsn::Lsn = row.get::<_, String>(1).parse().unwrap();
+    let retained = s["retained_wal_bytes"].as_i64().unwrap();
+    assert!(
+        (wal_before.0 - restart.0) as i64 <= retained
+            && retained <= (wal_after.0 - restart.0) as i64,
+        "{retained} between the WAL positions around the call"
+    );
+    let confirmed: wal2iceberg::pg::lsn::Lsn = row.get::<_, String>(0).parse().unwrap();
+    let lag = s["lag_bytes"].as_i64().unwrap();
+    assert!(
+        (wal_before.0 - confirmed.0) as i64 <= lag && lag <= (wal_after.0 - confirmed.0) as i64
+    );
+
+    let tables = status["tables"].as_array().unwrap();
+    let names: Vec<&str> = tables
+        .iter()
+        .map(|t| t["table"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            format!("{}.customers", db.config.dbname),
+            format!("{}.customers_changes", db.config.dbname)
+        ]
+    );
+    for t in tables {
+        let lsn: wal2iceberg::pg::lsn::Lsn = t["commit_lsn"].as_str().unwrap().parse().unwrap();
+        assert!(before < lsn && lsn < after, "the update's commit: {t}");
+        let lag = t["lag_seconds"].as_f64().unwrap();
+        assert!((0.0..60.0).contains(&lag), "{t}");
+    }
+    let (_, text, _) = run(&[&["status"], &common[..]].concat()).await;
+    assert!(
+        text.contains("inactive") && text.contains("customers_changes"),
+        "{text}"
+    );
+}
+
+async fn current_wal(db: &TestDb) -> wal2iceberg::pg::lsn::Lsn {
+    let row = db
+        .client
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap();
+    row.get::<_, String>(0).parse().unwrap()
+}

@@ -81,6 +81,7 @@ async fn append_changes(
         properties: writer::Position {
             commit_lsn: last,
             end_lsn: last,
+            commit_ts: 0,
         }
         .summary(),
         ..RowDelta::default()
@@ -397,6 +398,7 @@ mod silver {
                 Event::Commit { tx, end_lsn } => Some(Position {
                     commit_lsn: tx.commit_lsn,
                     end_lsn: *end_lsn,
+                    commit_ts: tx.commit_ts,
                 }),
                 _ => None,
             })

@@ -34,6 +34,7 @@ pub const STAGE_BYTES: usize = 64 << 20;
 /// Snapshot summary keys of the source position a snapshot covers.
 pub const SUMMARY_COMMIT_LSN: &str = "wal2iceberg.commit-lsn";
 pub const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
+pub const SUMMARY_COMMIT_TS: &str = "wal2iceberg.commit-ts";
 
 /// The source position a snapshot covers: the last source transaction it
 /// fully contains (for the initial load, the consistent point for both).
@@ -49,6 +50,9 @@ pub const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
 pub struct Position {
     pub commit_lsn: Lsn,
     pub end_lsn: Lsn,
+    /// The source commit time, microseconds since the Unix epoch (for the
+    /// load, when it started).
+    pub commit_ts: i64,
 }
 
 impl Position {
@@ -62,6 +66,7 @@ impl Position {
         HashMap::from([
             (SUMMARY_COMMIT_LSN.to_owned(), self.commit_lsn.0.to_string()),
             (SUMMARY_END_LSN.to_owned(), self.end_lsn.0.to_string()),
+            (SUMMARY_COMMIT_TS.to_owned(), self.commit_ts.to_string()),
         ])
     }
 
@@ -71,11 +76,11 @@ impl Position {
             return Ok(None);
         };
         let properties = &snapshot.summary().additional_properties;
-        let read = |key: &str| -> Result<Option<Lsn>> {
+        let read = |key: &str| -> Result<Option<i64>> {
             properties
                 .get(key)
                 .map(|text| {
-                    text.parse::<u64>().map(Lsn).map_err(|_| {
+                    text.parse::<i64>().map_err(|_| {
                         Error::new(
                             ErrorKind::Lake,
                             format!("snapshot summary {key} is not a number"),
@@ -85,10 +90,16 @@ impl Position {
                 })
                 .transpose()
         };
-        match (read(SUMMARY_COMMIT_LSN)?, read(SUMMARY_END_LSN)?) {
-            (Some(commit_lsn), Some(end_lsn)) => Ok(Some(Position {
-                commit_lsn,
-                end_lsn,
+        let lsn = |n: i64| Lsn(n as u64);
+        match (
+            read(SUMMARY_COMMIT_LSN)?,
+            read(SUMMARY_END_LSN)?,
+            read(SUMMARY_COMMIT_TS)?,
+        ) {
+            (Some(commit_lsn), Some(end_lsn), Some(commit_ts)) => Ok(Some(Position {
+                commit_lsn: lsn(commit_lsn),
+                end_lsn: lsn(end_lsn),
+                commit_ts,
             })),
             _ => Ok(None),
         }

@@ -5,6 +5,7 @@
 //! - `run`: the pipeline, change stream to bronze and silver tables.
 //! - `show`: a lake table printed through our own reader.
 //! - `shutdown`: the stop request from SIGINT and SIGTERM.
+//! - `status`: the slot and each lake table's position and lag.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
 pub mod demo;
@@ -12,4 +13,5 @@ pub mod run;
 pub mod scratch;
 pub mod show;
 pub mod shutdown;
+pub mod status;
 pub mod tail;

@@ -419,6 +419,7 @@ impl Pipeline {
                 self.batch_end = Some(Position {
                     commit_lsn: tx.commit_lsn,
                     end_lsn,
+                    commit_ts: tx.commit_ts,
                 });
             }
             Event::Begin(_) | Event::Message { .. } => {}

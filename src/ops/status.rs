@@ -1,0 +1,194 @@
+//! `wal2iceberg status`: the slot as the server sees it and each lake
+//! table's position, as a table for people or JSON for scripts.
+//!
+//! Slot figures come from `pg_replication_slots` in one query, so they
+//! describe one moment: retained WAL is `pg_current_wal_lsn() -
+//! restart_lsn` (what the slot keeps on the server's disk), lag is
+//! `pg_current_wal_lsn() - confirmed_flush_lsn` (what is not yet in the
+//! lake). Table figures come from each table's current snapshot: the last
+//! source transaction it holds, when that committed at the source, when
+//! it became visible in the lake, and the difference.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use iceberg::{Catalog, NamespaceIdent};
+use serde::Serialize;
+
+use crate::cdc::temporal::format_timestamp_utc;
+use crate::error::{Result, postgres};
+use crate::lake::catalog::{Lake, iceberg_error};
+use crate::lake::writer::Position;
+use crate::pg::config::PgConfig;
+use crate::pg::source::SourceClient;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SlotStatus {
+    pub slot_name: String,
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    pub confirmed_flush_lsn: Option<String>,
+    pub restart_lsn: Option<String>,
+    pub retained_wal_bytes: Option<i64>,
+    pub lag_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+    /// Bytes that can still be written before the slot is at risk of being
+    /// invalidated; null when `max_slot_wal_keep_size` is unlimited.
+    pub safe_wal_size: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TableStatus {
+    pub table: String,
+    /// The last source transaction the table holds.
+    pub commit_lsn: String,
+    pub source_commit_time: String,
+    /// When the snapshot holding it was committed.
+    pub visible_time: String,
+    pub lag_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    /// `None` when the slot does not exist.
+    pub slot: Option<SlotStatus>,
+    pub slot_name: String,
+    pub tables: Vec<TableStatus>,
+}
+
+pub async fn status(
+    config: &PgConfig,
+    slot: &str,
+    lake: &Path,
+    namespace: Option<&str>,
+) -> Result<Status> {
+    let client = SourceClient::connect(config).await?;
+    let row = client
+        .query_opt(
+            "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8, \
+             wal_status, safe_wal_size \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
+    let slot_status = row.map(|r| SlotStatus {
+        slot_name: slot.to_owned(),
+        active: r.get(0),
+        active_pid: r.get(1),
+        confirmed_flush_lsn: r.get(2),
+        restart_lsn: r.get(3),
+        retained_wal_bytes: r.get(4),
+        lag_bytes: r.get(5),
+        wal_status: r.get(6),
+        safe_wal_size: r.get(7),
+    });
+    let namespace = NamespaceIdent::new(namespace.unwrap_or(&config.dbname).to_owned());
+    Ok(Status {
+        slot: slot_status,
+        slot_name: slot.to_owned(),
+        tables: table_statuses(lake, &namespace).await?,
+    })
+}
+
+async fn table_statuses(lake: &Path, namespace: &NamespaceIdent) -> Result<Vec<TableStatus>> {
+    if !lake.join("catalog.db").is_file() {
+        return Ok(Vec::new());
+    }
+    let lake = Lake::open_embedded(lake).await?;
+    let catalog = lake.catalog();
+    let exists = catalog
+        .namespace_exists(namespace)
+        .await
+        .map_err(|e| iceberg_error(e, "cannot read the catalog"))?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let mut idents = catalog
+        .list_tables(namespace)
+        .await
+        .map_err(|e| iceberg_error(e, "cannot list the lake's tables"))?;
+    idents.sort_by(|a, b| a.name().cmp(b.name()));
+    let mut tables = Vec::with_capacity(idents.len());
+    for ident in idents {
+        let table = lake.catalog_table(&ident).await?;
+        let (Some(position), Some(snapshot)) =
+            (Position::of(&table)?, table.metadata().current_snapshot())
+        else {
+            continue;
+        };
+        let visible_micros = snapshot.timestamp_ms() * 1000;
+        tables.push(TableStatus {
+            table: ident.to_string(),
+            commit_lsn: position.commit_lsn.to_string(),
+            source_commit_time: format_timestamp_utc(position.commit_ts),
+            visible_time: format_timestamp_utc(visible_micros),
+            lag_seconds: (visible_micros - position.commit_ts) as f64 / 1e6,
+        });
+    }
+    Ok(tables)
+}
+
+impl Status {
+    /// The human form: the slot, then one line per table.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+        match &self.slot {
+            None => {
+                let _ = writeln!(out, "slot {}: does not exist", self.slot_name);
+            }
+            Some(s) => {
+                let _ = writeln!(
+                    out,
+                    "slot {}: {}",
+                    s.slot_name,
+                    match s.active_pid {
+                        Some(pid) if s.active => format!("active (pid {pid})"),
+                        _ => "inactive".to_owned(),
+                    }
+                );
+                for (label, value) in [
+                    (
+                        "confirmed_flush_lsn",
+                        or_dash(s.confirmed_flush_lsn.clone()),
+                    ),
+                    ("restart_lsn", or_dash(s.restart_lsn.clone())),
+                    (
+                        "retained WAL",
+                        or_dash(s.retained_wal_bytes.map(|b| format!("{b} bytes"))),
+                    ),
+                    ("lag", or_dash(s.lag_bytes.map(|b| format!("{b} bytes")))),
+                    ("wal_status", or_dash(s.wal_status.clone())),
+                    (
+                        "safe_wal_size",
+                        s.safe_wal_size
+                            .map_or("unlimited".to_owned(), |b| format!("{b} bytes")),
+                    ),
+                ] {
+                    let _ = writeln!(out, "  {label:<20} {value}");
+                }
+            }
+        }
+        if self.tables.is_empty() {
+            let _ = writeln!(out, "no lake tables with a committed position");
+            return out;
+        }
+        let _ = writeln!(
+            out,
+            "{:<32} {:<14} {:<28} {:<28} {:>10}",
+            "table", "commit_lsn", "source commit", "visible", "lag (s)"
+        );
+        for t in &self.tables {
+            let _ = writeln!(
+                out,
+                "{:<32} {:<14} {:<28} {:<28} {:>10.3}",
+                t.table, t.commit_lsn, t.source_commit_time, t.visible_time, t.lag_seconds
+            );
+        }
+        out
+    }
+}
