@@ -122,6 +122,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Drop the replication slot and the publication wal2iceberg created
+    /// (one made by someone else is kept); the lake's tables only with
+    /// --drop-tables.
+    Teardown {
+        /// Source connection, as for `run`.
+        #[arg(long, env = "WAL2ICEBERG_SOURCE", default_value = "")]
+        source: String,
+        #[arg(long, default_value = DEFAULT_SLOT)]
+        slot: String,
+        #[arg(long, default_value = DEFAULT_PUBLICATION)]
+        publication: String,
+        /// Also drop every Iceberg table of the namespace, with its files.
+        #[arg(long)]
+        drop_tables: bool,
+        /// Folder of the embedded lake (for --drop-tables).
+        #[arg(long, default_value = "./lake")]
+        lake: std::path::PathBuf,
+        /// Iceberg namespace; the source database's name when unset.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Run every preflight check and print each failure with its fix.
     Check {
         #[command(flatten)]
@@ -216,6 +240,67 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Teardown {
+            source,
+            slot,
+            publication,
+            drop_tables,
+            lake,
+            namespace,
+            yes,
+        } => {
+            let config = PgConfig::parse(&source)?;
+            let what = format!(
+                "slot {slot:?} and publication {publication:?} on {}:{}/{}{}",
+                config.host,
+                config.port,
+                config.dbname,
+                if drop_tables {
+                    format!(" and every table of the lake {}", lake.display())
+                } else {
+                    String::new()
+                }
+            );
+            if !yes && !confirm(&what)? {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!(
+                        "teardown of {what} not confirmed: nothing dropped (pass --yes to skip the question)"
+                    ),
+                ));
+            }
+            let namespace = wal2iceberg::lake::catalog::namespace(
+                namespace.as_deref().unwrap_or(&config.dbname),
+            );
+            let options = wal2iceberg::ops::teardown::TeardownOptions {
+                slot: slot.clone(),
+                publication: publication.clone(),
+                drop_tables: drop_tables.then_some((lake, namespace)),
+            };
+            let report = wal2iceberg::ops::teardown::teardown(&config, &options).await?;
+            println!(
+                "slot {slot}: {}",
+                if report.slot_dropped {
+                    "dropped"
+                } else {
+                    "did not exist"
+                }
+            );
+            println!(
+                "publication {publication}: {}",
+                if report.publication_dropped {
+                    "dropped"
+                } else if report.publication_kept {
+                    "kept (not created by wal2iceberg)"
+                } else {
+                    "did not exist"
+                }
+            );
+            for table in report.tables_dropped {
+                println!("table {table}: dropped");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo => {
             wal2iceberg::ops::demo::demo(&mut std::io::stdout().lock()).await?;
             Ok(ExitCode::SUCCESS)
@@ -233,4 +318,17 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// Asks on the terminal; without one there is nobody to ask.
+fn confirm(what: &str) -> Result<bool, Error> {
+    use std::io::{BufRead, IsTerminal, Write};
+    if !std::io::stdin().is_terminal() {
+        return Ok(false);
+    }
+    eprint!("drop {what}? type yes to confirm: ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    Ok(answer.trim() == "yes")
 }

@@ -407,3 +407,135 @@ async fn current_wal(db: &TestDb) -> wal2iceberg::pg::lsn::Lsn {
         .unwrap();
     row.get::<_, String>(0).parse().unwrap()
 }
+
+#[tokio::test]
+async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unless_told() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');
+             CREATE TABLE other(id int PRIMARY KEY); CREATE PUBLICATION owners_pub FOR TABLE other;")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("teardown");
+    let publication = unique("ourpub");
+    let run_args = [
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--publication",
+        &publication,
+        "--lake",
+        &lake_path,
+        "--exit-when-idle",
+        "1s",
+    ];
+    let (code, _, stderr) = run(&run_args).await;
+    assert_eq!(code, 0, "{stderr}");
+    let count = |sql: &'static str, name: String| {
+        let db = &db;
+        async move {
+            db.client
+                .query_one(sql, &[&name])
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+        }
+    };
+    let slots = "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1";
+    let pubs = "SELECT count(*) FROM pg_publication WHERE pubname = $1";
+
+    let teardown = [
+        "teardown",
+        "--source",
+        &url,
+        "--slot",
+        &slot,
+        "--publication",
+        &publication,
+        "--lake",
+        &lake_path,
+    ];
+    let (code, _, stderr) = run(&teardown).await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("not confirmed") && stderr.contains("--yes"),
+        "{stderr}"
+    );
+    assert_eq!(
+        count(slots, slot.clone()).await,
+        1,
+        "nothing dropped without a yes"
+    );
+
+    let (code, stdout, stderr) = run(&[&teardown[..], &["--yes"]].concat()).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("dropped"), "{stdout}");
+    assert_eq!(count(slots, slot.clone()).await, 0);
+    assert_eq!(count(pubs, publication.clone()).await, 0);
+    let dbname = db.config.dbname.clone();
+    assert_eq!(
+        pyiceberg(lake.path(), &format!("{dbname}.customers"), "rows")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "the lake is untouched"
+    );
+
+    // A publication someone else made stays; --drop-tables empties the lake.
+    let keep = [
+        "teardown",
+        "--source",
+        &url,
+        "--slot",
+        &slot,
+        "--publication",
+        "owners_pub",
+        "--lake",
+        &lake_path,
+        "--drop-tables",
+        "--yes",
+    ];
+    let (code, stdout, stderr) = run(&keep).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("kept"), "{stdout}");
+    assert_eq!(count(pubs, "owners_pub".to_owned()).await, 1);
+    assert!(
+        stdout.contains(&format!("table {dbname}.customers: dropped")),
+        "{stdout}"
+    );
+    assert!(
+        !lake
+            .path()
+            .join(format!("warehouse/{dbname}/customers"))
+            .exists()
+    );
+}
+
+#[tokio::test]
+async fn teardown_refuses_a_slot_in_use() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY)").await;
+    let options = db.options(&["customers"]);
+    let (_, stream) = open_fresh(&db, &options).await;
+    let url = db.config_url();
+    let (code, _, stderr) = run(&[
+        "teardown",
+        "--source",
+        &url,
+        "--slot",
+        &options.slot,
+        "--yes",
+    ])
+    .await;
+    assert_ne!(code, 0);
+    assert!(stderr.contains("in use by process"), "{stderr}");
+    assert!(db.confirmed_flush(&options.slot).await.is_some(), "the slot stays");
+    stream.stop().await.unwrap();
+}

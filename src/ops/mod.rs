@@ -6,6 +6,7 @@
 //! - `show`: a lake table printed through our own reader.
 //! - `shutdown`: the stop request from SIGINT and SIGTERM.
 //! - `status`: the slot and each lake table's position and lag.
+//! - `teardown`: drops the slot, our publication and on request the tables.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
 pub mod demo;
@@ -15,3 +16,4 @@ pub mod show;
 pub mod shutdown;
 pub mod status;
 pub mod tail;
+pub mod teardown;

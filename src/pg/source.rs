@@ -397,6 +397,10 @@ async fn check_table(client: &Client, table: &TableName) -> Result<Vec<CheckFail
     Ok(failures)
 }
 
+/// The comment a publication wal2iceberg created carries, so that
+/// `teardown` drops only those.
+pub const CREATED_BY_MARK: &str = "created by wal2iceberg";
+
 /// Creates the publication for `tables`, or adds the tables it lacks.
 /// Call only after [`preflight`] passed for these tables.
 pub async fn ensure_publication(
@@ -415,9 +419,9 @@ pub async fn ensure_publication(
     let list = |ts: &[&TableName]| ts.iter().map(|t| t.quoted()).collect::<Vec<_>>().join(", ");
     let sql = match exists {
         None => format!(
-            "CREATE PUBLICATION {} FOR TABLE {}",
-            quote_ident(publication),
-            list(&tables.iter().collect::<Vec<_>>())
+            "CREATE PUBLICATION {name} FOR TABLE {}; COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
+            list(&tables.iter().collect::<Vec<_>>()),
+            name = quote_ident(publication),
         ),
         Some(row) if row.get::<_, bool>(0) => return Ok(()),
         Some(_) => {

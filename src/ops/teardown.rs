@@ -1,0 +1,130 @@
+//! `wal2iceberg teardown`: drops what wal2iceberg created on the source,
+//! the slot and (only if wal2iceberg created it) the publication, and on
+//! request the lake's tables. A slot in use is never dropped.
+
+use std::path::PathBuf;
+
+use iceberg::{Catalog, NamespaceIdent};
+
+use crate::error::{Error, ErrorKind, Result, postgres};
+use crate::lake::catalog::{Lake, iceberg_error};
+use crate::pg::config::PgConfig;
+use crate::pg::replication::quote_ident;
+use crate::pg::source::{CREATED_BY_MARK, SourceClient};
+
+pub struct TeardownOptions {
+    pub slot: String,
+    pub publication: String,
+    /// Also drop every table of this lake namespace, files included.
+    pub drop_tables: Option<(PathBuf, NamespaceIdent)>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct TeardownReport {
+    pub slot_dropped: bool,
+    pub publication_dropped: bool,
+    /// A publication of that name exists but was made by someone else.
+    pub publication_kept: bool,
+    pub tables_dropped: Vec<String>,
+}
+
+pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<TeardownReport> {
+    let client = SourceClient::connect(config).await?;
+    let mut report = TeardownReport::default();
+    let slot = client
+        .query_opt(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+            &[&options.slot],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
+    if let Some(row) = slot {
+        if let Some(pid) = row.get::<_, Option<i32>>(0) {
+            return Err(Error::new(
+                ErrorKind::Slot,
+                format!(
+                    "replication slot {:?} is in use by process {pid}: stop that wal2iceberg run first",
+                    options.slot
+                ),
+            ));
+        }
+        client
+            .execute("SELECT pg_drop_replication_slot($1)", &[&options.slot])
+            .await
+            .map_err(|e| {
+                postgres(e, "cannot drop the replication slot").with_context("slot", &options.slot)
+            })?;
+        report.slot_dropped = true;
+    }
+    let publication = client
+        .query_opt(
+            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = $1",
+            &[&options.publication],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_publication"))?;
+    if let Some(row) = publication {
+        if row.get::<_, Option<String>>(0).as_deref() == Some(CREATED_BY_MARK) {
+            client
+                .batch_execute(&format!(
+                    "DROP PUBLICATION {}",
+                    quote_ident(&options.publication)
+                ))
+                .await
+                .map_err(|e| {
+                    postgres(e, "cannot drop the publication")
+                        .with_context("publication", &options.publication)
+                })?;
+            report.publication_dropped = true;
+        } else {
+            report.publication_kept = true;
+        }
+    }
+    if let Some((lake, namespace)) = &options.drop_tables {
+        report.tables_dropped = drop_tables(lake, namespace).await?;
+    }
+    Ok(report)
+}
+
+/// Drops every table of the namespace from the catalog and deletes its
+/// folder.
+async fn drop_tables(lake: &std::path::Path, namespace: &NamespaceIdent) -> Result<Vec<String>> {
+    if !lake.join("catalog.db").is_file() {
+        return Ok(Vec::new());
+    }
+    let lake = Lake::open_embedded(lake).await?;
+    let catalog = lake.catalog();
+    if !catalog
+        .namespace_exists(namespace)
+        .await
+        .map_err(|e| iceberg_error(e, "cannot read the catalog"))?
+    {
+        return Ok(Vec::new());
+    }
+    let mut dropped = Vec::new();
+    for ident in catalog
+        .list_tables(namespace)
+        .await
+        .map_err(|e| iceberg_error(e, "cannot list the lake's tables"))?
+    {
+        let table = lake.catalog_table(&ident).await?;
+        let location = table.metadata().location().to_owned();
+        catalog
+            .drop_table(&ident)
+            .await
+            .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", &ident))?;
+        if let Some(folder) = location.strip_prefix("file://") {
+            match std::fs::remove_dir_all(folder) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
+                        .with_context("folder", folder)
+                        .with_source(e));
+                }
+            }
+        }
+        dropped.push(ident.to_string());
+    }
+    Ok(dropped)
+}
