@@ -146,6 +146,28 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Print a lake table through wal2iceberg's own reader.
+    Show {
+        /// The table: `customers`, `customers_changes`, or `shop.customers`.
+        table: String,
+        /// Folder of the embedded lake.
+        #[arg(long, default_value = "./lake")]
+        lake: std::path::PathBuf,
+        /// Iceberg namespace, when the table name has none; by default the
+        /// lake's only namespace.
+        #[arg(long)]
+        namespace: Option<String>,
+        /// At most this many rows.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// The table as of a source LSN (e.g. 0/1A2B3C8): the newest
+        /// snapshot holding nothing committed after it.
+        #[arg(long, value_name = "LSN")]
+        as_of: Option<wal2iceberg::pg::lsn::Lsn>,
+        /// table, json or csv.
+        #[arg(long, default_value = "table")]
+        format: wal2iceberg::ops::show::Format,
+    },
     /// Run every preflight check and print each failure with its fix.
     Check {
         #[command(flatten)]
@@ -299,6 +321,28 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             for table in report.tables_dropped {
                 println!("table {table}: dropped");
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Show {
+            table,
+            lake,
+            namespace,
+            limit,
+            as_of,
+            format,
+        } => {
+            let lake = wal2iceberg::lake::catalog::Lake::open_existing(&lake).await?;
+            let ident = lake.resolve_table(&table, namespace.as_deref()).await?;
+            let options = wal2iceberg::ops::show::ShowOptions {
+                limit,
+                as_of,
+                format,
+                ..Default::default()
+            };
+            print!(
+                "{}",
+                wal2iceberg::ops::show::show(&lake, &ident, &options).await?
+            );
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo => {

@@ -536,6 +536,101 @@ async fn teardown_refuses_a_slot_in_use() {
     .await;
     assert_ne!(code, 0);
     assert!(stderr.contains("in use by process"), "{stderr}");
-    assert!(db.confirmed_flush(&options.slot).await.is_some(), "the slot stays");
+    assert!(
+        db.confirmed_flush(&options.slot).await.is_some(),
+        "the slot stays"
+    );
     stream.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free'),(2,'pro');")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("show");
+    let args = [
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--exit-when-idle",
+        "1s",
+    ];
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    let loaded_at = db.wal_insert_lsn().await.to_string();
+    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1; DELETE FROM customers WHERE id = 2;")
+        .await;
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+
+    let show = |extra: &[&str]| {
+        let mut a = vec!["show", "customers", "--lake", &lake_path];
+        a.extend_from_slice(extra);
+        let a: Vec<String> = a.into_iter().map(str::to_owned).collect();
+        async move {
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            run(&a).await
+        }
+    };
+    let (code, now, stderr) = show(&["--format", "json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let now: Value = serde_json::from_str(&now).unwrap();
+    assert_eq!(now.as_array().unwrap().len(), 1);
+    assert_eq!(now[0]["plan"], "team");
+
+    let (code, then, stderr) = show(&["--as-of", &loaded_at, "--format", "json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let then: Value = serde_json::from_str(&then).unwrap();
+    let plans: Vec<&str> = then
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["plan"].as_str().unwrap())
+        .collect();
+    assert_eq!(plans, ["free", "pro"], "the table as it was after the load");
+
+    let (code, text, _) = show(&[]).await;
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("| team") && text.contains("_cdc_commit_lsn"),
+        "{text}"
+    );
+
+    let (code, csv, stderr) = show(&["--format", "csv", "--limit", "1"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(csv.lines().count(), 2, "a header and one row: {csv}");
+    assert!(csv.starts_with("id,plan,_cdc_commit_lsn"), "{csv}");
+
+    let (code, bronze, stderr) = run(&[
+        "show",
+        "customers_changes",
+        "--lake",
+        &lake_path,
+        "--format",
+        "csv",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        bronze.lines().count(),
+        5,
+        "header, two loads, an update, a delete: {bronze}"
+    );
+
+    let (code, _, stderr) = show(&["--as-of", "0/1"]).await;
+    assert_ne!(code, 0);
+    assert!(stderr.contains("no snapshot as of"), "{stderr}");
+    let (code, _, stderr) = run(&["show", "nope", "--lake", &lake_path]).await;
+    assert_ne!(code, 0);
+    assert!(stderr.contains("no such table"), "{stderr}");
 }

@@ -50,6 +50,61 @@ impl Lake {
         Ok(Lake { catalog, root })
     }
 
+    /// Opens a lake that must exist already (for readers: a mistyped path
+    /// is an error, not a new empty lake).
+    pub async fn open_existing(root: &Path) -> Result<Lake> {
+        if !root.join("catalog.db").is_file() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "no lake here: the folder has no catalog.db (give the --lake a run wrote to)",
+            )
+            .with_context("folder", root.display()));
+        }
+        Lake::open_embedded(root).await
+    }
+
+    /// The table `name` names: `namespace.table`, or `table` in
+    /// `namespace`, or in the lake's only namespace.
+    pub async fn resolve_table(&self, name: &str, namespace: Option<&str>) -> Result<TableIdent> {
+        let ident = match (name.rsplit_once('.'), namespace) {
+            (Some((ns, table)), _) => {
+                TableIdent::new(NamespaceIdent::new(ns.to_owned()), table.to_owned())
+            }
+            (None, Some(ns)) => {
+                TableIdent::new(NamespaceIdent::new(ns.to_owned()), name.to_owned())
+            }
+            (None, None) => {
+                let namespaces = self
+                    .catalog
+                    .list_namespaces(None)
+                    .await
+                    .map_err(|e| iceberg_error(e, "cannot read the catalog"))?;
+                match namespaces.as_slice() {
+                    [only] => TableIdent::new(only.clone(), name.to_owned()),
+                    _ => {
+                        return Err(Error::new(
+                            ErrorKind::Config,
+                            format!(
+                                "the lake has {} namespaces ({}): name one with --namespace or as namespace.table",
+                                namespaces.len(),
+                                namespaces
+                                    .iter()
+                                    .map(|n| n.join("."))
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
+        };
+        if self.table_if_exists(&ident).await?.is_none() {
+            return Err(Error::new(ErrorKind::Config, "no such table in the lake")
+                .with_context("table", &ident));
+        }
+        Ok(ident)
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -10,7 +10,7 @@ use iceberg::TableIdent;
 
 use super::run::{RunOptions, run};
 use super::scratch::ScratchPostgres;
-use super::show::table_text;
+use super::show::{ShowOptions, show as show_table};
 use crate::cdc::capture::CaptureOptions;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, namespace};
@@ -129,20 +129,18 @@ async fn run_and_show(
 async fn show(out: &mut dyn Write, lake_dir: &std::path::Path) -> Result<()> {
     let lake = Lake::open_embedded(lake_dir).await?;
     let shop = namespace("shop");
+    let columns = |names: &[&str]| ShowOptions {
+        columns: names.iter().map(|c| (*c).to_owned()).collect(),
+        ..ShowOptions::default()
+    };
     let silver = TableIdent::new(shop.clone(), "customers".into());
-    let bronze = TableIdent::new(shop, "customers_changes".into());
     writeln!(out, "shop.customers (silver)")?;
-    writeln!(
-        out,
-        "{}",
-        table_text(&lake, &silver, &["id", "name", "plan"], &["id"]).await?
-    )?;
+    let text = show_table(&lake, &silver, &columns(&["id", "name", "plan"])).await?;
+    writeln!(out, "{text}")?;
+    let bronze = TableIdent::new(shop, "customers_changes".into());
     writeln!(out, "shop.customers_changes (bronze)")?;
-    let columns = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "id", "plan"];
-    writeln!(
-        out,
-        "{}",
-        table_text(&lake, &bronze, &columns, &["_cdc_commit_lsn", "_cdc_seq"]).await?
-    )?;
+    let bronze_columns = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "id", "plan"];
+    let text = show_table(&lake, &bronze, &columns(&bronze_columns)).await?;
+    writeln!(out, "{text}")?;
     Ok(())
 }

@@ -1,30 +1,91 @@
-//! Reading a lake table back through our own reader (iceberg-rust's scan)
-//! and printing it as a text table, as the seed's show.py does.
+//! `wal2iceberg show`: a lake table read back through our own reader
+//! (iceberg-rust's scan) and printed as a text table (as the seed's show.py
+//! does), JSON or CSV; optionally as of a source LSN.
+//!
+//! As of LSN X means the newest snapshot whose last source transaction
+//! committed at or before X: a snapshot holds whole batches of
+//! transactions, so that is the latest state that holds nothing committed
+//! after X. Bronze rows can be cut exactly by `_cdc_commit_lsn` as well.
 
-use arrow_array::RecordBatch;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
+use arrow_schema::{DataType, Field, Schema};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
+use iceberg::table::Table;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, iceberg_error};
-use crate::lake::writer::arrow_schema;
+use crate::lake::schema::{COMMIT_LSN, SEQ};
+use crate::lake::writer::{SUMMARY_COMMIT_LSN, arrow_schema};
+use crate::pg::lsn::Lsn;
 
-/// The table's current rows, `columns` only, sorted by `order_by`.
-pub async fn table_text(
-    lake: &Lake,
-    ident: &TableIdent,
-    columns: &[&str],
-    order_by: &[&str],
-) -> Result<String> {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
+    Csv,
+}
+
+impl FromStr for Format {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Format, String> {
+        match s {
+            "table" => Ok(Format::Table),
+            "json" => Ok(Format::Json),
+            "csv" => Ok(Format::Csv),
+            other => Err(format!("unknown format {other:?}: use table, json or csv")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ShowOptions {
+    /// Columns to print; all when empty.
+    pub columns: Vec<String>,
+    /// Sort keys; when empty, bronze sorts by (`_cdc_commit_lsn`,
+    /// `_cdc_seq`) and silver by its primary key.
+    pub order_by: Vec<String>,
+    pub limit: Option<usize>,
+    pub as_of: Option<Lsn>,
+    pub format: Format,
+}
+
+impl Default for ShowOptions {
+    fn default() -> ShowOptions {
+        ShowOptions {
+            columns: Vec::new(),
+            order_by: Vec::new(),
+            limit: None,
+            as_of: None,
+            format: Format::Table,
+        }
+    }
+}
+
+/// The table's rows printed as `options` say.
+pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Result<String> {
     let context =
         |e: iceberg::Error| iceberg_error(e, "cannot scan the table").with_context("table", ident);
     let table = lake.catalog_table(ident).await?;
-    let batches: Vec<RecordBatch> = table
-        .scan()
-        .select(columns.iter().copied())
+    let full = arrow_schema(&table)?;
+    let columns: Vec<&str> = if options.columns.is_empty() {
+        full.fields().iter().map(|f| f.name().as_str()).collect()
+    } else {
+        options.columns.iter().map(String::as_str).collect()
+    };
+    let mut scan = table.scan().select(columns.iter().copied());
+    if let Some(lsn) = options.as_of {
+        scan = scan.snapshot_id(snapshot_as_of(&table, lsn)?);
+    }
+    let batches: Vec<RecordBatch> = scan
         .build()
         .map_err(context)?
         .to_arrow()
@@ -35,41 +96,143 @@ pub async fn table_text(
         .map_err(context)?;
     let schema = match batches.first() {
         Some(b) => b.schema(),
-        None => {
-            let full = arrow_schema(&table)?;
-            let projected = full
-                .project(&indices_of(&full, columns)?)
-                .map_err(|e| arrow_error(e, ident))?;
-            std::sync::Arc::new(projected)
-        }
+        None => Arc::new(
+            full.project(&indices_of(&full, &columns)?)
+                .map_err(|e| arrow_error(e, ident))?,
+        ),
     };
     let all = concat_batches(&schema, &batches).map_err(|e| arrow_error(e, ident))?;
-    let sort: Vec<SortColumn> = order_by
+    let order_by = if options.order_by.is_empty() {
+        default_order(&table, &all)
+    } else {
+        options.order_by.clone()
+    };
+    let mut rows = sort(all, &order_by, ident)?;
+    if let Some(limit) = options.limit {
+        rows = rows.slice(0, limit.min(rows.num_rows()));
+    }
+    render(&rows, options.format).map_err(|e| e.with_context("table", ident))
+}
+
+/// The newest snapshot whose last source transaction committed at or
+/// before `lsn`.
+fn snapshot_as_of(table: &Table, lsn: Lsn) -> Result<i64> {
+    table
+        .metadata()
+        .snapshots()
+        .filter_map(|s| {
+            let committed: u64 = s
+                .summary()
+                .additional_properties
+                .get(SUMMARY_COMMIT_LSN)?
+                .parse()
+                .ok()?;
+            (committed <= lsn.0).then_some((s.sequence_number(), s.snapshot_id()))
+        })
+        .max()
+        .map(|(_, id)| id)
+        .ok_or_else(|| {
+            Error::new(
+                ErrorKind::Config,
+                format!("the table has no snapshot as of LSN {lsn}: its history starts later"),
+            )
+            .with_context("table", table.identifier())
+        })
+}
+
+fn default_order(table: &Table, rows: &RecordBatch) -> Vec<String> {
+    let has = |name: &str| rows.column_by_name(name).is_some();
+    if has(COMMIT_LSN) && has(SEQ) {
+        return vec![COMMIT_LSN.to_owned(), SEQ.to_owned()];
+    }
+    let schema = table.metadata().current_schema();
+    schema
+        .identifier_field_ids()
+        .filter_map(|id| schema.name_by_field_id(id))
+        .filter(|name| has(name))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn sort(rows: RecordBatch, order_by: &[String], ident: &TableIdent) -> Result<RecordBatch> {
+    let keys: Vec<SortColumn> = order_by
         .iter()
         .map(|name| {
-            all.column_by_name(name)
+            rows.column_by_name(name)
                 .map(|values| SortColumn {
                     values: values.clone(),
                     options: None,
                 })
                 .ok_or_else(|| {
-                    Error::new(ErrorKind::Config, format!("no column {name}"))
+                    Error::new(ErrorKind::Config, format!("no column {name} to sort by"))
                         .with_context("table", ident)
                 })
         })
         .collect::<Result<_>>()?;
-    let sorted = if sort.is_empty() || all.num_rows() == 0 {
-        all
-    } else {
-        let indices = lexsort_to_indices(&sort, None).map_err(|e| arrow_error(e, ident))?;
-        take_record_batch(&all, &indices).map_err(|e| arrow_error(e, ident))?
-    };
-    let text =
-        arrow_cast::pretty::pretty_format_batches(&[sorted]).map_err(|e| arrow_error(e, ident))?;
-    Ok(text.to_string())
+    if keys.is_empty() || rows.num_rows() == 0 {
+        return Ok(rows);
+    }
+    let indices = lexsort_to_indices(&keys, None).map_err(|e| arrow_error(e, ident))?;
+    take_record_batch(&rows, &indices).map_err(|e| arrow_error(e, ident))
 }
 
-fn indices_of(schema: &arrow_schema::Schema, columns: &[&str]) -> Result<Vec<usize>> {
+fn render(rows: &RecordBatch, format: Format) -> Result<String> {
+    let bad = |e: arrow_schema::ArrowError| {
+        Error::new(ErrorKind::Io, "cannot print the table").with_source(e)
+    };
+    match format {
+        Format::Table => Ok(
+            arrow_cast::pretty::pretty_format_batches(std::slice::from_ref(rows))
+                .map_err(bad)?
+                .to_string(),
+        ),
+        Format::Json => {
+            let mut writer = arrow_json::ArrayWriter::new(Vec::new());
+            writer.write(rows).map_err(bad)?;
+            writer.finish().map_err(bad)?;
+            let mut out = String::from_utf8(writer.into_inner()).map_err(|e| {
+                Error::new(ErrorKind::Io, "the JSON writer produced invalid UTF-8").with_source(e)
+            })?;
+            if out.is_empty() {
+                out.push_str("[]");
+            }
+            out.push('\n');
+            Ok(out)
+        }
+        Format::Csv => {
+            let flat = flatten(rows).map_err(bad)?;
+            let mut writer = arrow_csv::WriterBuilder::new()
+                .with_header(true)
+                .build(Vec::new());
+            writer.write(&flat).map_err(bad)?;
+            String::from_utf8(writer.into_inner()).map_err(|e| {
+                Error::new(ErrorKind::Io, "the CSV writer produced invalid UTF-8").with_source(e)
+            })
+        }
+    }
+}
+
+/// CSV has no nested values: lists and structs become their display text.
+fn flatten(rows: &RecordBatch) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let mut fields = Vec::with_capacity(rows.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns());
+    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        if field.data_type().is_nested() {
+            let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())?;
+            let text: StringArray = (0..column.len())
+                .map(|i| (!column.is_null(i)).then(|| formatter.value(i).to_string()))
+                .collect();
+            fields.push(Field::new(field.name(), DataType::Utf8, true));
+            columns.push(Arc::new(text));
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+fn indices_of(schema: &Schema, columns: &[&str]) -> Result<Vec<usize>> {
     columns
         .iter()
         .map(|c| {
