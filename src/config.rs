@@ -1,10 +1,402 @@
-//! Option values shared by the command line and (later) the config file.
+//! Settings: defaults, then a TOML file (`--config`), then `WAL2ICEBERG_*`
+//! environment variables, then flags, each overriding the one before. Every
+//! value is checked before anything connects, and an error names the
+//! option, where it came from and the rule it broke; unknown keys are
+//! errors. docs/configuration.md lists every option.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::config::PgConfig;
+use crate::pg::source::TableName;
+
+/// One layer of raw values, as written in a file, the environment or flags.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Raw {
+    pub source: Option<String>,
+    pub tables: Option<Vec<String>>,
+    pub slot: Option<String>,
+    pub publication: Option<String>,
+    pub lake: Option<PathBuf>,
+    pub namespace: Option<String>,
+    pub table_names: Option<BTreeMap<String, String>>,
+    pub flush_interval: Option<String>,
+    pub max_batch_rows: Option<i64>,
+    pub max_batch_bytes: Option<i64>,
+    pub exit_when_idle: Option<String>,
+    pub metrics_addr: Option<String>,
+    pub log_format: Option<String>,
+    pub proto_version: Option<i64>,
+    pub streaming: Option<bool>,
+    pub heartbeat_interval: Option<String>,
+    pub retained_wal_warn_bytes: Option<i64>,
+}
+
+/// How a value is written in an environment variable.
+enum Kind {
+    Text,
+    List,
+    Integer,
+    Bool,
+    Map,
+}
+
+const KEYS: &[(&str, Kind)] = &[
+    ("source", Kind::Text),
+    ("tables", Kind::List),
+    ("slot", Kind::Text),
+    ("publication", Kind::Text),
+    ("lake", Kind::Text),
+    ("namespace", Kind::Text),
+    ("table_names", Kind::Map),
+    ("flush_interval", Kind::Text),
+    ("max_batch_rows", Kind::Integer),
+    ("max_batch_bytes", Kind::Integer),
+    ("exit_when_idle", Kind::Text),
+    ("metrics_addr", Kind::Text),
+    ("log_format", Kind::Text),
+    ("proto_version", Kind::Integer),
+    ("streaming", Kind::Bool),
+    ("heartbeat_interval", Kind::Text),
+    ("retained_wal_warn_bytes", Kind::Integer),
+];
+
+/// Environment variables with the prefix that are not settings.
+const OTHER_VARIABLES: &[&str] = &["WAL2ICEBERG_PG_BIN"];
+
+const ENV_PREFIX: &str = "WAL2ICEBERG_";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Checked settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub source: PgConfig,
+    pub tables: Vec<TableName>,
+    pub slot: String,
+    pub publication: String,
+    pub lake: PathBuf,
+    pub namespace: Option<String>,
+    /// Iceberg names chosen for source tables, instead of the default.
+    pub table_names: BTreeMap<TableName, String>,
+    pub flush_interval: Duration,
+    pub max_batch_rows: usize,
+    pub max_batch_bytes: usize,
+    pub exit_when_idle: Option<Duration>,
+    pub metrics_addr: Option<SocketAddr>,
+    pub log_format: LogFormat,
+    pub proto_version: u32,
+    pub streaming: bool,
+    pub heartbeat_interval: Option<Duration>,
+    pub retained_wal_warn_bytes: u64,
+}
+
+impl Settings {
+    /// Resolves the layers: `file` (if given), the environment `vars`, then
+    /// `flags`.
+    pub fn resolve(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+        flags: Raw,
+    ) -> Result<Settings> {
+        let mut layers = Vec::new();
+        if let Some(path) = file {
+            layers.push((from_file(path)?, format!("config file {}", path.display())));
+        }
+        let (env, names) = from_env(vars)?;
+        layers.push((env, "environment".to_owned()));
+        layers.push((flags, "command line".to_owned()));
+        let mut merged = Merged::default();
+        for (layer, origin) in layers {
+            merged.over(layer, &origin, &names);
+        }
+        merged.check()
+    }
+
+    /// What the capture needs.
+    pub fn capture_options(&self) -> CaptureOptions {
+        let mut options = CaptureOptions::new(self.tables.clone());
+        options.slot = self.slot.clone();
+        options.publication = self.publication.clone();
+        options.proto_version = self.proto_version;
+        options.streaming = self.streaming;
+        options
+    }
+}
+
+fn from_file(path: &Path) -> Result<Raw> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        Error::new(ErrorKind::Config, "cannot read the config file")
+            .with_context("file", path.display())
+            .with_source(e)
+    })?;
+    toml::from_str(&text).map_err(|e| {
+        Error::new(
+            ErrorKind::Config,
+            format!("config file {}: {}", path.display(), e.message()),
+        )
+        .with_context(
+            "line",
+            e.span()
+                .map_or(0, |s| text[..s.start].lines().count().max(1)),
+        )
+    })
+}
+
+/// The `WAL2ICEBERG_*` variables as a layer, and which variable set each key.
+fn from_env(
+    vars: impl IntoIterator<Item = (String, String)>,
+) -> Result<(Raw, BTreeMap<String, String>)> {
+    let mut table = toml::Table::new();
+    let mut names = BTreeMap::new();
+    for (name, value) in vars {
+        let Some(key) = name.strip_prefix(ENV_PREFIX) else {
+            continue;
+        };
+        if OTHER_VARIABLES.contains(&name.as_str()) {
+            continue;
+        }
+        let key = key.to_ascii_lowercase();
+        let Some((_, kind)) = KEYS.iter().find(|(k, _)| *k == key) else {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "environment variable {name} is not a wal2iceberg setting (docs/configuration.md lists them)"
+                ),
+            ));
+        };
+        let bad = |rule: &str| {
+            Error::new(
+                ErrorKind::Config,
+                format!("environment variable {name} {rule}"),
+            )
+        };
+        let value = match kind {
+            Kind::Text => toml::Value::String(value),
+            Kind::List => toml::Value::Array(
+                value
+                    .split(',')
+                    .map(|s| toml::Value::String(s.trim().to_owned()))
+                    .collect(),
+            ),
+            Kind::Integer => toml::Value::Integer(
+                value
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad("must be a whole number"))?,
+            ),
+            Kind::Bool => toml::Value::Boolean(match value.trim() {
+                "true" | "1" => true,
+                "false" | "0" => false,
+                _ => return Err(bad("must be true or false")),
+            }),
+            Kind::Map => {
+                let mut map = toml::Table::new();
+                for pair in value.split(',').filter(|p| !p.trim().is_empty()) {
+                    let (k, v) = pair
+                        .split_once('=')
+                        .ok_or_else(|| bad("must be source=name pairs separated by commas"))?;
+                    map.insert(
+                        k.trim().to_owned(),
+                        toml::Value::String(v.trim().to_owned()),
+                    );
+                }
+                toml::Value::Table(map)
+            }
+        };
+        names.insert(key.clone(), name.clone());
+        table.insert(key, value);
+    }
+    let raw = Raw::deserialize(table)
+        .map_err(|e| Error::new(ErrorKind::Config, format!("environment: {}", e.message())))?;
+    Ok((raw, names))
+}
+
+/// The merged raw values and where each came from.
+#[derive(Default)]
+struct Merged {
+    raw: Raw,
+    origins: BTreeMap<&'static str, String>,
+}
+
+macro_rules! overlay {
+    ($self:ident, $layer:ident, $origin:ident, $names:ident, $($field:ident),+) => {
+        $(
+            if $layer.$field.is_some() {
+                $self.raw.$field = $layer.$field;
+                let origin = match ($origin, $names.get(stringify!($field))) {
+                    ("environment", Some(var)) => format!("environment variable {var}"),
+                    (origin, _) => origin.to_owned(),
+                };
+                $self.origins.insert(stringify!($field), origin);
+            }
+        )+
+    };
+}
+
+impl Merged {
+    fn over(&mut self, layer: Raw, origin: &str, names: &BTreeMap<String, String>) {
+        overlay!(
+            self,
+            layer,
+            origin,
+            names,
+            source,
+            tables,
+            slot,
+            publication,
+            lake,
+            namespace,
+            table_names,
+            flush_interval,
+            max_batch_rows,
+            max_batch_bytes,
+            exit_when_idle,
+            metrics_addr,
+            log_format,
+            proto_version,
+            streaming,
+            heartbeat_interval,
+            retained_wal_warn_bytes
+        );
+    }
+
+    /// An error about `key`, naming where its value came from.
+    fn error(&self, key: &str, rule: impl std::fmt::Display) -> Error {
+        let origin = self
+            .origins
+            .get(key)
+            .map_or(String::new(), |o| format!(" (from the {o})"));
+        Error::new(ErrorKind::Config, format!("{key}{origin}: {rule}"))
+    }
+
+    fn duration(&self, key: &str, value: Option<&String>) -> Result<Option<Duration>> {
+        value
+            .map(|v| parse_duration(v).map_err(|e| self.error(key, e)))
+            .transpose()
+    }
+
+    fn positive(&self, key: &str, value: Option<i64>, default: usize) -> Result<usize> {
+        match value {
+            None => Ok(default),
+            Some(n) if n >= 1 => usize::try_from(n).map_err(|_| self.error(key, "is too large")),
+            Some(n) => Err(self.error(key, format!("must be at least 1, not {n}"))),
+        }
+    }
+
+    fn check(self) -> Result<Settings> {
+        let raw = &self.raw;
+        let source = PgConfig::parse(raw.source.as_deref().unwrap_or(""))
+            .map_err(|e| self.error("source", e))?;
+        let tables = raw
+            .tables
+            .iter()
+            .flatten()
+            .filter(|t| !t.trim().is_empty())
+            .map(|t| TableName::parse(t.trim()).map_err(|e| self.error("tables", e)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut table_names = BTreeMap::new();
+        for (table, name) in raw.table_names.iter().flatten() {
+            let table = TableName::parse(table).map_err(|e| self.error("table_names", e))?;
+            if !tables.is_empty() && !tables.contains(&table) {
+                return Err(self.error(
+                    "table_names",
+                    format!("names {table}, which is not among the tables"),
+                ));
+            }
+            if name.is_empty() || name.contains('.') || name.ends_with("_changes") {
+                return Err(self.error(
+                    "table_names",
+                    format!(
+                        "{name:?} for {table}: a name must be non-empty, without dots, and not end in _changes (the bronze suffix)"
+                    ),
+                ));
+            }
+            table_names.insert(table, name.clone());
+        }
+        let log_format = match raw.log_format.as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(self.error("log_format", format!("{other:?} is not text or json")));
+            }
+        };
+        let proto_version = match raw.proto_version {
+            None => 2,
+            Some(v @ (1 | 2)) => v as u32,
+            Some(v) => return Err(self.error("proto_version", format!("{v} is not 1 or 2"))),
+        };
+        let streaming = raw.streaming.unwrap_or(false);
+        if streaming && proto_version < 2 {
+            return Err(self.error("streaming", "needs proto_version 2"));
+        }
+        let metrics_addr = raw
+            .metrics_addr
+            .as_deref()
+            .map(|a| {
+                a.parse::<SocketAddr>().map_err(|_| {
+                    self.error(
+                        "metrics_addr",
+                        format!("{a:?} is not an address like 127.0.0.1:9187"),
+                    )
+                })
+            })
+            .transpose()?;
+        let retained_wal_warn_bytes = match raw.retained_wal_warn_bytes {
+            None => DEFAULT_RETAINED_WAL_WARN_BYTES,
+            Some(n) if n >= 0 => n as u64,
+            Some(n) => {
+                return Err(self.error(
+                    "retained_wal_warn_bytes",
+                    format!("must not be negative, not {n}"),
+                ));
+            }
+        };
+        Ok(Settings {
+            source,
+            tables,
+            slot: raw.slot.clone().unwrap_or_else(|| DEFAULT_SLOT.to_owned()),
+            publication: raw
+                .publication
+                .clone()
+                .unwrap_or_else(|| DEFAULT_PUBLICATION.to_owned()),
+            lake: raw.lake.clone().unwrap_or_else(|| PathBuf::from("./lake")),
+            namespace: raw.namespace.clone(),
+            table_names,
+            flush_interval: self
+                .duration("flush_interval", raw.flush_interval.as_ref())?
+                .unwrap_or(Duration::from_secs(1)),
+            max_batch_rows: self.positive("max_batch_rows", raw.max_batch_rows, 100_000)?,
+            max_batch_bytes: self.positive("max_batch_bytes", raw.max_batch_bytes, 128 << 20)?,
+            exit_when_idle: self.duration("exit_when_idle", raw.exit_when_idle.as_ref())?,
+            metrics_addr,
+            log_format,
+            proto_version,
+            streaming,
+            heartbeat_interval: self
+                .duration("heartbeat_interval", raw.heartbeat_interval.as_ref())?,
+            retained_wal_warn_bytes,
+        })
+    }
+}
+
+/// Warn when the slot keeps more WAL than this on the source's disk.
+pub const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
 
 /// A duration: a number with an optional unit, `ms`, `s` (the default),
 /// `m` or `h`: `6`, `6s`, `500ms`, `1.5m`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -28,18 +420,4 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_take_a_unit_or_mean_seconds() {
-        assert_eq!(parse_duration("6"), Ok(Duration::from_secs(6)));
-        assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
-        for bad in ["", "s", "6 days", "-1s", "1e999", "6x"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-}
+mod tests;

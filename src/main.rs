@@ -1,15 +1,17 @@
 //! The `wal2iceberg` command line.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use wal2iceberg::cdc::capture::{self, CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
-use wal2iceberg::config::parse_duration;
+use wal2iceberg::cdc::capture;
+use wal2iceberg::config::{LogFormat, Raw, Settings};
+use wal2iceberg::lake::catalog::{Lake, namespace};
+use wal2iceberg::ops::run::RunOptions;
+use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::shutdown::Shutdown;
 use wal2iceberg::ops::tail::{TailOptions, tail};
-use wal2iceberg::pg::config::PgConfig;
-use wal2iceberg::pg::source::TableName;
+use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::{Error, ErrorKind};
 
 #[derive(Parser)]
@@ -23,101 +25,109 @@ struct Cli {
     command: Command,
 }
 
-/// Where and what to capture.
+/// Settings, from flags over `WAL2ICEBERG_*` variables over the config
+/// file (docs/configuration.md).
 #[derive(clap::Args)]
-struct SourceArgs {
+struct SettingsArgs {
+    /// A TOML file with any of the settings below.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Source connection: a postgres:// URL or key=value string; PG*
     /// environment variables and ~/.pgpass fill what it leaves out.
-    #[arg(long, env = "WAL2ICEBERG_SOURCE", default_value = "")]
-    source: String,
+    #[arg(long)]
+    source: Option<String>,
     /// Tables to capture, comma-separated: public.customers,public.orders.
-    #[arg(long, value_delimiter = ',', required = true)]
-    tables: Vec<String>,
-    /// Replication slot name.
-    #[arg(long, default_value = DEFAULT_SLOT)]
-    slot: String,
-    /// Publication name; created for the tables when missing.
-    #[arg(long, default_value = DEFAULT_PUBLICATION)]
-    publication: String,
-    /// pgoutput protocol version (1 or 2).
-    #[arg(long, default_value_t = 2)]
-    proto_version: u32,
+    #[arg(long, value_delimiter = ',')]
+    tables: Option<Vec<String>>,
+    /// Replication slot name [default: wal2iceberg].
+    #[arg(long)]
+    slot: Option<String>,
+    /// Publication name; created for the tables when missing [default: wal2iceberg].
+    #[arg(long)]
+    publication: Option<String>,
+    /// Folder of the embedded lake: catalog.db and warehouse/ [default: ./lake].
+    #[arg(long)]
+    lake: Option<PathBuf>,
+    /// Iceberg namespace [default: the source database's name].
+    #[arg(long)]
+    namespace: Option<String>,
+    /// Commit a batch at least this often (500ms, 1s, 2m) [default: 1s].
+    #[arg(long, value_name = "DURATION")]
+    flush_interval: Option<String>,
+    /// Commit once a batch holds this many changes [default: 100000].
+    #[arg(long)]
+    max_batch_rows: Option<i64>,
+    /// Commit once a batch holds about this many bytes [default: 134217728].
+    #[arg(long)]
+    max_batch_bytes: Option<i64>,
+    /// Drain, commit, confirm and exit 0 once no change came for this long.
+    #[arg(long, value_name = "DURATION")]
+    exit_when_idle: Option<String>,
+    /// Serve Prometheus /metrics and /healthz here (127.0.0.1:9187).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
+    /// Log lines as text or json [default: text].
+    #[arg(long)]
+    log_format: Option<String>,
+    /// pgoutput protocol version, 1 or 2 [default: 2].
+    #[arg(long)]
+    proto_version: Option<i64>,
     /// Stream large transactions before they commit (protocol 2).
     #[arg(long)]
     streaming: bool,
+    /// Emit a logical message this often so the slot advances on servers
+    /// where other databases make the WAL (30s) [default: off].
+    #[arg(long, value_name = "DURATION")]
+    heartbeat_interval: Option<String>,
+    /// Warn when the slot retains more WAL than this [default: 1073741824].
+    #[arg(long, value_name = "BYTES")]
+    retained_wal_warn_bytes: Option<i64>,
 }
 
-impl SourceArgs {
-    fn parse(&self) -> Result<(PgConfig, CaptureOptions), Error> {
-        let config = PgConfig::parse(&self.source)?;
-        let tables = self
-            .tables
-            .iter()
-            .map(|t| TableName::parse(t.trim()))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut options = CaptureOptions::new(tables);
-        options.slot = self.slot.clone();
-        options.publication = self.publication.clone();
-        options.proto_version = self.proto_version;
-        options.streaming = self.streaming;
-        Ok((config, options))
+impl SettingsArgs {
+    fn resolve(self) -> Result<Settings, Error> {
+        let flags = Raw {
+            source: self.source,
+            tables: self.tables,
+            slot: self.slot,
+            publication: self.publication,
+            lake: self.lake,
+            namespace: self.namespace,
+            table_names: None,
+            flush_interval: self.flush_interval,
+            max_batch_rows: self.max_batch_rows,
+            max_batch_bytes: self.max_batch_bytes,
+            exit_when_idle: self.exit_when_idle,
+            metrics_addr: self.metrics_addr,
+            log_format: self.log_format,
+            proto_version: self.proto_version,
+            streaming: self.streaming.then_some(true),
+            heartbeat_interval: self.heartbeat_interval,
+            retained_wal_warn_bytes: self.retained_wal_warn_bytes,
+        };
+        Settings::resolve(self.config.as_deref(), std::env::vars(), flags)
     }
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the decoded change stream as JSON lines (initial load first
-    /// when the slot is new); each transaction is confirmed once printed.
-    Tail {
-        #[command(flatten)]
-        source: SourceArgs,
-        /// Exit 0 once no change came for this long (6s, 500ms, 2m).
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-        exit_when_idle: Option<Duration>,
-    },
     /// Replicate the tables into the lake: bronze `<table>_changes` and
     /// silver `<table>`, initial load first when the slot is new.
     Run {
         #[command(flatten)]
-        source: SourceArgs,
-        /// Folder of the embedded lake: catalog.db and warehouse/.
-        #[arg(long, default_value = "./lake")]
-        lake: std::path::PathBuf,
-        /// Iceberg namespace; the source database's name when unset.
-        #[arg(long)]
-        namespace: Option<String>,
-        /// Commit a batch at least this often.
-        #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
-        flush_interval: Duration,
-        /// Commit once a batch holds this many changes.
-        #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_ROWS)]
-        max_batch_rows: usize,
-        /// Commit once a batch holds about this many bytes of values.
-        #[arg(long, default_value_t = wal2iceberg::ops::run::DEFAULT_MAX_BATCH_BYTES)]
-        max_batch_bytes: usize,
-        /// Drain, commit, confirm and exit 0 once no change came for this
-        /// long (6s, 500ms, 2m).
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-        exit_when_idle: Option<Duration>,
+        settings: SettingsArgs,
     },
-    /// Run the seed walkthrough against a throwaway local PostgreSQL
-    /// (server binaries found as in docs/testing.md) and print each step.
-    Demo,
+    /// Run every preflight check and print each failure with its fix;
+    /// exit 0 only when a run would start.
+    Check {
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
     /// The slot (activity, confirmed position, retained WAL, lag) and each
     /// lake table's last source transaction and its lag.
     Status {
-        /// Source connection, as for `run`.
-        #[arg(long, env = "WAL2ICEBERG_SOURCE", default_value = "")]
-        source: String,
-        /// Replication slot name.
-        #[arg(long, default_value = DEFAULT_SLOT)]
-        slot: String,
-        /// Folder of the embedded lake.
-        #[arg(long, default_value = "./lake")]
-        lake: std::path::PathBuf,
-        /// Iceberg namespace; the source database's name when unset.
-        #[arg(long)]
-        namespace: Option<String>,
+        #[command(flatten)]
+        settings: SettingsArgs,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -126,22 +136,11 @@ enum Command {
     /// (one made by someone else is kept); the lake's tables only with
     /// --drop-tables.
     Teardown {
-        /// Source connection, as for `run`.
-        #[arg(long, env = "WAL2ICEBERG_SOURCE", default_value = "")]
-        source: String,
-        #[arg(long, default_value = DEFAULT_SLOT)]
-        slot: String,
-        #[arg(long, default_value = DEFAULT_PUBLICATION)]
-        publication: String,
+        #[command(flatten)]
+        settings: SettingsArgs,
         /// Also drop every Iceberg table of the namespace, with its files.
         #[arg(long)]
         drop_tables: bool,
-        /// Folder of the embedded lake (for --drop-tables).
-        #[arg(long, default_value = "./lake")]
-        lake: std::path::PathBuf,
-        /// Iceberg namespace; the source database's name when unset.
-        #[arg(long)]
-        namespace: Option<String>,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
@@ -152,7 +151,7 @@ enum Command {
         table: String,
         /// Folder of the embedded lake.
         #[arg(long, default_value = "./lake")]
-        lake: std::path::PathBuf,
+        lake: PathBuf,
         /// Iceberg namespace, when the table name has none; by default the
         /// lake's only namespace.
         #[arg(long)]
@@ -163,28 +162,25 @@ enum Command {
         /// The table as of a source LSN (e.g. 0/1A2B3C8): the newest
         /// snapshot holding nothing committed after it.
         #[arg(long, value_name = "LSN")]
-        as_of: Option<wal2iceberg::pg::lsn::Lsn>,
+        as_of: Option<Lsn>,
         /// table, json or csv.
         #[arg(long, default_value = "table")]
-        format: wal2iceberg::ops::show::Format,
+        format: Format,
     },
-    /// Run every preflight check and print each failure with its fix.
-    Check {
+    /// Print the decoded change stream as JSON lines (initial load first
+    /// when the slot is new); each transaction is confirmed once printed.
+    Tail {
         #[command(flatten)]
-        source: SourceArgs,
+        settings: SettingsArgs,
     },
+    /// Run the seed walkthrough against a throwaway local PostgreSQL
+    /// (server binaries found as in docs/testing.md) and print each step.
+    Demo,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "wal2iceberg=info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     match run(cli).await {
         Ok(code) => code,
         Err(err) => {
@@ -197,132 +193,97 @@ async fn main() -> ExitCode {
     }
 }
 
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "wal2iceberg=info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+/// Resolves the settings and starts logging as they say.
+fn settings(args: SettingsArgs) -> Result<Settings, Error> {
+    let settings = args.resolve()?;
+    init_logging(settings.log_format);
+    Ok(settings)
+}
+
+fn need_tables(settings: &Settings) -> Result<(), Error> {
+    if settings.tables.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "tables: none given; name at least one schema.table (--tables, WAL2ICEBERG_TABLES or tables in the config file)",
+        ));
+    }
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
-        Command::Run {
-            source,
-            lake,
-            namespace,
-            flush_interval,
-            max_batch_rows,
-            max_batch_bytes,
-            exit_when_idle,
-        } => {
-            let (config, capture) = source.parse()?;
-            let options = wal2iceberg::ops::run::RunOptions {
-                namespace,
-                flush_interval,
-                max_batch_rows: max_batch_rows.max(1),
-                max_batch_bytes: max_batch_bytes.max(1),
-                exit_when_idle,
+        Command::Run { settings: args } => {
+            let settings = settings(args)?;
+            need_tables(&settings)?;
+            let options = RunOptions {
+                namespace: settings.namespace.clone(),
+                table_names: settings.table_names.clone(),
+                flush_interval: settings.flush_interval,
+                max_batch_rows: settings.max_batch_rows,
+                max_batch_bytes: settings.max_batch_bytes,
+                exit_when_idle: settings.exit_when_idle,
                 shutdown: Shutdown::on_signals()?,
-                ..wal2iceberg::ops::run::RunOptions::new(capture, lake)
+                ..RunOptions::new(settings.capture_options(), settings.lake.clone())
             };
-            let report = wal2iceberg::ops::run::run(&config, &options).await?;
+            let report = wal2iceberg::ops::run::run(&settings.source, &options).await?;
             println!(
                 "applied {} changes in {} batches; confirmed {}",
                 report.changes_applied, report.batches, report.confirmed
             );
             Ok(ExitCode::SUCCESS)
         }
-        Command::Tail {
-            source,
-            exit_when_idle,
-        } => {
-            let (config, capture) = source.parse()?;
-            let options = TailOptions {
-                capture,
-                exit_when_idle,
-            };
-            tail(&config, &options, &mut std::io::stdout().lock()).await?;
-            Ok(ExitCode::SUCCESS)
+        Command::Check { settings: args } => {
+            let settings = settings(args)?;
+            need_tables(&settings)?;
+            let failures = capture::check(&settings.source, &settings.capture_options()).await?;
+            if failures.is_empty() {
+                println!("all checks passed: {}", settings.source);
+                return Ok(ExitCode::SUCCESS);
+            }
+            for failure in &failures {
+                println!("{failure}");
+            }
+            Ok(ExitCode::from(1))
         }
         Command::Status {
-            source,
-            slot,
-            lake,
-            namespace,
+            settings: args,
             json,
         } => {
-            let config = PgConfig::parse(&source)?;
-            let status =
-                wal2iceberg::ops::status::status(&config, &slot, &lake, namespace.as_deref())
-                    .await?;
+            let settings = settings(args)?;
+            let status = wal2iceberg::ops::status::status(
+                &settings.source,
+                &settings.slot,
+                &settings.lake,
+                settings.namespace.as_deref(),
+            )
+            .await?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&status).map_err(|e| Error::new(
-                        ErrorKind::Io,
-                        "cannot print the status"
-                    )
-                    .with_source(e))?
-                );
+                let text = serde_json::to_string_pretty(&status).map_err(|e| {
+                    Error::new(ErrorKind::Io, "cannot print the status").with_source(e)
+                })?;
+                println!("{text}");
             } else {
                 print!("{}", status.to_text());
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Teardown {
-            source,
-            slot,
-            publication,
+            settings: args,
             drop_tables,
-            lake,
-            namespace,
             yes,
-        } => {
-            let config = PgConfig::parse(&source)?;
-            let what = format!(
-                "slot {slot:?} and publication {publication:?} on {}:{}/{}{}",
-                config.host,
-                config.port,
-                config.dbname,
-                if drop_tables {
-                    format!(" and every table of the lake {}", lake.display())
-                } else {
-                    String::new()
-                }
-            );
-            if !yes && !confirm(&what)? {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    format!(
-                        "teardown of {what} not confirmed: nothing dropped (pass --yes to skip the question)"
-                    ),
-                ));
-            }
-            let namespace = wal2iceberg::lake::catalog::namespace(
-                namespace.as_deref().unwrap_or(&config.dbname),
-            );
-            let options = wal2iceberg::ops::teardown::TeardownOptions {
-                slot: slot.clone(),
-                publication: publication.clone(),
-                drop_tables: drop_tables.then_some((lake, namespace)),
-            };
-            let report = wal2iceberg::ops::teardown::teardown(&config, &options).await?;
-            println!(
-                "slot {slot}: {}",
-                if report.slot_dropped {
-                    "dropped"
-                } else {
-                    "did not exist"
-                }
-            );
-            println!(
-                "publication {publication}: {}",
-                if report.publication_dropped {
-                    "dropped"
-                } else if report.publication_kept {
-                    "kept (not created by wal2iceberg)"
-                } else {
-                    "did not exist"
-                }
-            );
-            for table in report.tables_dropped {
-                println!("table {table}: dropped");
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        } => teardown(settings(args)?, drop_tables, yes).await,
         Command::Show {
             table,
             lake,
@@ -331,13 +292,14 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             as_of,
             format,
         } => {
-            let lake = wal2iceberg::lake::catalog::Lake::open_existing(&lake).await?;
+            init_logging(LogFormat::Text);
+            let lake = Lake::open_existing(&lake).await?;
             let ident = lake.resolve_table(&table, namespace.as_deref()).await?;
-            let options = wal2iceberg::ops::show::ShowOptions {
+            let options = ShowOptions {
                 limit,
                 as_of,
                 format,
-                ..Default::default()
+                ..ShowOptions::default()
             };
             print!(
                 "{}",
@@ -345,23 +307,75 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             );
             Ok(ExitCode::SUCCESS)
         }
+        Command::Tail { settings: args } => {
+            let settings = settings(args)?;
+            need_tables(&settings)?;
+            let options = TailOptions {
+                capture: settings.capture_options(),
+                exit_when_idle: settings.exit_when_idle,
+            };
+            tail(&settings.source, &options, &mut std::io::stdout().lock()).await?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Demo => {
+            init_logging(LogFormat::Text);
             wal2iceberg::ops::demo::demo(&mut std::io::stdout().lock()).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Check { source } => {
-            let (config, options) = source.parse()?;
-            let failures = capture::check(&config, &options).await?;
-            if failures.is_empty() {
-                println!("all checks passed: {config}");
-                return Ok(ExitCode::SUCCESS);
-            }
-            for failure in &failures {
-                println!("{failure}");
-            }
-            Ok(ExitCode::from(1))
-        }
     }
+}
+
+async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<ExitCode, Error> {
+    let config = &settings.source;
+    let (slot, publication) = (&settings.slot, &settings.publication);
+    let what = format!(
+        "slot {slot:?} and publication {publication:?} on {}:{}/{}{}",
+        config.host,
+        config.port,
+        config.dbname,
+        if drop_tables {
+            format!(" and every table of the lake {}", settings.lake.display())
+        } else {
+            String::new()
+        }
+    );
+    if !yes && !confirm(&what)? {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "teardown of {what} not confirmed: nothing dropped (pass --yes to skip the question)"
+            ),
+        ));
+    }
+    let lake_namespace = namespace(settings.namespace.as_deref().unwrap_or(&config.dbname));
+    let options = wal2iceberg::ops::teardown::TeardownOptions {
+        slot: slot.clone(),
+        publication: publication.clone(),
+        drop_tables: drop_tables.then_some((settings.lake.clone(), lake_namespace)),
+    };
+    let report = wal2iceberg::ops::teardown::teardown(config, &options).await?;
+    println!(
+        "slot {slot}: {}",
+        if report.slot_dropped {
+            "dropped"
+        } else {
+            "did not exist"
+        }
+    );
+    println!(
+        "publication {publication}: {}",
+        if report.publication_dropped {
+            "dropped"
+        } else if report.publication_kept {
+            "kept (not created by wal2iceberg)"
+        } else {
+            "did not exist"
+        }
+    );
+    for table in report.tables_dropped {
+        println!("table {table}: dropped");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Asks on the terminal; without one there is nobody to ask.

@@ -634,3 +634,61 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
     assert_ne!(code, 0);
     assert!(stderr.contains("no such table"), "{stderr}");
 }
+
+#[tokio::test]
+async fn a_config_file_env_and_flags_layer_in_that_order_and_bad_values_stop_before_connecting() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');")
+        .await;
+    let lake = tempfile::tempdir().unwrap();
+    let slot = unique("config");
+    let config = lake.path().join("wal2iceberg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "source = {url:?}\ntables = [\"public.customers\"]\nslot = \"not_this_one\"\nlake = {lake:?}\n\
+             namespace = \"from_file\"\nexit_when_idle = \"1s\"\ntable_names = {{ \"public.customers\" = \"clients\" }}\n",
+            url = db.config_url(),
+            lake = lake.path().display().to_string(),
+        ),
+    )
+    .unwrap();
+    let config_path = config.display().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(["run", "--config", &config_path, "--slot", &slot])
+        .env("WAL2ICEBERG_NAMESPACE", "from_env")
+        .env("WAL2ICEBERG_SLOT", "nor_this_one")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(db.confirmed_flush(&slot).await.is_some(), "the flag's slot");
+    assert_eq!(
+        id_plan_rows(lake.path(), "from_env.clients").await,
+        [(1, "free".to_owned())],
+        "the environment's namespace, the file's table name"
+    );
+
+    // Bad values: exit 2, naming the option and where it came from, before
+    // any connection (the source here would not answer).
+    std::fs::write(&config, "source = \"host=192.0.2.1 user=x dbname=y connect_timeout=30\"\ntables = [\"public.t\"]\nflush_interval = \"often\"\n").unwrap();
+    let started = std::time::Instant::now();
+    let (code, _, stderr) = run(&["run", "--config", &config_path]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("flush_interval (from the config file"),
+        "{stderr}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    std::fs::write(&config, "tables = [\"public.t\"]\nflushinterval = \"1s\"\n").unwrap();
+    let (code, _, stderr) = run(&["run", "--config", &config_path]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("flushinterval"), "{stderr}");
+    let (code, _, stderr) = run(&["run", "--config", "/nonexistent/wal2iceberg.toml"]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot read the config file"), "{stderr}");
+}

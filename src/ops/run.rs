@@ -46,6 +46,8 @@ pub struct RunOptions {
     pub lake: PathBuf,
     /// Iceberg namespace; the source database's name when unset.
     pub namespace: Option<String>,
+    /// Iceberg names chosen for source tables instead of [`iceberg_name`].
+    pub table_names: BTreeMap<TableName, String>,
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
@@ -65,6 +67,7 @@ impl RunOptions {
             capture,
             lake,
             namespace: None,
+            table_names: BTreeMap::new(),
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
@@ -83,8 +86,9 @@ pub struct RunReport {
     pub confirmed: Lsn,
 }
 
-/// The Iceberg names of a source table: `customers` and `customers_changes`
-/// for `public.customers`; `sales__orders` for `sales.orders`.
+/// The default Iceberg name of a source table: `customers` (and
+/// `customers_changes`) for `public.customers`; `sales__orders` for
+/// `sales.orders`. `table_names` in the settings can choose others.
 pub fn iceberg_name(table: &TableName) -> String {
     if table.schema == "public" {
         table.name.clone()
@@ -249,6 +253,8 @@ impl FlushPolicy {
 struct Pipeline {
     lake: Lake,
     namespace: iceberg::NamespaceIdent,
+    /// Iceberg name of each source table.
+    names: HashMap<TableName, String>,
     sinks: HashMap<TableName, TableSink>,
     /// Changes staged in the open batch, and roughly their bytes.
     batch_changes: usize,
@@ -260,12 +266,13 @@ struct Pipeline {
 }
 
 pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
-    check_names(&options.capture.tables)?;
+    let names = names(&options.capture.tables, &options.table_names)?;
     let lake = Lake::open_embedded(&options.lake).await?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
     let mut pipeline = Pipeline {
         lake,
         namespace,
+        names,
         sinks: HashMap::new(),
         batch_changes: 0,
         batch_bytes: 0,
@@ -309,21 +316,33 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     Ok(pipeline.report)
 }
 
-/// Two source tables must never land in one Iceberg table.
-fn check_names(tables: &[TableName]) -> Result<()> {
+/// The Iceberg name of each table; two source tables must never land in
+/// one Iceberg table.
+fn names(
+    tables: &[TableName],
+    chosen: &BTreeMap<TableName, String>,
+) -> Result<HashMap<TableName, String>> {
     let mut seen: BTreeMap<String, &TableName> = BTreeMap::new();
+    let mut names = HashMap::new();
     for table in tables {
-        if let Some(other) = seen.insert(iceberg_name(table), table) {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!(
-                    "tables {other} and {table} would both become Iceberg table {}",
-                    iceberg_name(table)
-                ),
-            ));
+        let name = chosen
+            .get(table)
+            .cloned()
+            .unwrap_or_else(|| iceberg_name(table));
+        let bronze = format!("{name}_changes");
+        for taken in [&name, &bronze] {
+            if let Some(other) = seen.get(taken.as_str()) {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    format!("tables {other} and {table} would both use Iceberg table {taken}"),
+                ));
+            }
         }
+        seen.insert(name.clone(), table);
+        seen.insert(bronze, table);
+        names.insert(table.clone(), name);
     }
-    Ok(())
+    Ok(names)
 }
 
 impl Pipeline {
@@ -428,7 +447,11 @@ impl Pipeline {
     }
 
     fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {
-        let name = iceberg_name(table);
+        let name = self
+            .names
+            .get(table)
+            .cloned()
+            .unwrap_or_else(|| iceberg_name(table));
         (
             TableIdent::new(self.namespace.clone(), format!("{name}_changes")),
             TableIdent::new(self.namespace.clone(), name),

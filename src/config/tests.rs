@@ -1,0 +1,165 @@
+use super::*;
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+    f
+}
+
+fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect()
+}
+
+/// Resolves with a complete source in the environment unless the test
+/// sets one.
+fn resolve(file_text: Option<&str>, env: &[(&str, &str)], flags: Raw) -> Result<Settings> {
+    let f = file_text.map(file);
+    let mut env = vars(env);
+    if !env.iter().any(|(k, _)| k == "WAL2ICEBERG_SOURCE") {
+        env.insert(
+            0,
+            (
+                "WAL2ICEBERG_SOURCE".into(),
+                "host=db user=app dbname=shop".into(),
+            ),
+        );
+    }
+    Settings::resolve(f.as_ref().map(|f| f.path()), env, flags)
+}
+
+#[test]
+fn flags_override_the_environment_which_overrides_the_file() {
+    let text = r#"
+        source = "host=db dbname=shop user=app"
+        tables = ["public.customers", "sales.orders"]
+        slot = "from_file"
+        publication = "file_pub"
+        flush_interval = "2s"
+        max_batch_rows = 10
+        table_names = { "sales.orders" = "orders" }
+    "#;
+    let env = [
+        ("WAL2ICEBERG_SOURCE", "host=envdb user=app dbname=shop"),
+        ("WAL2ICEBERG_SLOT", "from_env"),
+        ("WAL2ICEBERG_MAX_BATCH_ROWS", "20"),
+        ("PATH", "/bin"),
+    ];
+    let flags = Raw {
+        slot: Some("from_flag".into()),
+        ..Raw::default()
+    };
+    let s = resolve(Some(text), &env, flags).unwrap();
+    assert_eq!(s.slot, "from_flag");
+    assert_eq!(s.max_batch_rows, 20);
+    assert_eq!(s.publication, "file_pub");
+    assert_eq!(s.flush_interval, Duration::from_secs(2));
+    assert_eq!(s.tables.len(), 2);
+    assert_eq!(
+        s.source.host, "envdb",
+        "the environment's source wins over the file's"
+    );
+    assert_eq!(
+        s.table_names
+            .get(&TableName::parse("sales.orders").unwrap()),
+        Some(&"orders".to_owned())
+    );
+    // Defaults where nobody said anything.
+    assert_eq!(s.max_batch_bytes, 128 << 20);
+    assert_eq!(s.log_format, LogFormat::Text);
+    assert_eq!(s.exit_when_idle, None);
+}
+
+#[test]
+fn unknown_keys_are_errors_wherever_they_are() {
+    let err = resolve(Some("slott = \"x\"\n"), &[], Raw::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("slott") && err.contains("config file"),
+        "{err}"
+    );
+    let err = resolve(None, &[("WAL2ICEBERG_SLOTT", "x")], Raw::default())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("WAL2ICEBERG_SLOTT"), "{err}");
+    resolve(None, &[("WAL2ICEBERG_PG_BIN", "/usr/bin")], Raw::default()).unwrap();
+}
+
+#[test]
+fn each_error_names_the_option_its_origin_and_the_rule() {
+    type Case<'a> = (Option<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            Some("max_batch_rows = 0"),
+            vec![],
+            "max_batch_rows (from the config file",
+        ),
+        (
+            None,
+            vec![("WAL2ICEBERG_FLUSH_INTERVAL", "soon")],
+            "flush_interval (from the environment variable WAL2ICEBERG_FLUSH_INTERVAL)",
+        ),
+        (
+            None,
+            vec![("WAL2ICEBERG_MAX_BATCH_BYTES", "lots")],
+            "WAL2ICEBERG_MAX_BATCH_BYTES must be a whole number",
+        ),
+        (
+            Some("log_format = \"xml\""),
+            vec![],
+            "log_format (from the config file",
+        ),
+        (Some("proto_version = 3"), vec![], "is not 1 or 2"),
+        (
+            Some("proto_version = 1\nstreaming = true"),
+            vec![],
+            "streaming",
+        ),
+        (Some("metrics_addr = \"localhost\""), vec![], "metrics_addr"),
+        (
+            Some("tables = [\"a.b.c\"]"),
+            vec![],
+            "tables (from the config file",
+        ),
+        (
+            Some("tables = [\"public.a\"]\ntable_names = { \"public.b\" = \"x\" }"),
+            vec![],
+            "not among the tables",
+        ),
+        (
+            Some("table_names = { \"public.a\" = \"a_changes\" }"),
+            vec![],
+            "_changes",
+        ),
+        (Some("max_batch_rows = \"ten\""), vec![], "config file"),
+    ];
+    for (text, env, expected) in cases {
+        let err = resolve(text, &env, Raw::default()).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains(expected), "{expected}: {err}");
+    }
+    let flags = Raw {
+        exit_when_idle: Some("6 days".into()),
+        ..Raw::default()
+    };
+    let err = resolve(None, &[], flags).unwrap_err().to_string();
+    assert!(
+        err.contains("exit_when_idle (from the command line)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn durations_take_a_unit_or_mean_seconds() {
+    assert_eq!(parse_duration("6"), Ok(Duration::from_secs(6)));
+    assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
+    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    for bad in ["", "s", "6 days", "-1s", "1e999", "6x"] {
+        assert!(parse_duration(bad).is_err(), "{bad}");
+    }
+}
