@@ -8,13 +8,15 @@
 //! - [`lake`]: Iceberg: schemas, type mapping, files, commits, silver.
 //! - [`ops`]: what operators run: `run`, `tail`, `demo`, `show`, and the
 //!   throwaway Postgres behind `demo` and the tests.
-//! - [`config`]: option values shared by the command line and config.
+//! - [`config`]: settings from the config file, environment and flags.
+//! - [`metrics`]: Prometheus metrics and their HTTP endpoint.
 //! - [`error`]: the one error type and the retry decision.
 
 pub mod cdc;
 pub mod config;
 pub mod error;
 pub mod lake;
+pub mod metrics;
 pub mod ops;
 pub mod pg;
 

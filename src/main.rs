@@ -198,6 +198,7 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| "wal2iceberg=info".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -227,6 +228,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Run { settings: args } => {
             let settings = settings(args)?;
             need_tables(&settings)?;
+            if let Some(addr) = settings.metrics_addr {
+                wal2iceberg::metrics::serve(addr).await?;
+            }
             let options = RunOptions {
                 namespace: settings.namespace.clone(),
                 table_names: settings.table_names.clone(),
@@ -234,6 +238,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 max_batch_rows: settings.max_batch_rows,
                 max_batch_bytes: settings.max_batch_bytes,
                 exit_when_idle: settings.exit_when_idle,
+                heartbeat_interval: settings.heartbeat_interval,
+                retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
                 shutdown: Shutdown::on_signals()?,
                 ..RunOptions::new(settings.capture_options(), settings.lake.clone())
             };

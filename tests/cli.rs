@@ -692,3 +692,143 @@ async fn a_config_file_env_and_flags_layer_in_that_order_and_bad_values_stop_bef
     assert_eq!(code, 2);
     assert!(stderr.contains("cannot read the config file"), "{stderr}");
 }
+
+/// GET `path` from the metrics server; the body.
+async fn http_get(addr: &str, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+    socket
+        .write_all(format!("GET {path} HTTP/1.0\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut response = String::new();
+    socket.read_to_string(&mut response).await.unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split("\r\n\r\n").nth(1).unwrap().to_owned()
+}
+
+/// The value of one sample line of a scrape.
+fn sample(scrape: &str, series: &str) -> f64 {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {series} in\n{scrape}"))
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
+    use tokio::io::AsyncBufReadExt;
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE events(id int PRIMARY KEY, note text)")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("metrics");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .stdout(std::process::Stdio::null())
+        .args([
+            "run",
+            "--source",
+            &url,
+            "--tables",
+            "public.events",
+            "--slot",
+            &slot,
+            "--lake",
+            &lake_path,
+            "--flush-interval",
+            "100ms",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--retained-wal-warn-bytes",
+            "1",
+        ])
+        .env("RUST_LOG", "wal2iceberg=info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("address=").nth(1) {
+                if line.contains("serving /metrics") {
+                    return rest.split_whitespace().next().unwrap().to_owned();
+                }
+            }
+        }
+        panic!("the run ended before serving metrics");
+    })
+    .await
+    .expect("metrics address logged");
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let log = logged.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(line)) = lines.next_line().await {
+            log.lock().unwrap().push_str(&(line + "\n"));
+        }
+    });
+    assert_eq!(http_get(&addr, "/healthz").await, "ok\n");
+
+    let applied = "wal2iceberg_changes_applied_total{table=\"public.events\",op=\"c\"}";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut next = 0;
+    let scrape = loop {
+        db.exec(&format!(
+            "INSERT INTO events SELECT i, repeat('x', 100) FROM generate_series({}, {}) i",
+            next + 1,
+            next + 100
+        ))
+        .await;
+        next += 100;
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let scrape = http_get(&addr, "/metrics").await;
+        let seen = scrape.lines().any(|l| l.starts_with(applied));
+        if seen && sample(&scrape, "wal2iceberg_retained_wal_over_threshold") == 1.0 {
+            break scrape;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "metrics never moved:\n{scrape}"
+        );
+    };
+    assert!(sample(&scrape, applied) >= 100.0);
+    assert!(sample(&scrape, "wal2iceberg_received_bytes_total") > 0.0);
+    assert!(sample(&scrape, "wal2iceberg_iceberg_commits_total") >= 2.0);
+    assert!(sample(&scrape, "wal2iceberg_commit_to_visible_seconds_count") >= 1.0);
+    assert!(
+        scrape.contains("wal2iceberg_replication_lag_bytes "),
+        "{scrape}"
+    );
+    assert!(scrape.contains("# TYPE wal2iceberg_iceberg_commit_duration_seconds histogram"));
+
+    db.exec("INSERT INTO events VALUES (-1, 'one more')").await;
+    let before = sample(&scrape, applied);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let later = http_get(&addr, "/metrics").await;
+        if sample(&later, applied) > before {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the counter did not move"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(sample(&scrape, "wal2iceberg_retained_wal_bytes") > 1.0);
+    let pid = child.id().unwrap().to_string();
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .unwrap();
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    let logged = logged.lock().unwrap().clone();
+    assert!(
+        logged.contains("retains more WAL than the threshold"),
+        "a loud warning: {logged}"
+    );
+}

@@ -550,3 +550,43 @@ async fn a_hundred_batches_of_random_changes_on_100k_rows_read_back_correct() {
         summary["total-files-size"],
     );
 }
+
+#[tokio::test]
+async fn the_slot_keeps_advancing_while_the_published_tables_are_quiet() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); CREATE TABLE other(x int);")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("quiet");
+    let mut opts = options(&db, &slot, dir.path());
+    opts.exit_when_idle = None;
+    opts.heartbeat_interval = Some(Duration::from_millis(500));
+    opts.monitor_interval = Duration::from_millis(200);
+    let shutdown = opts.shutdown.clone();
+    let config = db.config.clone();
+    let pipeline = tokio::spawn(async move { run(&config, &opts).await });
+
+    // WAL from a table nobody publishes: never a change, never retained.
+    while db.confirmed_flush(&slot).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    db.exec("INSERT INTO other SELECT generate_series(1, 500)")
+        .await;
+    let target = db.wal_insert_lsn().await;
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let flushed = db.confirmed_flush(&slot).await.unwrap();
+        if flushed >= target {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "confirmed_flush_lsn stuck at {flushed}, below {target}"
+        );
+        db.exec("INSERT INTO other VALUES (1)").await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    shutdown.request();
+    let report = pipeline.await.unwrap().unwrap();
+    assert_eq!(report.changes_applied, 0, "no published change came");
+}

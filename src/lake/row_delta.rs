@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use iceberg::spec::{
@@ -133,11 +134,20 @@ pub async fn write_position_deletes(
 /// commit with the table reloaded (the new snapshot then builds on the
 /// other writer's). Returns the table as committed.
 pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta) -> Result<Table> {
+    let metrics = crate::metrics::metrics();
+    let started = std::time::Instant::now();
     for attempt in 1..=MAX_ATTEMPTS {
         let table = lake.catalog_table(ident).await?;
         match try_commit(lake, &table, delta).await? {
-            Some(committed) => return Ok(committed),
+            Some(committed) => {
+                metrics.commit_duration.observe(started.elapsed());
+                metrics.iceberg_commits.fetch_add(1, Ordering::Relaxed);
+                return Ok(committed);
+            }
             None => {
+                metrics
+                    .iceberg_commit_retries
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(table = %ident, attempt, "commit conflict; retrying on the new table state")
             }
         }

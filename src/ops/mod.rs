@@ -2,6 +2,7 @@
 //!
 //! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
 //! - `tail`: prints the decoded change stream as JSON lines.
+//! - `monitor`: the slot's lag and retained WAL while a run streams.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
 //! - `show`: a lake table printed through our own reader.
 //! - `shutdown`: the stop request from SIGINT and SIGTERM.
@@ -10,6 +11,7 @@
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
 pub mod demo;
+pub mod monitor;
 pub mod run;
 pub mod scratch;
 pub mod show;

@@ -11,17 +11,20 @@
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
+use super::monitor::{self, MonitorOptions};
 use super::shutdown::Shutdown;
 use crate::cdc::capture::{self, Capture, CaptureOptions};
 use crate::cdc::event::{Change, Event, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::snapshot::SnapshotLoad;
 use crate::cdc::stream::{ChangeStream, Next};
+use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, namespace};
@@ -29,6 +32,7 @@ use crate::lake::evolve;
 use crate::lake::schema::{bronze_schema, silver_schema};
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::Position;
+use crate::metrics::{metrics, now_micros};
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
@@ -53,6 +57,11 @@ pub struct RunOptions {
     pub max_batch_bytes: usize,
     /// Drain, commit, confirm and return once no change came for this long.
     pub exit_when_idle: Option<Duration>,
+    /// Heartbeat and retained-WAL warnings while streaming.
+    pub heartbeat_interval: Option<Duration>,
+    pub retained_wal_warn_bytes: u64,
+    /// How often the slot's state is read for metrics and warnings.
+    pub monitor_interval: Duration,
     /// Stop at the next safe point once requested: commit the batch if it
     /// holds only complete transactions, abandon it (to be streamed again
     /// after a restart) if a transaction is still arriving.
@@ -72,6 +81,9 @@ impl RunOptions {
             max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             exit_when_idle: None,
+            heartbeat_interval: None,
+            retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
+            monitor_interval: monitor::DEFAULT_INTERVAL,
             shutdown: Shutdown::default(),
         }
     }
@@ -259,6 +271,10 @@ struct Pipeline {
     /// Changes staged in the open batch, and roughly their bytes.
     batch_changes: usize,
     batch_bytes: usize,
+    /// The open batch's changes by (source table, op), and the source
+    /// commit times of its streamed transactions, for the metrics.
+    batch_ops: HashMap<(String, &'static str), u64>,
+    batch_commit_times: Vec<i64>,
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     batch_end: Option<Position>,
@@ -276,6 +292,8 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         sinks: HashMap::new(),
         batch_changes: 0,
         batch_bytes: 0,
+        batch_ops: HashMap::new(),
+        batch_commit_times: Vec::new(),
         batch_end: None,
         report: RunReport::default(),
     };
@@ -292,6 +310,12 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                 tracing::info!("stopping during the initial load: nothing of it is committed");
                 return Ok(pipeline.report);
             }
+            if let Event::Change(change) = &event {
+                let m = metrics();
+                m.initial_load_rows.fetch_add(1, Ordering::Relaxed);
+                m.initial_load_bytes
+                    .fetch_add(change.approx_bytes() as u64, Ordering::Relaxed);
+            }
             pipeline.take(event).await?;
         }
         for relation in load.relations() {
@@ -304,6 +328,16 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     for relation in pending.describe_tables().await? {
         pipeline.ensure_sink(&relation).await?;
     }
+    let _monitor = monitor::start(
+        config,
+        MonitorOptions {
+            slot: options.capture.slot.clone(),
+            interval: options.monitor_interval,
+            heartbeat: options.heartbeat_interval,
+            retained_wal_warn_bytes: options.retained_wal_warn_bytes,
+        },
+    )
+    .await?;
     let mut stream = pending.start().await?;
     if let Some(point) = load_end.filter(|_| new_slot) {
         stream.confirm(point).await?;
@@ -422,6 +456,8 @@ impl Pipeline {
                     sink.silver.fill_unchanged(&self.lake, &mut change).await?;
                 }
                 let change_bytes = change.approx_bytes();
+                let (change_table, change_op) =
+                    (change.relation.name.to_string(), change.op.code());
                 let change = Arc::new(change);
                 if to_bronze {
                     sink.bronze.stage(&self.lake, change.clone()).await?;
@@ -433,8 +469,14 @@ impl Pipeline {
                 }
                 self.batch_changes += 1;
                 self.batch_bytes += change_bytes;
+                if to_bronze || to_silver {
+                    *self.batch_ops.entry((change_table, change_op)).or_default() += 1;
+                }
             }
             Event::Commit { tx, end_lsn } => {
+                if tx.xid != 0 {
+                    self.batch_commit_times.push(tx.commit_ts);
+                }
                 self.batch_end = Some(Position {
                     commit_lsn: tx.commit_lsn,
                     end_lsn,
@@ -523,6 +565,17 @@ impl Pipeline {
                 sink.silver_at = Some(position);
                 sink.silver_dirty = false;
             }
+        }
+        let m = metrics();
+        let now = now_micros();
+        for commit_ts in self.batch_commit_times.drain(..) {
+            let micros = u64::try_from(now - commit_ts).unwrap_or(0);
+            m.commit_to_visible.observe(Duration::from_micros(micros));
+        }
+        m.last_source_commit_micros
+            .store(position.commit_ts, Ordering::Relaxed);
+        for ((table, op), n) in self.batch_ops.drain() {
+            m.add_changes(&table, op, n);
         }
         if self.batch_changes > 0 {
             self.report.changes_applied += self.batch_changes as u64;

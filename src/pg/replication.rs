@@ -299,8 +299,13 @@ impl ReplicationStream {
             };
             let message = ReplicationMessage::decode(message)?;
             match &message {
-                ReplicationMessage::XLogData { wal_start, .. } => {
+                ReplicationMessage::XLogData {
+                    wal_start, data, ..
+                } => {
                     self.received = self.received.max(*wal_start);
+                    crate::metrics::metrics()
+                        .received_bytes
+                        .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
                 }
                 ReplicationMessage::PrimaryKeepalive {
                     wal_end,

@@ -1,0 +1,258 @@
+//! Prometheus metrics for one process, and the small HTTP server that
+//! serves them on `/metrics` (text exposition format 0.0.4) beside
+//! `/healthz`. Names follow `wal2iceberg_<name>_<unit>[_total]`;
+//! docs/operations.md lists them with example alert rules.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// Latency buckets, in seconds.
+const BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Histogram {
+    const fn new() -> Histogram {
+        Histogram {
+            counts: [const { AtomicU64::new(0) }; BUCKETS.len()],
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: Duration) {
+        let seconds = value.as_secs_f64();
+        for (bound, count) in BUCKETS.iter().zip(&self.counts) {
+            if seconds <= *bound {
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.sum_micros
+            .fetch_add(value.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (bound, count) in BUCKETS.iter().zip(&self.counts) {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                count.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(out, "{name}_sum {sum}\n{name}_count {count}");
+    }
+}
+
+pub struct Metrics {
+    pub replication_lag_bytes: AtomicI64,
+    pub retained_wal_bytes: AtomicI64,
+    /// 1 while the retained WAL is above the warning threshold.
+    pub retained_wal_over_threshold: AtomicI64,
+    /// Source commit time (µs since the epoch) of the last transaction
+    /// committed to the lake; 0 before the first.
+    pub last_source_commit_micros: AtomicI64,
+    pub received_bytes: AtomicU64,
+    pub iceberg_commits: AtomicU64,
+    pub iceberg_commit_retries: AtomicU64,
+    pub initial_load_rows: AtomicU64,
+    pub initial_load_bytes: AtomicU64,
+    pub commit_duration: Histogram,
+    pub commit_to_visible: Histogram,
+    /// Changes committed, by (source table, op code).
+    changes: Mutex<BTreeMap<(String, &'static str), u64>>,
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
+    replication_lag_bytes: AtomicI64::new(0),
+    retained_wal_bytes: AtomicI64::new(0),
+    retained_wal_over_threshold: AtomicI64::new(0),
+    last_source_commit_micros: AtomicI64::new(0),
+    received_bytes: AtomicU64::new(0),
+    iceberg_commits: AtomicU64::new(0),
+    iceberg_commit_retries: AtomicU64::new(0),
+    initial_load_rows: AtomicU64::new(0),
+    initial_load_bytes: AtomicU64::new(0),
+    commit_duration: Histogram::new(),
+    commit_to_visible: Histogram::new(),
+    changes: Mutex::new(BTreeMap::new()),
+});
+
+/// This process's metrics.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+impl Metrics {
+    pub fn add_changes(&self, table: &str, op: &'static str, n: u64) {
+        let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        *changes.entry((table.to_owned(), op)).or_default() += n;
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let gauge = |out: &mut String, name: &str, help: &str, value: f64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        };
+        let counter = |out: &mut String, name: &str, help: &str, value: u64| {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+            );
+        };
+        let load = |a: &AtomicI64| a.load(Ordering::Relaxed) as f64;
+        gauge(
+            &mut out,
+            "wal2iceberg_replication_lag_bytes",
+            "WAL written by the source and not yet confirmed by the slot",
+            load(&self.replication_lag_bytes),
+        );
+        gauge(
+            &mut out,
+            "wal2iceberg_retained_wal_bytes",
+            "WAL the slot keeps on the source's disk (current LSN - restart_lsn)",
+            load(&self.retained_wal_bytes),
+        );
+        gauge(
+            &mut out,
+            "wal2iceberg_retained_wal_over_threshold",
+            "1 while the retained WAL is above retained_wal_warn_bytes",
+            load(&self.retained_wal_over_threshold),
+        );
+        let last = self.last_source_commit_micros.load(Ordering::Relaxed);
+        let age = if last == 0 {
+            f64::NAN
+        } else {
+            (now_micros() - last) as f64 / 1e6
+        };
+        gauge(
+            &mut out,
+            "wal2iceberg_last_source_commit_age_seconds",
+            "seconds since the source commit of the last transaction committed to the lake",
+            age,
+        );
+        counter(
+            &mut out,
+            "wal2iceberg_received_bytes_total",
+            "replication payload bytes received",
+            self.received_bytes.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "wal2iceberg_iceberg_commits_total",
+            "Iceberg snapshots committed",
+            self.iceberg_commits.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "wal2iceberg_iceberg_commit_retries_total",
+            "Iceberg commits retried after a concurrent commit",
+            self.iceberg_commit_retries.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "wal2iceberg_initial_load_rows_total",
+            "rows read by initial loads",
+            self.initial_load_rows.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "wal2iceberg_initial_load_bytes_total",
+            "approximate bytes of values read by initial loads",
+            self.initial_load_bytes.load(Ordering::Relaxed),
+        );
+        let name = "wal2iceberg_changes_applied_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} changes committed to the lake, by source table and op\n# TYPE {name} counter"
+        );
+        let changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
+        for ((table, op), n) in changes.iter() {
+            let _ = writeln!(out, "{name}{{table=\"{table}\",op=\"{op}\"}} {n}");
+        }
+        drop(changes);
+        self.commit_duration.render(
+            &mut out,
+            "wal2iceberg_iceberg_commit_duration_seconds",
+            "time to write and commit one Iceberg snapshot",
+        );
+        self.commit_to_visible.render(
+            &mut out,
+            "wal2iceberg_commit_to_visible_seconds",
+            "from a transaction's source commit to its Iceberg commit",
+        );
+        out
+    }
+}
+
+pub fn now_micros() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+/// Serves `/metrics` and `/healthz` on `addr` until the process ends.
+pub async fn serve(addr: SocketAddr) -> Result<SocketAddr> {
+    let listener = TcpListener::bind(addr).await.map_err(|e| {
+        Error::new(ErrorKind::Config, "cannot listen for metrics")
+            .with_context("address", addr)
+            .with_source(e)
+    })?;
+    let bound = listener.local_addr()?;
+    tracing::info!(address = %bound, "serving /metrics and /healthz");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
+                    match socket.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let line = String::from_utf8_lossy(&request);
+                let path = line.split_whitespace().nth(1).unwrap_or("");
+                let (status, body) = match path {
+                    "/metrics" => ("200 OK", metrics().render()),
+                    "/healthz" => ("200 OK", "ok\n".to_owned()),
+                    _ => ("404 Not Found", "not found\n".to_owned()),
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(response.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    Ok(bound)
+}
