@@ -240,3 +240,36 @@ async fn a_publication_with_more_tables_yields_only_the_captured_ones() {
     assert_eq!(c[0].relation.name.to_string(), "public.wanted");
     stream.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_load_reports_its_progress_against_the_planners_estimate() {
+    use wal2iceberg::cdc::capture::{self, Capture};
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE big(id int PRIMARY KEY); INSERT INTO big SELECT generate_series(1, 1000);
+         CREATE TABLE fresh(id int PRIMARY KEY); INSERT INTO fresh VALUES (1); ANALYZE big;",
+    )
+    .await;
+    let Capture::Fresh { mut load, pending } =
+        capture::open(&db.config, &db.options(&["big", "fresh"]))
+            .await
+            .unwrap()
+    else {
+        panic!("a new slot");
+    };
+    assert_eq!(load.progress(), None, "nothing started");
+    let mut seen = Vec::new();
+    while let Some(event) = load.next_event().await.unwrap() {
+        if let Event::Change(_) = event {
+            let p = load.progress().expect("a table is being copied");
+            seen.push((p.table.name.clone(), p.rows, p.estimate));
+        }
+    }
+    // The row just handed out is counted; the estimate is the planner's.
+    assert_eq!(seen[0], ("big".to_owned(), 1, Some(1000)));
+    assert_eq!(seen[999], ("big".to_owned(), 1000, Some(1000)));
+    assert_eq!(seen[1], ("big".to_owned(), 2, Some(1000)));
+    assert_eq!(seen[1000].0, "fresh");
+    assert_eq!(seen[1000].2, None, "never analyzed: no estimate");
+    drop(pending);
+}

@@ -28,6 +28,17 @@ struct TableCopy {
     stream: Pin<Box<CopyOutStream>>,
     reader: CopyTextReader,
     rows: u64,
+    /// `pg_class.reltuples`: the planner's estimate, -1 if never analyzed.
+    estimate: i64,
+}
+
+/// How far the load of the current table has come.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadProgress {
+    pub table: TableName,
+    pub rows: u64,
+    /// The row estimate, when the table was ever analyzed or vacuumed.
+    pub estimate: Option<u64>,
 }
 
 /// Yields the load as events: Begin, one Read change per row, Commit.
@@ -83,6 +94,15 @@ impl SnapshotLoad {
     /// The consistent point: confirm it once the load is durable.
     pub fn consistent_point(&self) -> Lsn {
         self.tx.commit_lsn
+    }
+
+    /// The table being copied and how far it got.
+    pub fn progress(&self) -> Option<LoadProgress> {
+        self.current.as_ref().map(|c| LoadProgress {
+            table: c.relation.name.clone(),
+            rows: c.rows,
+            estimate: u64::try_from(c.estimate).ok(),
+        })
     }
 
     /// The relations of the tables loaded so far: all of them, empty ones
@@ -155,6 +175,15 @@ impl SnapshotLoad {
     async fn start_copy(&mut self, table: &TableName) -> Result<TableCopy> {
         let described = source::describe_table(&self.client, table).await?;
         let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
+        let estimate: i64 = self
+            .client
+            .query_one(
+                "SELECT reltuples::int8 FROM pg_class WHERE oid = $1",
+                &[&described.oid],
+            )
+            .await
+            .map_err(|e| crate::error::postgres(e, "cannot read the table's row estimate"))?
+            .get(0);
         let stream = Box::pin(source::copy_out(&self.client, &described).await?);
         self.relations.push(relation.clone());
         tracing::info!(table = %table, "initial load of table started");
@@ -163,6 +192,7 @@ impl SnapshotLoad {
             stream,
             reader: CopyTextReader::new(),
             rows: 0,
+            estimate,
         })
     }
 }

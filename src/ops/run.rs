@@ -149,6 +149,58 @@ fn wants(held: Option<Position>, change: &Change) -> bool {
     }
 }
 
+/// Log lines on the initial load's progress: rows done of the estimate,
+/// rate and time left, every few seconds.
+struct ProgressLog {
+    next: Instant,
+    since: Instant,
+    rows_at_since: u64,
+    table: Option<TableName>,
+}
+
+impl ProgressLog {
+    const EVERY: Duration = Duration::from_secs(5);
+
+    fn new() -> ProgressLog {
+        let now = Instant::now();
+        ProgressLog {
+            next: now + Self::EVERY,
+            since: now,
+            rows_at_since: 0,
+            table: None,
+        }
+    }
+
+    fn tick(&mut self, load: &SnapshotLoad) {
+        let now = Instant::now();
+        let Some(p) = load.progress() else {
+            return;
+        };
+        if self.table.as_ref() != Some(&p.table) {
+            self.table = Some(p.table.clone());
+            self.since = now;
+            self.rows_at_since = p.rows;
+        }
+        if now < self.next {
+            return;
+        }
+        self.next = now + Self::EVERY;
+        let seconds = (now - self.since).as_secs_f64().max(0.001);
+        let rate = (p.rows - self.rows_at_since) as f64 / seconds;
+        let left = p
+            .estimate
+            .map(|e| e.saturating_sub(p.rows) as f64 / rate.max(1.0));
+        tracing::info!(
+            table = %p.table,
+            rows = p.rows,
+            estimate = p.estimate,
+            rows_per_second = rate.round(),
+            seconds_left = left.map(f64::round),
+            "initial load progress"
+        );
+    }
+}
+
 /// What the stream loop does next.
 #[derive(Debug, PartialEq, Eq)]
 enum Step {
@@ -305,7 +357,9 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     };
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
     if let Some(mut load) = load {
+        let mut progress = ProgressLog::new();
         while let Some(event) = load.next_event().await? {
+            progress.tick(&load);
             if options.shutdown.is_requested() {
                 tracing::info!("stopping during the initial load: nothing of it is committed");
                 return Ok(pipeline.report);
