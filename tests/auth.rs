@@ -10,15 +10,6 @@ use wal2iceberg::pg::source::SourceClient;
 
 use crate::support::*;
 
-async fn ensure_role(admin: &SourceClient, name: &str, encryption: &str) {
-    let sql = format!(
-        "SET password_encryption = '{encryption}'; CREATE ROLE {name} LOGIN REPLICATION PASSWORD '{PASSWORD}';"
-    );
-    if let Err(e) = admin.batch_execute(&sql).await {
-        assert_eq!(e.code().map(|c| c.code()), Some("42710"), "{e}");
-    }
-}
-
 fn url(user: &str, password: Option<&str>, host: &str, sslmode: &str) -> String {
     let auth = match password {
         Some(p) => format!("{user}:{p}"),

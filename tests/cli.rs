@@ -832,3 +832,71 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         "a loud warning: {logged}"
     );
 }
+
+#[tokio::test]
+async fn no_output_of_any_command_ever_shows_the_password() {
+    let db = TestDb::new().await;
+    ensure_role(&db.client, SCRAM_USER, "scram-sha-256").await;
+    let dbname = db.config.dbname.clone();
+    db.exec(&format!(
+        "CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');
+         ALTER TABLE customers OWNER TO {SCRAM_USER}; GRANT CREATE ON DATABASE {dbname} TO {SCRAM_USER};"
+    ))
+    .await;
+    let url = format!(
+        "postgres://{SCRAM_USER}:{PASSWORD}@127.0.0.1:{}/{dbname}?sslmode=require",
+        server().pg.port()
+    );
+    let wrong = url.replace(PASSWORD, "Wr0ng-s3cret");
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("secret");
+    let common = [
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--tables",
+        "public.customers",
+    ];
+    let mut outputs = String::new();
+    for (source, command, extra) in [
+        (&url, "check", &[][..]),
+        (
+            &url,
+            "run",
+            &["--exit-when-idle", "1s", "--log-format", "json"][..],
+        ),
+        (&url, "status", &["--json"][..]),
+        (&wrong, "run", &["--exit-when-idle", "1s"][..]),
+        (&url, "teardown", &["--yes"][..]),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+            .arg(command)
+            .args(["--source", source])
+            .args(common)
+            .args(extra)
+            .env("RUST_LOG", "trace")
+            .output()
+            .await
+            .unwrap();
+        outputs.push_str(&String::from_utf8_lossy(&out.stdout));
+        outputs.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(
+        outputs.contains("applied 1 changes"),
+        "the run worked: {outputs}"
+    );
+    assert!(
+        outputs.contains("password"),
+        "the wrong password was reported: {outputs}"
+    );
+    assert!(
+        !outputs.contains(PASSWORD),
+        "the password leaked:\n{outputs}"
+    );
+    assert!(
+        !outputs.contains("Wr0ng-s3cret"),
+        "the wrong password leaked:\n{outputs}"
+    );
+}

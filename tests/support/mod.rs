@@ -31,6 +31,17 @@ pub const MD5_USER: &str = "md5_user";
 pub const SCRAM_USER: &str = "scram_user";
 pub const CLEARTEXT_USER: &str = "cleartext_user";
 
+/// Creates a login role with [`PASSWORD`] stored by `encryption` (`md5`
+/// or `scram-sha-256`), unless it exists.
+pub async fn ensure_role(admin: &SourceClient, name: &str, encryption: &str) {
+    let sql = format!(
+        "SET password_encryption = '{encryption}'; CREATE ROLE {name} LOGIN REPLICATION PASSWORD '{PASSWORD}';"
+    );
+    if let Err(e) = admin.batch_execute(&sql).await {
+        assert_eq!(e.code().map(|c| c.code()), Some("42710"), "{e}");
+    }
+}
+
 pub struct Server {
     pub pg: ScratchPostgres,
     /// The CA that signed the server's certificate (valid for `localhost`
