@@ -145,6 +145,13 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Prepare the source as an owner or superuser: the wal2iceberg role
+    /// and publication (migrations/), SELECT on the tables, the tables in
+    /// the publication. Safe to run again.
+    Setup {
+        #[command(flatten)]
+        settings: SettingsArgs,
+    },
     /// Print a lake table through wal2iceberg's own reader.
     Show {
         /// The table: `customers`, `customers_changes`, or `shop.customers`.
@@ -290,6 +297,18 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             drop_tables,
             yes,
         } => teardown(settings(args)?, drop_tables, yes).await,
+        Command::Setup { settings: args } => {
+            let settings = settings(args)?;
+            need_tables(&settings)?;
+            wal2iceberg::ops::setup::setup(&settings.source, &settings.tables).await?;
+            println!(
+                "role {} may read {} table(s), published in {}; give the role a password or another way to log in",
+                wal2iceberg::ops::setup::ROLE,
+                settings.tables.len(),
+                wal2iceberg::ops::setup::PUBLICATION
+            );
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Show {
             table,
             lake,

@@ -900,3 +900,84 @@ async fn no_output_of_any_command_ever_shows_the_password() {
         "the wrong password leaked:\n{outputs}"
     );
 }
+
+#[tokio::test]
+async fn setup_prepares_the_source_so_a_least_privileged_role_runs_the_pipeline() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');
+         CREATE TABLE nokey(x int);",
+    )
+    .await;
+    let admin = db.config_url();
+    let (code, _, stderr) = run(&[
+        "setup",
+        "--source",
+        &admin,
+        "--tables",
+        "public.customers,public.nokey",
+    ])
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("nokey") && stderr.contains("REPLICA IDENTITY FULL"),
+        "{stderr}"
+    );
+    assert_eq!(publications(&db.client).await, 0, "nothing changed");
+
+    for _ in 0..2 {
+        let (code, stdout, stderr) =
+            run(&["setup", "--source", &admin, "--tables", "public.customers"]).await;
+        assert_eq!(code, 0, "{stderr}");
+        assert!(stdout.contains("role wal2iceberg"), "{stdout}");
+    }
+    assert_eq!(publications(&db.client).await, 1);
+
+    // The role owns nothing and may only read the table and replicate.
+    let least = admin.replace("postgres@", "wal2iceberg@");
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("least");
+    let args = [
+        "run",
+        "--source",
+        &least,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--namespace",
+        "shop",
+        "--exit-when-idle",
+        "1s",
+    ];
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    db.exec("UPDATE customers SET plan = 'pro'").await;
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_reconciled(&db, "customers", lake.path(), "shop.customers").await;
+    let owner: String = db
+        .client
+        .query_one(
+            "SELECT tableowner::text FROM pg_tables WHERE tablename = 'customers'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "postgres");
+}
+
+async fn publications(client: &wal2iceberg::pg::source::SourceClient) -> i64 {
+    client
+        .query_one(
+            "SELECT count(*) FROM pg_publication WHERE pubname = 'wal2iceberg'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}

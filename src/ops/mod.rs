@@ -4,6 +4,7 @@
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `monitor`: the slot's lag and retained WAL while a run streams.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
+//! - `setup`: the source's role and publication, from `migrations/`.
 //! - `show`: a lake table printed through our own reader.
 //! - `shutdown`: the stop request from SIGINT and SIGTERM.
 //! - `status`: the slot and each lake table's position and lag.
@@ -14,6 +15,7 @@ pub mod demo;
 pub mod monitor;
 pub mod run;
 pub mod scratch;
+pub mod setup;
 pub mod show;
 pub mod shutdown;
 pub mod status;

@@ -331,7 +331,7 @@ pub async fn preflight(
 
 /// Checks one table: it exists, we may read it, and publishing it cannot
 /// break the application's UPDATE and DELETE.
-async fn check_table(client: &Client, table: &TableName) -> Result<Vec<CheckFailure>> {
+pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<CheckFailure>> {
     let row = client
         .query_opt(
             "SELECT c.relkind::text, c.relreplident::text, \
