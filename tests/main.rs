@@ -11,6 +11,7 @@ mod cli;
 mod feedback;
 mod initial_load;
 mod lake;
+mod packaging;
 mod pipeline;
 mod preflight;
 mod seed_walkthrough;
