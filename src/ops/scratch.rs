@@ -70,7 +70,7 @@ impl ScratchPostgres {
         )?;
         let mut conf = format!(
             "\nlisten_addresses = '127.0.0.1'\nport = {port}\nunix_socket_directories = '{}'\n\
-             wal_level = logical\nmax_replication_slots = 40\nmax_wal_senders = 40\n\
+             wal_level = logical\nmax_replication_slots = 200\nmax_wal_senders = 60\n\
              fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n\
              max_connections = 200\nwal_sender_timeout = 60s\n",
             server.root.display()
