@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use wal2iceberg::cdc::capture;
+use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
 use wal2iceberg::lake::catalog::{Lake, namespace};
 use wal2iceberg::ops::run::RunOptions;
@@ -220,21 +220,18 @@ fn settings(args: SettingsArgs) -> Result<Settings, Error> {
     Ok(settings)
 }
 
-fn need_tables(settings: &Settings) -> Result<(), Error> {
-    if settings.tables.is_empty() {
-        return Err(Error::new(
-            ErrorKind::Config,
-            "tables: none given; name at least one schema.table (--tables, WAL2ICEBERG_TABLES or tables in the config file)",
-        ));
-    }
-    Ok(())
+/// The capture options, with the tables of the existing publication when
+/// none are named.
+async fn capture_options(settings: &Settings) -> Result<CaptureOptions, Error> {
+    let mut options = settings.capture_options();
+    capture::resolve_tables(&settings.source, &mut options).await?;
+    Ok(options)
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Run { settings: args } => {
             let settings = settings(args)?;
-            need_tables(&settings)?;
             if let Some(addr) = settings.metrics_addr {
                 wal2iceberg::metrics::serve(addr).await?;
             }
@@ -248,7 +245,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 heartbeat_interval: settings.heartbeat_interval,
                 retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
                 shutdown: Shutdown::on_signals()?,
-                ..RunOptions::new(settings.capture_options(), settings.lake.clone())
+                ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
             let report = wal2iceberg::ops::run::run(&settings.source, &options).await?;
             println!(
@@ -259,8 +256,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Check { settings: args } => {
             let settings = settings(args)?;
-            need_tables(&settings)?;
-            let failures = capture::check(&settings.source, &settings.capture_options()).await?;
+            let failures =
+                capture::check(&settings.source, &capture_options(&settings).await?).await?;
             if failures.is_empty() {
                 println!("all checks passed: {}", settings.source);
                 return Ok(ExitCode::SUCCESS);
@@ -299,7 +296,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         } => teardown(settings(args)?, drop_tables, yes).await,
         Command::Setup { settings: args } => {
             let settings = settings(args)?;
-            need_tables(&settings)?;
+            if settings.tables.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "tables: none given; setup needs the tables to publish (--tables)",
+                ));
+            }
             wal2iceberg::ops::setup::setup(&settings.source, &settings.tables).await?;
             println!(
                 "role {} may read {} table(s), published in {}; give the role a password or another way to log in",
@@ -334,9 +336,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Tail { settings: args } => {
             let settings = settings(args)?;
-            need_tables(&settings)?;
             let options = TailOptions {
-                capture: settings.capture_options(),
+                capture: capture_options(&settings).await?,
                 exit_when_idle: settings.exit_when_idle,
             };
             tail(&settings.source, &options, &mut std::io::stdout().lock()).await?;

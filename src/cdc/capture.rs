@@ -133,6 +133,32 @@ impl PendingStream {
     }
 }
 
+/// The tables to capture: those given, or else every table the existing
+/// publication publishes.
+pub async fn resolve_tables(config: &PgConfig, options: &mut CaptureOptions) -> Result<()> {
+    if !options.tables.is_empty() {
+        return Ok(());
+    }
+    let client = SourceClient::connect(config).await?;
+    options.tables = source::published_tables(&client, &options.publication).await?;
+    if options.tables.is_empty() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "tables: none given, and publication {:?} publishes none (or does not exist): \
+                 name the tables (--tables) or an existing publication (--publication)",
+                options.publication
+            ),
+        ));
+    }
+    tracing::info!(
+        publication = %options.publication,
+        tables = ?options.tables.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "capturing the publication's tables"
+    );
+    Ok(())
+}
+
 /// Preflight failures as one error listing each problem and its fix.
 pub fn preflight_error(failures: &[CheckFailure]) -> Error {
     let list = failures

@@ -397,6 +397,29 @@ pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<Check
     Ok(failures)
 }
 
+/// The tables a publication publishes, in name order; empty when it does
+/// not exist.
+pub async fn published_tables(client: &Client, publication: &str) -> Result<Vec<TableName>> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables \
+             WHERE pubname = $1 ORDER BY 1, 2",
+            &[&publication],
+        )
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot read pg_publication_tables")
+                .with_context("publication", publication)
+        })?;
+    Ok(rows
+        .iter()
+        .map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        })
+        .collect())
+}
+
 /// The comment a publication wal2iceberg created carries, so that
 /// `teardown` drops only those.
 pub const CREATED_BY_MARK: &str = "created by wal2iceberg";
@@ -425,20 +448,7 @@ pub async fn ensure_publication(
         ),
         Some(row) if row.get::<_, bool>(0) => return Ok(()),
         Some(_) => {
-            let rows = client
-                .query(
-                    "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
-                    &[&publication],
-                )
-                .await
-                .map_err(q)?;
-            let published: Vec<TableName> = rows
-                .iter()
-                .map(|r| TableName {
-                    schema: r.get(0),
-                    name: r.get(1),
-                })
-                .collect();
+            let published = published_tables(client, publication).await?;
             let missing: Vec<&TableName> =
                 tables.iter().filter(|t| !published.contains(t)).collect();
             if missing.is_empty() {
