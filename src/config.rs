@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
+use crate::lake::catalog::LakeLocation;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -25,6 +26,8 @@ pub struct Raw {
     pub slot: Option<String>,
     pub publication: Option<String>,
     pub lake: Option<PathBuf>,
+    pub catalog: Option<PathBuf>,
+    pub warehouse: Option<PathBuf>,
     pub namespace: Option<String>,
     pub table_names: Option<BTreeMap<String, String>>,
     pub flush_interval: Option<String>,
@@ -54,6 +57,8 @@ const KEYS: &[(&str, Kind)] = &[
     ("slot", Kind::Text),
     ("publication", Kind::Text),
     ("lake", Kind::Text),
+    ("catalog", Kind::Text),
+    ("warehouse", Kind::Text),
     ("namespace", Kind::Text),
     ("table_names", Kind::Map),
     ("flush_interval", Kind::Text),
@@ -86,7 +91,8 @@ pub struct Settings {
     pub tables: Vec<TableName>,
     pub slot: String,
     pub publication: String,
-    pub lake: PathBuf,
+    /// The SQL catalog's SQLite file and the warehouse folder.
+    pub lake: LakeLocation,
     pub namespace: Option<String>,
     /// Iceberg names chosen for source tables, instead of the default.
     pub table_names: BTreeMap<TableName, String>,
@@ -257,6 +263,8 @@ impl Merged {
             slot,
             publication,
             lake,
+            catalog,
+            warehouse,
             namespace,
             table_names,
             flush_interval,
@@ -371,7 +379,17 @@ impl Merged {
                 .publication
                 .clone()
                 .unwrap_or_else(|| DEFAULT_PUBLICATION.to_owned()),
-            lake: raw.lake.clone().unwrap_or_else(|| PathBuf::from("./lake")),
+            lake: {
+                let folder = raw.lake.clone().unwrap_or_else(|| PathBuf::from("./lake"));
+                let mut lake = LakeLocation::in_folder(&folder);
+                if let Some(catalog) = &raw.catalog {
+                    lake.catalog = catalog.clone();
+                }
+                if let Some(warehouse) = &raw.warehouse {
+                    lake.warehouse = warehouse.clone();
+                }
+                lake
+            },
             namespace: raw.namespace.clone(),
             table_names,
             flush_interval: self

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
-use wal2iceberg::lake::catalog::{Lake, namespace};
+use wal2iceberg::lake::catalog::{Lake, LakeLocation, namespace};
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::shutdown::Shutdown;
@@ -48,6 +48,12 @@ struct SettingsArgs {
     /// Folder of the embedded lake: catalog.db and warehouse/ [default: ./lake].
     #[arg(long)]
     lake: Option<PathBuf>,
+    /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
+    #[arg(long, value_name = "FILE")]
+    catalog: Option<PathBuf>,
+    /// The warehouse folder [default: <lake>/warehouse].
+    #[arg(long, value_name = "FOLDER")]
+    warehouse: Option<PathBuf>,
     /// Iceberg namespace [default: the source database's name].
     #[arg(long)]
     namespace: Option<String>,
@@ -92,6 +98,8 @@ impl SettingsArgs {
             slot: self.slot,
             publication: self.publication,
             lake: self.lake,
+            catalog: self.catalog,
+            warehouse: self.warehouse,
             namespace: self.namespace,
             table_names: None,
             flush_interval: self.flush_interval,
@@ -159,6 +167,9 @@ enum Command {
         /// Folder of the embedded lake.
         #[arg(long, default_value = "./lake")]
         lake: PathBuf,
+        /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
+        #[arg(long, value_name = "FILE")]
+        catalog: Option<PathBuf>,
         /// Iceberg namespace, when the table name has none; by default the
         /// lake's only namespace.
         #[arg(long)]
@@ -314,13 +325,18 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Show {
             table,
             lake,
+            catalog,
             namespace,
             limit,
             as_of,
             format,
         } => {
             init_logging(LogFormat::Text);
-            let lake = Lake::open_existing(&lake).await?;
+            let mut location = LakeLocation::in_folder(&lake);
+            if let Some(catalog) = catalog {
+                location.catalog = catalog;
+            }
+            let lake = Lake::open_existing(&location).await?;
             let ident = lake.resolve_table(&table, namespace.as_deref()).await?;
             let options = ShowOptions {
                 limit,
@@ -360,7 +376,10 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
         config.port,
         config.dbname,
         if drop_tables {
-            format!(" and every table of the lake {}", settings.lake.display())
+            format!(
+                " and every table of the lake {}",
+                settings.lake.catalog.display()
+            )
         } else {
             String::new()
         }

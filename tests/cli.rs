@@ -673,6 +673,41 @@ async fn a_config_file_env_and_flags_layer_in_that_order_and_bad_values_stop_bef
         "the environment's namespace, the file's table name"
     );
 
+    // The catalog file and the warehouse may live apart.
+    let apart = tempfile::tempdir().unwrap();
+    let catalog = apart.path().join("meta/catalog.sqlite");
+    let warehouse = apart.path().join("data");
+    let (catalog_arg, warehouse_arg) = (
+        catalog.display().to_string(),
+        warehouse.display().to_string(),
+    );
+    let other_slot = unique("apart");
+    let (code, _, stderr) = run(&[
+        "run",
+        "--config",
+        &config_path,
+        "--slot",
+        &other_slot,
+        "--catalog",
+        &catalog_arg,
+        "--warehouse",
+        &warehouse_arg,
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(catalog.is_file() && warehouse.join("from_file/clients").is_dir());
+    let (code, json, stderr) = run(&[
+        "show",
+        "from_file.clients",
+        "--catalog",
+        &catalog_arg,
+        "--format",
+        "json",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(json.contains("\"plan\":\"free\""), "{json}");
+
     // Bad values: exit 2, naming the option and where it came from, before
     // any connection (the source here would not answer).
     std::fs::write(&config, "source = \"host=192.0.2.1 user=x dbname=y connect_timeout=30\"\ntables = [\"public.t\"]\nflush_interval = \"often\"\n").unwrap();

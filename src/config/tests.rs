@@ -66,6 +66,20 @@ fn flags_override_the_environment_which_overrides_the_file() {
             .get(&TableName::parse("sales.orders").unwrap()),
         Some(&"orders".to_owned())
     );
+    assert_eq!(s.lake, LakeLocation::in_folder(Path::new("./lake")));
+    let flags = Raw {
+        lake: Some("/srv/lake".into()),
+        warehouse: Some("/data/warehouse".into()),
+        ..Raw::default()
+    };
+    let apart = resolve(
+        None,
+        &[("WAL2ICEBERG_CATALOG", "/etc/w2i/catalog.db")],
+        flags,
+    )
+    .unwrap();
+    assert_eq!(apart.lake.catalog, PathBuf::from("/etc/w2i/catalog.db"));
+    assert_eq!(apart.lake.warehouse, PathBuf::from("/data/warehouse"));
     // Defaults where nobody said anything.
     assert_eq!(s.max_batch_bytes, 128 << 20);
     assert_eq!(s.log_format, LogFormat::Text);

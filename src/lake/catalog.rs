@@ -1,7 +1,8 @@
-//! The embedded catalog: an Iceberg SQL catalog on SQLite at
+//! The embedded catalog: an Iceberg SQL catalog on SQLite, by default at
 //! `<lake>/catalog.db` with the warehouse at `<lake>/warehouse`, the layout
-//! pyiceberg's `SqlCatalog` and DuckDB read with no options. Tables are
-//! registered under the catalog name [`CATALOG_NAME`].
+//! pyiceberg's `SqlCatalog` and DuckDB read with no options; the catalog
+//! file and the warehouse may also live apart ([`LakeLocation`]). Tables
+//! are registered under the catalog name [`CATALOG_NAME`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,27 +20,85 @@ use crate::error::{Error, ErrorKind, Result};
 /// `SqlCatalog("local", uri=..., warehouse=...)`).
 pub const CATALOG_NAME: &str = "local";
 
-/// An Iceberg catalog and the folder it lives in.
+/// Where a lake lives: the SQLite file of its SQL catalog and its
+/// warehouse folder. By default both sit in one folder, as
+/// `<lake>/catalog.db` and `<lake>/warehouse`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LakeLocation {
+    pub catalog: PathBuf,
+    pub warehouse: PathBuf,
+}
+
+impl LakeLocation {
+    pub fn in_folder(root: &Path) -> LakeLocation {
+        LakeLocation {
+            catalog: root.join("catalog.db"),
+            warehouse: root.join("warehouse"),
+        }
+    }
+}
+
+impl From<PathBuf> for LakeLocation {
+    fn from(root: PathBuf) -> LakeLocation {
+        LakeLocation::in_folder(&root)
+    }
+}
+
+/// An Iceberg catalog and the file it lives in.
 pub struct Lake {
     catalog: SqlCatalog,
-    root: PathBuf,
+    catalog_file: PathBuf,
 }
 
 impl Lake {
     /// Opens (creating when missing) the embedded lake in `root`.
     pub async fn open_embedded(root: &Path) -> Result<Lake> {
-        let warehouse = root.join("warehouse");
-        std::fs::create_dir_all(&warehouse).map_err(|e| {
-            Error::new(ErrorKind::Io, "cannot create the lake folder")
-                .with_context("folder", warehouse.display())
-                .with_source(e)
+        Lake::open(&LakeLocation::in_folder(root)).await
+    }
+
+    /// Opens (creating when missing) the lake at `location`.
+    pub async fn open(location: &LakeLocation) -> Result<Lake> {
+        Lake::open_at(location, true).await
+    }
+
+    async fn open_at(location: &LakeLocation, create: bool) -> Result<Lake> {
+        let folder = |path: &Path| {
+            if create {
+                std::fs::create_dir_all(path)
+            } else {
+                Ok(())
+            }
+            .and_then(|()| path.canonicalize())
+            .map_err(|e| {
+                Error::new(ErrorKind::Io, "cannot create the lake's folder")
+                    .with_context("folder", path.display())
+                    .with_source(e)
+            })
+        };
+        // A reader never writes there; a missing warehouse is fine for it.
+        let warehouse = folder(&location.warehouse).or_else(|e| {
+            if create {
+                Err(e)
+            } else {
+                Ok(location.warehouse.clone())
+            }
         })?;
-        let root = root.canonicalize()?;
-        let db = root.join("catalog.db");
+        let catalog_dir = folder(
+            location
+                .catalog
+                .parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new(".")),
+        )?;
+        let file_name = location.catalog.file_name().ok_or_else(|| {
+            Error::new(ErrorKind::Config, "catalog: not a file path")
+                .with_context("file", location.catalog.display())
+        })?;
+        let db = catalog_dir.join(file_name);
         sqlx::any::install_default_drivers();
         let catalog = SqlCatalogBuilder::default()
             .uri(format!("sqlite:{}?mode=rwc", db.display()))
-            .warehouse_location(format!("file://{}", root.join("warehouse").display()))
+            .warehouse_location(format!("file://{}", warehouse.display()))
             .sql_bind_style(SqlBindStyle::QMark)
             .with_storage_factory(Arc::new(LocalFsStorageFactory))
             .load(CATALOG_NAME, HashMap::new())
@@ -47,20 +106,23 @@ impl Lake {
             .map_err(|e| {
                 iceberg_error(e, "cannot open the SQL catalog").with_context("file", db.display())
             })?;
-        Ok(Lake { catalog, root })
+        Ok(Lake {
+            catalog,
+            catalog_file: db,
+        })
     }
 
     /// Opens a lake that must exist already (for readers: a mistyped path
     /// is an error, not a new empty lake).
-    pub async fn open_existing(root: &Path) -> Result<Lake> {
-        if !root.join("catalog.db").is_file() {
+    pub async fn open_existing(location: &LakeLocation) -> Result<Lake> {
+        if !location.catalog.is_file() {
             return Err(Error::new(
                 ErrorKind::Config,
-                "no lake here: the folder has no catalog.db (give the --lake a run wrote to)",
+                "no lake here: the catalog file does not exist (give the --lake or --catalog a run wrote to)",
             )
-            .with_context("folder", root.display()));
+            .with_context("file", location.catalog.display()));
         }
-        Lake::open_embedded(root).await
+        Lake::open_at(location, false).await
     }
 
     /// The table `name` names: `namespace.table`, or `table` in
@@ -105,8 +167,9 @@ impl Lake {
         Ok(ident)
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
+    /// The SQLite file of the catalog.
+    pub fn catalog_file(&self) -> &Path {
+        &self.catalog_file
     }
 
     pub fn catalog(&self) -> &SqlCatalog {

@@ -301,7 +301,7 @@ async fn swap_metadata_location(
             .with_context("table", ident)
             .with_source(e)
     };
-    let url = format!("sqlite:{}", lake.root().join("catalog.db").display());
+    let url = format!("sqlite:{}", lake.catalog_file().display());
     let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
         .await
         .map_err(db_error)?;

@@ -9,7 +9,6 @@
 //! the Iceberg commits and the confirmation replays nothing twice.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -27,7 +26,7 @@ use crate::cdc::stream::{ChangeStream, Next};
 use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::bronze::BronzeTable;
-use crate::lake::catalog::{Lake, namespace};
+use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::evolve;
 use crate::lake::schema::{bronze_schema, silver_schema};
 use crate::lake::silver::SilverTable;
@@ -46,8 +45,8 @@ pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
 
 pub struct RunOptions {
     pub capture: CaptureOptions,
-    /// The embedded lake's folder: `catalog.db` and `warehouse/`.
-    pub lake: PathBuf,
+    /// The embedded lake: its catalog file and warehouse.
+    pub lake: LakeLocation,
     /// Iceberg namespace; the source database's name when unset.
     pub namespace: Option<String>,
     /// Iceberg names chosen for source tables instead of [`iceberg_name`].
@@ -71,10 +70,10 @@ pub struct RunOptions {
 impl RunOptions {
     /// The defaults: namespace from the database, flush every second or
     /// at the batch limits, run until stopped.
-    pub fn new(capture: CaptureOptions, lake: PathBuf) -> RunOptions {
+    pub fn new(capture: CaptureOptions, lake: impl Into<LakeLocation>) -> RunOptions {
         RunOptions {
             capture,
-            lake,
+            lake: lake.into(),
             namespace: None,
             table_names: BTreeMap::new(),
             flush_interval: DEFAULT_FLUSH_INTERVAL,
@@ -335,7 +334,7 @@ struct Pipeline {
 
 pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     let names = names(&options.capture.tables, &options.table_names)?;
-    let lake = Lake::open_embedded(&options.lake).await?;
+    let lake = Lake::open(&options.lake).await?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
     let mut pipeline = Pipeline {
         lake,
@@ -654,6 +653,8 @@ impl Pipeline {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::cdc::event::TxInfo;
 

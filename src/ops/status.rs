@@ -10,14 +10,13 @@
 //! it became visible in the lake, and the difference.
 
 use std::fmt::Write;
-use std::path::Path;
 
 use iceberg::{Catalog, NamespaceIdent};
 use serde::Serialize;
 
 use crate::cdc::temporal::format_timestamp_utc;
 use crate::error::{Result, postgres};
-use crate::lake::catalog::{Lake, iceberg_error};
+use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::source::SourceClient;
@@ -60,7 +59,7 @@ pub struct Status {
 pub async fn status(
     config: &PgConfig,
     slot: &str,
-    lake: &Path,
+    lake: &LakeLocation,
     namespace: Option<&str>,
 ) -> Result<Status> {
     let client = SourceClient::connect(config).await?;
@@ -94,11 +93,14 @@ pub async fn status(
     })
 }
 
-async fn table_statuses(lake: &Path, namespace: &NamespaceIdent) -> Result<Vec<TableStatus>> {
-    if !lake.join("catalog.db").is_file() {
+async fn table_statuses(
+    lake: &LakeLocation,
+    namespace: &NamespaceIdent,
+) -> Result<Vec<TableStatus>> {
+    if !lake.catalog.is_file() {
         return Ok(Vec::new());
     }
-    let lake = Lake::open_embedded(lake).await?;
+    let lake = Lake::open(lake).await?;
     let catalog = lake.catalog();
     let exists = catalog
         .namespace_exists(namespace)

@@ -2,12 +2,10 @@
 //! the slot and (only if wal2iceberg created it) the publication, and on
 //! request the lake's tables. A slot in use is never dropped.
 
-use std::path::PathBuf;
-
 use iceberg::{Catalog, NamespaceIdent};
 
 use crate::error::{Error, ErrorKind, Result, postgres};
-use crate::lake::catalog::{Lake, iceberg_error};
+use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::pg::config::PgConfig;
 use crate::pg::replication::quote_ident;
 use crate::pg::source::{CREATED_BY_MARK, SourceClient};
@@ -16,7 +14,7 @@ pub struct TeardownOptions {
     pub slot: String,
     pub publication: String,
     /// Also drop every table of this lake namespace, files included.
-    pub drop_tables: Option<(PathBuf, NamespaceIdent)>,
+    pub drop_tables: Option<(LakeLocation, NamespaceIdent)>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -88,11 +86,11 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
 
 /// Drops every table of the namespace from the catalog and deletes its
 /// folder.
-async fn drop_tables(lake: &std::path::Path, namespace: &NamespaceIdent) -> Result<Vec<String>> {
-    if !lake.join("catalog.db").is_file() {
+async fn drop_tables(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<Vec<String>> {
+    if !lake.catalog.is_file() {
         return Ok(Vec::new());
     }
-    let lake = Lake::open_embedded(lake).await?;
+    let lake = Lake::open(lake).await?;
     let catalog = lake.catalog();
     if !catalog
         .namespace_exists(namespace)
