@@ -7,6 +7,7 @@ static ALLOCATOR: support::alloc::ThreadCounting = support::alloc::ThreadCountin
 
 mod auth;
 mod before_images;
+mod chaos;
 mod cli;
 mod feedback;
 mod initial_load;
