@@ -590,3 +590,94 @@ async fn the_slot_keeps_advancing_while_the_published_tables_are_quiet() {
     let report = pipeline.await.unwrap().unwrap();
     assert_eq!(report.changes_applied, 0, "no published change came");
 }
+
+#[tokio::test]
+async fn a_terminated_walsender_is_reconnected_and_nothing_is_lost_or_repeated() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1, 'free');")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("reconnect");
+    let mut opts = options(&db, &slot, dir.path());
+    opts.exit_when_idle = None;
+    let shutdown = opts.shutdown.clone();
+    let config = db.config.clone();
+    let pipeline = tokio::spawn(async move { run(&config, &opts).await });
+
+    let wait_confirmed = |target: wal2iceberg::pg::lsn::Lsn| {
+        let db = &db;
+        let slot = &slot;
+        async move {
+            let give_up = std::time::Instant::now() + Duration::from_secs(60);
+            while db.confirmed_flush(slot).await.is_none_or(|f| f < target) {
+                assert!(
+                    std::time::Instant::now() < give_up,
+                    "never confirmed {target}"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    // Streaming (the load done) before the first change.
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while db
+        .client
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .is_none()
+    {
+        assert!(std::time::Instant::now() < give_up, "never streamed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for round in 2..5 {
+        db.exec(&format!("INSERT INTO customers VALUES ({round}, 'pro')"))
+            .await;
+        let written = db.wal_insert_lsn().await;
+        wait_confirmed(written).await;
+        // The walsender may be between connections; wait for it.
+        let give_up = std::time::Instant::now() + Duration::from_secs(30);
+        let terminated = loop {
+            let terminated: Option<bool> = db
+                .client
+                .query_one(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&slot],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if let Some(t) = terminated {
+                break t;
+            }
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the slot never became active"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(terminated, "round {round}: the walsender was running");
+        db.exec(&format!(
+            "UPDATE customers SET plan = 'team{round}' WHERE id = 1"
+        ))
+        .await;
+    }
+    let written = db.wal_insert_lsn().await;
+    wait_confirmed(written).await;
+    shutdown.request();
+    let report = pipeline.await.unwrap().unwrap();
+    assert_eq!(
+        report.changes_applied,
+        1 + 3 + 3,
+        "the load, three inserts, three updates"
+    );
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+    assert_eq!(
+        bronze_ops(dir.path(), "shop.customers_changes").await,
+        "rcucucu",
+        "each change once"
+    );
+}

@@ -313,7 +313,7 @@ impl FlushPolicy {
     }
 }
 
-struct Pipeline {
+struct Pipeline<'r> {
     lake: Lake,
     namespace: iceberg::NamespaceIdent,
     /// Iceberg name of each source table.
@@ -329,10 +329,51 @@ struct Pipeline {
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     batch_end: Option<Position>,
-    report: RunReport,
+    /// What all runs of this process did so far.
+    report: &'r mut RunReport,
 }
 
+/// The longest wait between reconnects.
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs the pipeline. Once it has streamed, a lost connection or a server
+/// restart is not the end: it reconnects with capped exponential backoff
+/// and resumes from the slot (nothing committed is repeated, nothing
+/// unconfirmed is lost). An error before the first stream started (a wrong
+/// host, a refused password, a failed check) ends the run at once.
 pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
+    let mut total = RunReport::default();
+    let mut backoff = Duration::from_millis(250);
+    let mut streamed = false;
+    loop {
+        let mut started = false;
+        match run_once(config, options, &mut started, &mut total).await {
+            Ok(()) => return Ok(total),
+            Err(err) if err.is_retryable() && (started || streamed) => {
+                if options.shutdown.is_requested() {
+                    return Ok(total);
+                }
+                if started {
+                    backoff = Duration::from_millis(250);
+                }
+                streamed = true;
+                tracing::warn!(error = %err, retry_in = ?backoff, "the connection was lost; reconnecting");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// One connection's worth of the pipeline; `started` is set once the
+/// stream runs, and `total` gathers what was applied.
+async fn run_once(
+    config: &PgConfig,
+    options: &RunOptions,
+    started: &mut bool,
+    total: &mut RunReport,
+) -> Result<()> {
     let names = names(&options.capture.tables, &options.table_names)?;
     let lake = Lake::open(&options.lake).await?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
@@ -346,7 +387,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         batch_ops: HashMap::new(),
         batch_commit_times: Vec::new(),
         batch_end: None,
-        report: RunReport::default(),
+        report: total,
     };
     let mut capture_options = options.capture.clone();
     capture_options.held_tables = Some(pipeline.loaded_tables(&options.capture.tables).await?);
@@ -361,7 +402,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             progress.tick(&load);
             if options.shutdown.is_requested() {
                 tracing::info!("stopping during the initial load: nothing of it is committed");
-                return Ok(pipeline.report);
+                return Ok(());
             }
             if let Event::Change(change) = &event {
                 let m = metrics();
@@ -392,6 +433,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     )
     .await?;
     let mut stream = pending.start().await?;
+    *started = true;
     if let Some(point) = load_end.filter(|_| new_slot) {
         stream.confirm(point).await?;
         pipeline.report.confirmed = point;
@@ -400,7 +442,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     // Keepalives may have moved the slot past the last batch while idle.
     pipeline.report.confirmed = stream.confirmed();
     stream.stop().await?;
-    Ok(pipeline.report)
+    Ok(())
 }
 
 /// The Iceberg name of each table; two source tables must never land in
@@ -432,7 +474,7 @@ fn names(
     Ok(names)
 }
 
-impl Pipeline {
+impl Pipeline<'_> {
     async fn stream(&mut self, stream: &mut ChangeStream, options: &RunOptions) -> Result<()> {
         let mut policy = FlushPolicy::new(options, Instant::now());
         loop {
