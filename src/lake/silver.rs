@@ -341,23 +341,7 @@ impl SilverTable {
     async fn file_rows(&mut self, lake: &Lake, path: &Arc<str>) -> Result<&[RecordBatch]> {
         if self.cached_file.as_ref().is_none_or(|(p, _)| p != path) {
             let table = lake.catalog_table(&self.ident).await?;
-            let bytes = read_file(&table, path).await?;
-            let bad = |e: parquet::errors::ParquetError| {
-                lake_error("cannot read a silver data file", &self.ident)
-                    .with_context("file", path)
-                    .with_source(e)
-            };
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-                .map_err(bad)?
-                .build()
-                .map_err(bad)?;
-            let batches = reader
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    lake_error("cannot read a silver data file", &self.ident)
-                        .with_context("file", path)
-                        .with_source(e)
-                })?;
+            let batches = read_parquet(&table, path, "cannot read a silver data file").await?;
             self.cached_file = Some((path.clone(), batches));
         }
         Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
@@ -570,23 +554,26 @@ async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
         .map_err(|e| iceberg_error(e, "cannot read a table file").with_context("file", path))
 }
 
-/// The (data file, position) pairs of a position delete file.
-async fn read_position_deletes(table: &Table, path: &str) -> Result<Vec<(String, i64)>> {
+/// Every row of a Parquet file of the table; `what` says what failed.
+async fn read_parquet(table: &Table, path: &str, what: &str) -> Result<Vec<RecordBatch>> {
     let bytes = read_file(table, path).await?;
-    let bad = |e: parquet::errors::ParquetError| {
-        Error::new(ErrorKind::Lake, "cannot read a position delete file")
+    let bad = |e: Box<dyn std::error::Error + Send + Sync>| {
+        Error::new(ErrorKind::Lake, what.to_owned())
+            .with_context("table", table.identifier())
             .with_context("file", path)
             .with_source(e)
     };
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .map_err(bad)?
-        .build()
-        .map_err(bad)?;
+    ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| bad(e.into()))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.into()))
+}
+
+/// The (data file, position) pairs of a position delete file.
+async fn read_position_deletes(table: &Table, path: &str) -> Result<Vec<(String, i64)>> {
     let mut out = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| {
-            Error::new(ErrorKind::Lake, "cannot read a position delete file").with_source(e)
-        })?;
+    for batch in read_parquet(table, path, "cannot read a position delete file").await? {
         let files = batch
             .column_by_name("file_path")
             .and_then(|c| c.as_any().downcast_ref::<StringArray>());
