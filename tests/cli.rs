@@ -236,25 +236,7 @@ async fn sigterm_during_a_run_stops_cleanly_and_a_restart_loses_and_repeats_noth
         .expect("start wal2iceberg run");
 
     // Streaming once the slot is active.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let active = db
-            .client
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
-                &[&slot],
-            )
-            .await
-            .unwrap();
-        if active.is_some() {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the run never started streaming"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    db.wait_until_active(&slot).await;
 
     // Transactions of 2,000 rows keep batches and transactions in flight.
     let db = &db;

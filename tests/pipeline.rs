@@ -619,20 +619,7 @@ async fn a_terminated_walsender_is_reconnected_and_nothing_is_lost_or_repeated()
         }
     };
     // Streaming (the load done) before the first change.
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while db
-        .client
-        .query_opt(
-            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
-            &[&slot],
-        )
-        .await
-        .unwrap()
-        .is_none()
-    {
-        assert!(std::time::Instant::now() < give_up, "never streamed");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    db.wait_until_active(&slot).await;
     for round in 2..5 {
         db.exec(&format!("INSERT INTO customers VALUES ({round}, 'pro')"))
             .await;

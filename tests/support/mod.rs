@@ -190,6 +190,24 @@ impl TestDb {
             .map(|s| s.parse().unwrap())
     }
 
+    /// Waits (at most a minute) until a consumer holds the slot.
+    pub async fn wait_until_active(&self, slot: &str) {
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while self
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&slot],
+            )
+            .await
+            .expect("read slot")
+            .is_none()
+        {
+            assert!(Instant::now() < give_up, "slot {slot} never became active");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn wal_insert_lsn(&self) -> Lsn {
         let row = self
             .client
