@@ -287,6 +287,13 @@ impl ReplicationStream {
                     self.conn.flush().await?;
                     return Ok(None);
                 }
+                // At a server shutdown the walsender sends what WAL is
+                // left and then CommandComplete, without CopyDone
+                // (walsender.c, WalSndDone): the stream ended.
+                Frame::Message(Message::CommandComplete(_)) => {
+                    self.done = true;
+                    return Ok(None);
+                }
                 Frame::Message(m) => copy_data(m).ok_or_else(|| {
                     Error::new(
                         ErrorKind::Protocol,
