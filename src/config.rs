@@ -74,7 +74,11 @@ const KEYS: &[(&str, Kind)] = &[
 ];
 
 /// Environment variables with the prefix that are not settings.
-const OTHER_VARIABLES: &[&str] = &["WAL2ICEBERG_PG_BIN"];
+const OTHER_VARIABLES: &[&str] = &[
+    "WAL2ICEBERG_PG_BIN",
+    #[cfg(feature = "failpoints")]
+    crate::failpoint::VARIABLE,
+];
 
 const ENV_PREFIX: &str = "WAL2ICEBERG_";
 

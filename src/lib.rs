@@ -11,10 +11,12 @@
 //! - [`config`]: settings from the config file, environment and flags.
 //! - [`metrics`]: Prometheus metrics and their HTTP endpoint.
 //! - [`error`]: the one error type and the retry decision.
+//! - [`failpoint`]: crash points, compiled into test builds only.
 
 pub mod cdc;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod lake;
 pub mod metrics;
 pub mod ops;

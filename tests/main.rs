@@ -9,6 +9,7 @@ mod auth;
 mod before_images;
 mod chaos;
 mod cli;
+mod faults;
 mod feedback;
 mod initial_load;
 mod lake;

@@ -19,6 +19,7 @@ use super::catalog::{Lake, iceberg_error};
 use super::schema::{BEFORE, iceberg_type};
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::error::{Error, ErrorKind, Result};
+use crate::failpoint;
 
 /// Brings a source table's bronze and silver tables to the relation's
 /// columns. True when a schema changed.
@@ -42,6 +43,7 @@ pub async fn follow(
                 "adding the source's new columns"
             );
             add_columns(lake, table, columns, nested_in).await?;
+            failpoint::hit("mid-schema-change");
         }
     }
     Ok(!for_bronze.is_empty() || !for_silver.is_empty())

@@ -37,6 +37,7 @@ use sqlx::Row;
 
 use super::catalog::{CATALOG_NAME, Lake, iceberg_error};
 use crate::error::{Error, ErrorKind, Result};
+use crate::failpoint;
 
 /// Reserved field ids of position delete files (spec, "Reserved Field IDs").
 const FILE_PATH_FIELD_ID: i32 = 2_147_483_546;
@@ -282,6 +283,7 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
         .await
         .map_err(context)?;
     let new_location = new_location.to_string();
+    failpoint::hit("before-catalog-commit");
     if !swap_metadata_location(lake, table.identifier(), &current_location, &new_location).await? {
         return Ok(None);
     }

@@ -25,6 +25,7 @@ use crate::cdc::snapshot::SnapshotLoad;
 use crate::cdc::stream::{ChangeStream, Next};
 use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::error::{Error, ErrorKind, Result};
+use crate::failpoint;
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::evolve;
@@ -411,6 +412,7 @@ async fn run_once(
                     .fetch_add(change.approx_bytes() as u64, Ordering::Relaxed);
             }
             pipeline.take(event).await?;
+            failpoint::hit("initial-load");
         }
         for relation in load.relations() {
             pipeline.ensure_sink(relation).await?;
@@ -654,6 +656,7 @@ impl Pipeline<'_> {
                 sink.bronze.commit(&self.lake, position).await?;
                 sink.bronze_at = Some(position);
                 sink.bronze_dirty = false;
+                failpoint::hit("between-bronze-and-silver");
             }
             if sink.silver_dirty || sink.silver_at.is_none() {
                 sink.silver.commit(&self.lake, position).await?;
@@ -686,6 +689,7 @@ impl Pipeline<'_> {
             return Ok(());
         };
         self.flush().await?;
+        failpoint::hit("before-confirm");
         stream.confirm(end).await?;
         self.report.confirmed = end;
         tracing::info!(lsn = %end, "batch committed and confirmed");

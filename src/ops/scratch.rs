@@ -29,6 +29,24 @@ pub struct ScratchPostgres {
     watchdog: Option<Child>,
 }
 
+/// How `pg_ctl stop` ends the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    /// Sessions are ended, a shutdown checkpoint is written.
+    Fast,
+    /// Every process is killed at once, like a crash.
+    Immediate,
+}
+
+impl StopMode {
+    fn name(self) -> &'static str {
+        match self {
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        }
+    }
+}
+
 impl ScratchPostgres {
     /// Creates and starts a server. `settings` become extra lines of
     /// postgresql.conf; `hba` lines go before the final trust-all rules.
@@ -116,7 +134,14 @@ impl ScratchPostgres {
     /// Crash-stops the server (`immediate`): no clean shutdown needed for a
     /// folder that is removed next.
     fn stop_immediately(&self) -> Result<()> {
-        self.pg_ctl(&["stop", "-m", "immediate", "-w"])
+        self.pg_ctl(&["stop", "-m", StopMode::Immediate.name(), "-w"])
+    }
+
+    /// Stops the server the given way and starts it again on the same port
+    /// (after `Immediate`, the start runs crash recovery).
+    pub fn restart(&self, mode: StopMode) -> Result<()> {
+        self.pg_ctl(&["stop", "-m", mode.name(), "-w"])?;
+        self.start_server()
     }
 
     /// Re-reads postgresql.conf and pg_hba.conf.

@@ -19,6 +19,7 @@ use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::source::{SourceClient, TableName};
 
 pub mod alloc;
+pub mod oracle;
 pub mod readers;
 pub mod reconcile;
 
@@ -128,8 +129,12 @@ pub struct TestDb {
 
 impl TestDb {
     pub async fn new() -> TestDb {
-        let server = server();
-        let admin = SourceClient::connect(&config_for(&server.pg.url("postgres")))
+        TestDb::create_on(&server().pg).await
+    }
+
+    /// A new database on `pg`.
+    pub async fn create_on(pg: &ScratchPostgres) -> TestDb {
+        let admin = SourceClient::connect(&config_for(&pg.url("postgres")))
             .await
             .expect("connect as admin");
         let name = unique("t");
@@ -137,7 +142,11 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create database");
-        let url = server.pg.url(&name);
+        TestDb::connect(pg.url(&name)).await
+    }
+
+    /// A new connection to an existing database.
+    pub async fn connect(url: String) -> TestDb {
         let config = config_for(&url);
         let client = SourceClient::connect(&config)
             .await

@@ -1,0 +1,241 @@
+//! Crash safety at chosen moments: crashes at the failpoints of
+//! src/failpoint.rs, PostgreSQL restarts, an unwritable warehouse and a
+//! second writer on the same Iceberg tables. Each scenario ends with the
+//! oracle's check (tests/support/oracle.rs): silver equals the source and
+//! bronze holds every audited change exactly once.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
+
+use crate::support::oracle::{NAMESPACE, Oracle};
+use crate::support::{TestDb, pyiceberg};
+
+/// A crash at the `n`th pass through `point` while the workload runs, then
+/// a run that picks up, and the check.
+async fn crash_while_streaming(point: &str, n: u32) {
+    let mut oracle = Oracle::new(500).await;
+    let crashing = oracle.spawn_crashing_at(point, n);
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    oracle.expect_crash(crashing, point).await;
+    let mut next = oracle.spawn();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    next.kill().await.unwrap();
+    oracle.stop_workload().await;
+    oracle.drain().await;
+    oracle.check().await;
+}
+
+#[tokio::test]
+async fn a_crash_after_the_data_files_before_the_catalog_commit_loses_and_repeats_nothing() {
+    // The load commits bronze (1) and silver (2); the first streamed batch
+    // 3 and 4; this is the second batch's bronze commit.
+    crash_while_streaming("before-catalog-commit", 5).await;
+}
+
+#[tokio::test]
+async fn a_crash_between_the_bronze_and_silver_commits_loses_and_repeats_nothing() {
+    crash_while_streaming("between-bronze-and-silver", 3).await;
+}
+
+#[tokio::test]
+async fn a_crash_after_the_commits_before_the_confirmation_loses_and_repeats_nothing() {
+    crash_while_streaming("before-confirm", 2).await;
+}
+
+#[tokio::test]
+async fn a_crash_between_the_schema_changes_of_bronze_and_silver_is_finished_by_the_next_run() {
+    let mut oracle = Oracle::new(500).await;
+    let crashing = oracle.spawn_crashing_at("mid-schema-change", 1);
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    oracle
+        .db
+        .exec("ALTER TABLE accounts ADD COLUMN rating int DEFAULT 3")
+        .await;
+    oracle.expect_crash(crashing, "mid-schema-change").await;
+    oracle.db.exec("UPDATE accounts SET rating = id % 7").await;
+    oracle.stop_workload().await;
+    oracle.drain().await;
+    // The reconciliation covers every source column, the new one too.
+    oracle.check().await;
+}
+
+#[tokio::test]
+async fn a_crash_during_the_initial_load_shows_readers_nothing_and_the_restart_loads_once() {
+    // More rows than one staged file holds, so the crash comes after
+    // data files were written.
+    let mut oracle = Oracle::new(60_000).await;
+    let crashing = oracle.spawn_crashing_at("initial-load", 55_000);
+    oracle.expect_crash(crashing, "initial-load").await;
+    assert_eq!(oracle.positions().await, [None, None]);
+    for table in ["accounts", "accounts_changes"] {
+        let rows = pyiceberg(oracle.lake.path(), &format!("{NAMESPACE}.{table}"), "rows").await;
+        assert_eq!(rows.as_array().map(Vec::len), Some(0), "{table}");
+    }
+    let mut next = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    next.kill().await.unwrap();
+    oracle.stop_workload().await;
+    oracle.drain().await;
+    oracle.check().await;
+}
+
+#[tokio::test]
+async fn a_crash_between_the_load_commits_of_bronze_and_silver_loads_silver_again_only() {
+    let mut oracle = Oracle::new(500).await;
+    let crashing = oracle.spawn_crashing_at("between-bronze-and-silver", 1);
+    oracle
+        .expect_crash(crashing, "between-bronze-and-silver")
+        .await;
+    let [bronze, silver] = oracle.positions().await;
+    assert!(bronze.is_some() && silver.is_none());
+    // Changes made now fall between the two loads: bronze streams them,
+    // silver's new load holds them.
+    oracle.start_workload();
+    let mut next = oracle.spawn();
+    oracle.wait_loaded().await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    next.kill().await.unwrap();
+    oracle.stop_workload().await;
+    oracle.drain().await;
+    oracle.check().await;
+}
+
+#[tokio::test]
+async fn postgres_restarts_fast_and_immediate_mid_stream_are_survived_by_one_run() {
+    let pg = ScratchPostgres::start(&[], &[]).expect("a server of this test's own");
+    let mut oracle = Oracle::in_db(TestDb::create_on(&pg).await, 500).await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut run = oracle
+        .command(&["--exit-when-idle", "5s"])
+        .stderr(Stdio::from(log.reopen().unwrap()))
+        .spawn()
+        .unwrap();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    for mode in [StopMode::Fast, StopMode::Immediate, StopMode::Fast] {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        pg.restart(mode).expect("restart the server");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    oracle.stop_workload().await;
+    let status = tokio::time::timeout(Duration::from_secs(120), run.wait())
+        .await
+        .expect("the run ends once the stream is quiet")
+        .unwrap();
+    let stderr = std::fs::read_to_string(log.path()).unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.matches("reconnecting").count() >= 3,
+        "each restart is a reconnect: {stderr}"
+    );
+    oracle.reconnect().await;
+    let (changes, _) = oracle.check().await;
+    assert!(changes > 0);
+}
+
+/// Runs `program` with `args`; it must succeed.
+fn shell(program: &str, args: &[&str]) {
+    let status = std::process::Command::new(program)
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{program} {args:?}");
+}
+
+#[tokio::test]
+async fn an_unwritable_warehouse_stops_the_run_clearly_and_a_restart_loses_nothing() {
+    let mut oracle = Oracle::new(500).await;
+    let lake = oracle.lake.path().display().to_string();
+    // Root ignores file modes: the run goes as the postgres user then.
+    let as_root = std::fs::metadata("/proc/self").is_ok_and(|m| {
+        use std::os::unix::fs::MetadataExt;
+        m.uid() == 0
+    });
+    let mut command = if as_root {
+        shell("chown", &["-R", "postgres:", &lake]);
+        let mut c = tokio::process::Command::new("runuser");
+        c.args(["-u", "postgres", "--", env!("CARGO_BIN_EXE_wal2iceberg")]);
+        c
+    } else {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+    };
+    let run = command
+        .args(oracle.run_args())
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    shell("chmod", &["-R", "a-w", &lake]);
+    let out = tokio::time::timeout(Duration::from_secs(60), run.wait_with_output())
+        .await
+        .expect("the run stops")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("ermission denied") && stderr.contains("table"),
+        "the error says what and where: {stderr}"
+    );
+    shell("chmod", &["-R", "u+w", &lake]);
+    // The slot may have moved past the lake's last position, but only
+    // over WAL without a committed change of the table (a transaction
+    // still running, other databases): had it moved past a change the
+    // lake lacks, no run could stream it again and the check would fail.
+    let mut next = oracle.spawn();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    next.kill().await.unwrap();
+    oracle.stop_workload().await;
+    oracle.drain().await;
+    oracle.check().await;
+}
+
+#[tokio::test]
+async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_lost() {
+    let mut oracle = Oracle::new(500).await;
+    let log = tempfile::NamedTempFile::new().unwrap();
+    let mut run = oracle
+        .command(&[])
+        .stderr(Stdio::from(log.reopen().unwrap()))
+        .spawn()
+        .unwrap();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    let script = format!(
+        "{}/tests/support/busy_writer.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let lake = oracle.lake.path().display().to_string();
+    let out = tokio::process::Command::new("python3")
+        .args([&script, &lake, "8"])
+        .args(["accounts", "accounts_changes"].map(|t| format!("{NAMESPACE}.{t}")))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let commits: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    oracle.stop_workload().await;
+    run.kill().await.unwrap();
+    let stderr = std::fs::read_to_string(log.path()).unwrap();
+    assert!(
+        stderr.contains("commit conflict; retrying"),
+        "no commit ever conflicted ({commits}): {stderr}"
+    );
+    oracle.drain().await;
+    oracle.check().await;
+}

@@ -1,0 +1,412 @@
+//! The crash-safety oracle (docs/reliability.md). A trigger writes every
+//! change of the replicated table `accounts` into an audit table that is
+//! not published; a randomized workload writes while `wal2iceberg run` is
+//! crashed, killed, cut off or starved in some way. Afterwards silver must
+//! equal the source (read through pyiceberg) and bronze must hold every
+//! audited change exactly once, in order, with the same values.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use wal2iceberg::lake::catalog::{Lake, namespace};
+use wal2iceberg::lake::writer::Position;
+use wal2iceberg::pg::source::SourceClient;
+
+use super::{TestDb, assert_reconciled, config_for, pyiceberg, unique};
+
+const SCHEMA: &str = "
+    CREATE TABLE accounts(id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL, note text);
+    ALTER TABLE accounts ALTER COLUMN note SET STORAGE EXTERNAL;
+    CREATE TABLE audit(seq bigserial PRIMARY KEY, op text NOT NULL, old jsonb, new jsonb);
+    CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO audit(op, old, new) VALUES (
+        CASE TG_OP WHEN 'INSERT' THEN 'c' WHEN 'UPDATE' THEN 'u' ELSE 'd' END,
+        CASE WHEN TG_OP IN ('UPDATE', 'DELETE') THEN to_jsonb(OLD) END,
+        CASE WHEN TG_OP IN ('INSERT', 'UPDATE') THEN to_jsonb(NEW) END);
+      RETURN NULL;
+    END $$;
+    CREATE FUNCTION audit_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+      INSERT INTO audit(op) VALUES ('t');
+      RETURN NULL;
+    END $$;";
+
+/// The triggers go on after the rows of the initial load are in: the load
+/// is checked by count, the audit holds only what the stream must carry.
+const TRIGGERS: &str = "
+    CREATE TRIGGER accounts_audit AFTER INSERT OR UPDATE OR DELETE ON accounts
+      FOR EACH ROW EXECUTE FUNCTION audit_row();
+    CREATE TRIGGER accounts_truncate AFTER TRUNCATE ON accounts
+      FOR EACH STATEMENT EXECUTE FUNCTION audit_truncate();";
+
+/// The namespace the runs write to.
+pub const NAMESPACE: &str = "shop";
+
+/// One random transaction of the workload.
+fn transaction(rng: &mut impl Rng, next_id: &mut i64) -> String {
+    let pick = "(SELECT id FROM accounts ORDER BY random() LIMIT 1)";
+    let mut statement = |rng: &mut dyn rand::RngCore| -> String {
+        match rng.random_range(0..100) {
+            0..30 => {
+                *next_id += 1;
+                format!(
+                    "INSERT INTO accounts VALUES ({next_id}, 'owner {next_id}', {}.25, NULL);",
+                    rng.random_range(0..1000)
+                )
+            }
+            30..60 => format!("UPDATE accounts SET balance = balance + 1 WHERE id = {pick};"),
+            60..70 => format!(
+                "UPDATE accounts SET note = repeat(md5(random()::text), 100) WHERE id = {pick};"
+            ),
+            70..80 => {
+                *next_id += 1;
+                format!("UPDATE accounts SET id = {next_id} WHERE id = {pick};")
+            }
+            _ => format!("DELETE FROM accounts WHERE id = {pick};"),
+        }
+    };
+    let body = match rng.random_range(0..100) {
+        0..60 => statement(rng),
+        60..95 => (0..rng.random_range(2..8))
+            .map(|_| statement(rng))
+            .collect::<String>(),
+        95..99 => {
+            let from = *next_id + 1;
+            *next_id += 3000;
+            format!(
+                "INSERT INTO accounts SELECT i, 'bulk ' || i, 1, NULL FROM generate_series({from}, {next_id}) i;"
+            )
+        }
+        _ => "TRUNCATE accounts;".to_owned(),
+    };
+    format!("BEGIN; {body} COMMIT;")
+}
+
+/// Writes random transactions until stopped, on a connection of its own.
+/// A lost connection (a server restart) is opened again and the workload
+/// goes on: whether the interrupted transaction committed does not matter,
+/// since the audit, not the workload, is the record. Returns the next
+/// unused id.
+async fn workload(
+    url: String,
+    stop: Arc<AtomicBool>,
+    commits: Arc<AtomicU64>,
+    seed: u64,
+    mut next_id: i64,
+) -> i64 {
+    let config = config_for(&url);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut client = SourceClient::connect(&config).await.expect("connect");
+    while !stop.load(Ordering::Relaxed) {
+        match client
+            .batch_execute(&transaction(&mut rng, &mut next_id))
+            .await
+        {
+            Ok(()) => {
+                commits.fetch_add(1, Ordering::Relaxed);
+            }
+            // A lost connection, or the server shutting down (57P01-57P03).
+            Err(e)
+                if e.is_closed()
+                    || e.as_db_error()
+                        .is_none_or(|d| d.code().code().starts_with("57P")) =>
+            {
+                let give_up = std::time::Instant::now() + Duration::from_secs(60);
+                client = loop {
+                    match SourceClient::connect(&config).await {
+                        Ok(c) => break c,
+                        Err(e) => {
+                            assert!(std::time::Instant::now() < give_up, "reconnect: {e}");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                };
+            }
+            Err(e) => panic!("workload transaction failed: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..20))).await;
+    }
+    next_id
+}
+
+struct Workload {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<i64>,
+}
+
+/// One scenario's source database, lake and slot.
+pub struct Oracle {
+    pub db: TestDb,
+    pub lake: tempfile::TempDir,
+    pub slot: String,
+    /// Rows in the table before the first run: bronze must hold them
+    /// once, as its initial load.
+    initial_rows: u64,
+    workload: Option<Workload>,
+    next_id: i64,
+    seed: u64,
+    commits: Arc<AtomicU64>,
+}
+
+impl Oracle {
+    /// A scenario in a new database of the shared server.
+    pub async fn new(initial_rows: u64) -> Oracle {
+        Oracle::in_db(TestDb::new().await, initial_rows).await
+    }
+
+    /// A scenario in `db`, whose table starts with `initial_rows` rows.
+    pub async fn in_db(db: TestDb, initial_rows: u64) -> Oracle {
+        db.exec(SCHEMA).await;
+        db.exec(&format!(
+            "INSERT INTO accounts SELECT i, 'owner ' || i, i, NULL FROM generate_series(1, {initial_rows}) i;"
+        ))
+        .await;
+        db.exec(TRIGGERS).await;
+        Oracle {
+            db,
+            lake: tempfile::tempdir().expect("lake folder"),
+            slot: unique("oracle"),
+            initial_rows,
+            workload: None,
+            next_id: i64::try_from(initial_rows).unwrap() + 1_000,
+            seed: 42,
+            commits: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A new connection for the checks, after the server restarted.
+    pub async fn reconnect(&mut self) {
+        self.db = TestDb::connect(self.db.config_url()).await;
+    }
+
+    /// `wal2iceberg run` on the scenario, flushing every 200 ms.
+    pub fn run_args(&self) -> Vec<String> {
+        [
+            "run",
+            "--source",
+            &self.db.config_url(),
+            "--tables",
+            "public.accounts",
+            "--slot",
+            &self.slot,
+            "--lake",
+            &self.lake.path().display().to_string(),
+            "--namespace",
+            NAMESPACE,
+            "--flush-interval",
+            "200ms",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    }
+
+    /// The binary with [`Self::run_args`] and `extra`; warnings and errors
+    /// go to `stderr`, which the caller chooses.
+    pub fn command(&self, extra: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"));
+        command
+            .args(self.run_args())
+            .args(extra)
+            .env("RUST_LOG", "wal2iceberg=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        command
+    }
+
+    /// Starts a run to be killed later.
+    pub fn spawn(&self) -> Child {
+        self.command(&[]).spawn().expect("start wal2iceberg")
+    }
+
+    /// Starts a run that aborts at the `n`th time through failpoint
+    /// `point` (src/failpoint.rs); [`Self::expect_crash`] waits for it.
+    pub fn spawn_crashing_at(&self, point: &str, n: u32) -> Child {
+        self.command(&[])
+            .env(wal2iceberg::failpoint::VARIABLE, format!("{point}:{n}"))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start wal2iceberg")
+    }
+
+    /// Waits for a run started by [`Self::spawn_crashing_at`] to die
+    /// there.
+    pub async fn expect_crash(&self, child: Child, point: &str) {
+        let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+            .await
+            .unwrap_or_else(|_| panic!("the run never reached failpoint {point}"))
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(
+            stderr.contains(&format!("failpoint {point} reached")),
+            "the run ended otherwise: {stderr}"
+        );
+    }
+
+    /// What each of the two tables holds, `None` for a table that does not
+    /// exist or holds no initial load yet.
+    pub async fn positions(&self) -> [Option<Position>; 2] {
+        let mut held = [None, None];
+        if !self.lake.path().join("catalog.db").is_file() {
+            return held;
+        }
+        let Ok(lake) = Lake::open_embedded(self.lake.path()).await else {
+            return held;
+        };
+        for (slot, name) in held.iter_mut().zip(["accounts_changes", "accounts"]) {
+            let ident = iceberg::TableIdent::new(namespace(NAMESPACE), name.into());
+            if let Ok(Some(table)) = lake.table_if_exists(&ident).await {
+                *slot = Position::of(&table).ok().flatten();
+            }
+        }
+        held
+    }
+
+    /// Waits (at most a minute) until both tables hold their initial load.
+    pub async fn wait_loaded(&self) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+        while self.positions().await.iter().any(Option::is_none) {
+            assert!(
+                std::time::Instant::now() < give_up,
+                "the initial load never landed"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts the random workload on a connection of its own.
+    pub fn start_workload(&mut self) {
+        assert!(self.workload.is_none(), "one workload at a time");
+        let stop = Arc::new(AtomicBool::new(false));
+        self.seed += 1;
+        let handle = tokio::spawn(workload(
+            self.db.config_url(),
+            stop.clone(),
+            self.commits.clone(),
+            self.seed,
+            self.next_id,
+        ));
+        self.workload = Some(Workload { stop, handle });
+    }
+
+    /// Stops the workload after its current transaction.
+    pub async fn stop_workload(&mut self) {
+        let workload = self.workload.take().expect("a workload runs");
+        workload.stop.store(true, Ordering::Relaxed);
+        self.next_id = workload.handle.await.expect("the workload");
+    }
+
+    /// Transactions the workloads committed so far.
+    pub fn transactions(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    /// A run until the stream has been quiet for 3 s; it must succeed.
+    pub async fn drain(&self) {
+        let out = self
+            .command(&["--exit-when-idle", "3s"])
+            .stderr(Stdio::piped())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Silver equals the source; bronze holds the initial load once and
+    /// then every audited change once, in commit order, with its values.
+    /// Returns (changes checked, live rows).
+    pub async fn check(&self) -> (usize, u64) {
+        let digest = assert_reconciled(
+            &self.db,
+            "accounts",
+            self.lake.path(),
+            &format!("{NAMESPACE}.accounts"),
+        )
+        .await;
+        // One writer connection at a time, so audit order is commit order.
+        let audit: Vec<(String, Option<Value>, Option<Value>)> = self
+            .db
+            .client
+            .query(
+                "SELECT op, old::text, new::text FROM audit ORDER BY seq",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let json = |i: usize| {
+                    r.get::<_, Option<&str>>(i)
+                        .map(|t| serde_json::from_str(t).unwrap())
+                };
+                (r.get(0), json(1), json(2))
+            })
+            .collect();
+        let bronze = pyiceberg(
+            self.lake.path(),
+            &format!("{NAMESPACE}.accounts_changes"),
+            "rows",
+        )
+        .await;
+        let rows = bronze.as_array().unwrap();
+        let changes: Vec<&Value> = rows.iter().filter(|r| r["_cdc_op"] != "r").collect();
+        assert_eq!(
+            (rows.len() - changes.len()) as u64,
+            self.initial_rows,
+            "the initial load, once"
+        );
+        assert_eq!(
+            changes.len(),
+            audit.len(),
+            "bronze has {} changes, the audit {} ({} transactions)",
+            changes.len(),
+            audit.len(),
+            self.transactions()
+        );
+        for (i, (row, (op, old, new))) in changes.iter().zip(&audit).enumerate() {
+            assert_eq!(row["_cdc_op"], op.as_str(), "change {i}");
+            let image = match op.as_str() {
+                "t" => continue,
+                // REPLICA IDENTITY DEFAULT: a delete carries the key only.
+                "d" => {
+                    assert_eq!(row["id"], old.as_ref().unwrap()["id"], "change {i} (d)");
+                    continue;
+                }
+                _ => new.as_ref().unwrap(),
+            };
+            for column in ["id", "owner", "note"] {
+                assert_eq!(
+                    row[column], image[column],
+                    "change {i} ({op}), column {column}"
+                );
+            }
+            assert_eq!(
+                number(&row["balance"]),
+                number(&image["balance"]),
+                "change {i} balance"
+            );
+        }
+        (audit.len(), digest.rows)
+    }
+}
+
+/// A number as the audit's JSON and pyiceberg's JSON both can write it.
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
