@@ -123,6 +123,86 @@ async fn malformed_options_exit_2_naming_the_problem() {
     assert!(stderr.contains("slot name"), "{stderr}");
 }
 
+/// A free loopback port with nothing listening on it.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test]
+async fn unreachable_hosts_wrong_passwords_and_wrong_certificates_exit_1_saying_why() {
+    let db = TestDb::new().await;
+    ensure_role(&db.client, SCRAM_USER, "scram-sha-256").await;
+    db.exec("CREATE TABLE t(id int PRIMARY KEY)").await;
+    let port = server().pg.port();
+    let dbname = &db.config.dbname;
+    let ca = server().ca_file.display().to_string();
+    let other_ca = {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).unwrap().pem()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let other_ca_file = dir.path().join("other.pem");
+    std::fs::write(&other_ca_file, other_ca).unwrap();
+    let lake = dir.path().join("lake").display().to_string();
+    let cases = [
+        (
+            format!("postgres://postgres@127.0.0.1:{}/{dbname}", closed_port()),
+            "onnection refused",
+        ),
+        (
+            format!("postgres://{SCRAM_USER}:Wr0ng-pw@127.0.0.1:{port}/{dbname}"),
+            "password authentication failed",
+        ),
+        // The certificate names localhost, not the address.
+        (
+            format!(
+                "postgres://postgres@127.0.0.1:{port}/{dbname}?sslmode=verify-full&sslrootcert={ca}"
+            ),
+            "not valid for name",
+        ),
+        (
+            format!(
+                "postgres://postgres@localhost:{port}/{dbname}?sslmode=verify-full&sslrootcert={}",
+                other_ca_file.display()
+            ),
+            "certificate",
+        ),
+    ];
+    for (source, reason) in cases {
+        let (code, _, stderr) = run(&[
+            "run",
+            "--source",
+            &source,
+            "--tables",
+            "t",
+            "--lake",
+            &lake,
+            "--exit-when-idle",
+            "1s",
+        ])
+        .await;
+        assert_eq!(code, 1, "{source}: {stderr}");
+        assert!(stderr.contains(reason), "{source}: {stderr}");
+        assert!(!stderr.contains("Wr0ng-pw"), "{stderr}");
+    }
+    let slots: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(slots, 0, "no failed run left a slot behind");
+}
+
 #[tokio::test]
 async fn demo_walks_the_seed_steps_and_cleans_up() {
     let (code, stdout, stderr) = run(&["demo"]).await;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
 
 use crate::support::oracle::{NAMESPACE, Oracle};
-use crate::support::{TestDb, pyiceberg};
+use crate::support::{TestDb, assert_reconciled, pyiceberg};
 
 /// A crash at the `n`th pass through `point` while the workload runs, then
 /// a run that picks up, and the check.
@@ -238,4 +238,81 @@ async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_l
     );
     oracle.drain().await;
     oracle.check().await;
+}
+
+#[tokio::test]
+async fn an_invalidated_slot_stops_the_run_and_the_documented_recovery_reloads() {
+    let pg = ScratchPostgres::start(&[("max_slot_wal_keep_size", "'1MB'")], &[])
+        .expect("a server of this test's own");
+    let oracle = Oracle::in_db(TestDb::create_on(&pg).await, 500).await;
+    oracle.drain().await;
+    let loaded = oracle.positions().await;
+    // Stopped, the slot holds WAL back until PostgreSQL gives up on it.
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        oracle
+            .db
+            .exec("INSERT INTO accounts SELECT i, 'late', 1, NULL FROM generate_series(100000 + (random() * 1e8)::int, 100000 + (random() * 1e8)::int + 2000) i ON CONFLICT DO NOTHING; SELECT pg_switch_wal(); CHECKPOINT;")
+            .await;
+        let status: Option<String> = oracle
+            .db
+            .client
+            .query_one(
+                "SELECT wal_status FROM pg_replication_slots WHERE slot_name = $1",
+                &[&oracle.slot],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if status.as_deref() == Some("lost") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the slot stayed {status:?}"
+        );
+    }
+    let out = oracle
+        .command(&["--exit-when-idle", "1s"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("invalidated") && stderr.contains("new initial load"),
+        "{stderr}"
+    );
+    assert_eq!(oracle.positions().await, loaded, "the lake is untouched");
+
+    // docs/operations.md: drop what the lake holds and load again.
+    let lake = oracle.lake.path().display().to_string();
+    let teardown = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(["teardown", "--source", &oracle.db.config_url()])
+        .args([
+            "--slot",
+            &oracle.slot,
+            "--lake",
+            &lake,
+            "--namespace",
+            NAMESPACE,
+        ])
+        .args(["--tables", "public.accounts", "--drop-tables", "--yes"])
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        teardown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&teardown.stderr)
+    );
+    oracle.drain().await;
+    assert_reconciled(
+        &oracle.db,
+        "accounts",
+        oracle.lake.path(),
+        &format!("{NAMESPACE}.accounts"),
+    )
+    .await;
 }
