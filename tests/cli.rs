@@ -191,15 +191,7 @@ async fn unreachable_hosts_wrong_passwords_and_wrong_certificates_exit_1_saying_
         assert!(stderr.contains(reason), "{source}: {stderr}");
         assert!(!stderr.contains("Wr0ng-pw"), "{stderr}");
     }
-    let slots: i64 = db
-        .client
-        .query_one(
-            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let slots = db.slot_count().await;
     assert_eq!(slots, 0, "no failed run left a slot behind");
 }
 
@@ -723,11 +715,7 @@ async fn a_config_file_env_and_flags_layer_in_that_order_and_bad_values_stop_bef
         .output()
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     assert!(db.confirmed_flush(&slot).await.is_some(), "the flag's slot");
     assert_eq!(
         id_plan_rows(lake.path(), "from_env.clients").await,

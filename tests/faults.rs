@@ -10,7 +10,7 @@ use std::time::Duration;
 use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
 
 use crate::support::oracle::{NAMESPACE, Oracle};
-use crate::support::{TestDb, assert_reconciled, pyiceberg};
+use crate::support::{TestDb, assert_reconciled, assert_success, pyiceberg};
 
 /// A crash at the `n`th pass through `point` while the workload runs, then
 /// a run that picks up, and the check.
@@ -20,12 +20,7 @@ async fn crash_while_streaming(point: &str, n: u32) {
     oracle.wait_loaded().await;
     oracle.start_workload();
     oracle.expect_crash(crashing, point).await;
-    let mut next = oracle.spawn();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    next.kill().await.unwrap();
-    oracle.stop_workload().await;
-    oracle.drain().await;
-    oracle.check().await;
+    oracle.finish().await;
 }
 
 #[tokio::test]
@@ -57,11 +52,12 @@ async fn a_crash_between_the_schema_changes_of_bronze_and_silver_is_finished_by_
         .exec("ALTER TABLE accounts ADD COLUMN rating int DEFAULT 3")
         .await;
     oracle.expect_crash(crashing, "mid-schema-change").await;
-    oracle.db.exec("UPDATE accounts SET rating = id % 7").await;
+    // One writer at a time, so that audit order stays commit order.
     oracle.stop_workload().await;
-    oracle.drain().await;
+    oracle.db.exec("UPDATE accounts SET rating = id % 7").await;
+    oracle.start_workload();
     // The reconciliation covers every source column, the new one too.
-    oracle.check().await;
+    oracle.finish().await;
 }
 
 #[tokio::test]
@@ -76,14 +72,9 @@ async fn a_crash_during_the_initial_load_shows_readers_nothing_and_the_restart_l
         let rows = pyiceberg(oracle.lake.path(), &format!("{NAMESPACE}.{table}"), "rows").await;
         assert_eq!(rows.as_array().map(Vec::len), Some(0), "{table}");
     }
-    let mut next = oracle.spawn();
-    oracle.wait_loaded().await;
-    oracle.start_workload();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    next.kill().await.unwrap();
-    oracle.stop_workload().await;
     oracle.drain().await;
-    oracle.check().await;
+    oracle.start_workload();
+    oracle.finish().await;
 }
 
 #[tokio::test]
@@ -98,13 +89,7 @@ async fn a_crash_between_the_load_commits_of_bronze_and_silver_loads_silver_agai
     // Changes made now fall between the two loads: bronze streams them,
     // silver's new load holds them.
     oracle.start_workload();
-    let mut next = oracle.spawn();
-    oracle.wait_loaded().await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    next.kill().await.unwrap();
-    oracle.stop_workload().await;
-    oracle.drain().await;
-    oracle.check().await;
+    oracle.finish().await;
 }
 
 #[tokio::test]
@@ -193,12 +178,7 @@ async fn an_unwritable_warehouse_stops_the_run_clearly_and_a_restart_loses_nothi
     // over WAL without a committed change of the table (a transaction
     // still running, other databases): had it moved past a change the
     // lake lacks, no run could stream it again and the check would fail.
-    let mut next = oracle.spawn();
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    next.kill().await.unwrap();
-    oracle.stop_workload().await;
-    oracle.drain().await;
-    oracle.check().await;
+    oracle.finish().await;
 }
 
 #[tokio::test]
@@ -223,11 +203,7 @@ async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_l
         .output()
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     let commits: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     oracle.stop_workload().await;
     run.kill().await.unwrap();

@@ -6,6 +6,8 @@
 use serde_json::Value;
 use tokio::process::Command;
 
+use crate::support::assert_success;
+
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 async fn compose() -> Value {
@@ -18,11 +20,7 @@ async fn compose() -> Value {
         .output()
         .await
         .expect("python3 with PyYAML");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out);
     serde_json::from_slice(&out.stdout).unwrap()
 }
 

@@ -321,15 +321,7 @@ async fn tables_the_lake_lacks_are_loaded_from_a_new_snapshot_while_the_others_s
     );
     assert_reconciled(&db, "b", dir.path(), "shop.b").await;
     assert_reconciled(&db, "a", dir.path(), "shop.a").await;
-    let slots: i64 = db
-        .client
-        .query_one(
-            "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let slots = db.slot_count().await;
     assert_eq!(slots, 1, "the temporary load slots are gone");
 }
 

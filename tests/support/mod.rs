@@ -120,6 +120,15 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Asserts that a finished command succeeded, showing its stderr if not.
+pub fn assert_success(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A database of its own for one test.
 pub struct TestDb {
     url: String,
@@ -197,6 +206,18 @@ impl TestDb {
             .expect("read slot");
         row.and_then(|r| r.get::<_, Option<String>>(0))
             .map(|s| s.parse().unwrap())
+    }
+
+    /// How many replication slots this database has.
+    pub async fn slot_count(&self) -> i64 {
+        self.client
+            .query_one(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = current_database()",
+                &[],
+            )
+            .await
+            .expect("count slots")
+            .get(0)
     }
 
     /// Waits (at most a minute) until a consumer holds the slot.

@@ -18,7 +18,7 @@ use wal2iceberg::lake::catalog::{Lake, namespace};
 use wal2iceberg::lake::writer::Position;
 use wal2iceberg::pg::source::SourceClient;
 
-use super::{TestDb, assert_reconciled, config_for, pyiceberg, unique};
+use super::{TestDb, assert_reconciled, assert_success, config_for, pyiceberg, unique};
 
 const SCHEMA: &str = "
     CREATE TABLE accounts(id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL, note text);
@@ -317,11 +317,19 @@ impl Oracle {
             .output()
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_success(&out);
+    }
+
+    /// The usual end of a scenario: a run picks up while the workload goes
+    /// on for a second and is killed, the workload stops, a last run
+    /// drains the slot, and the check.
+    pub async fn finish(&mut self) -> (usize, u64) {
+        let mut next = self.spawn();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        next.kill().await.unwrap();
+        self.stop_workload().await;
+        self.drain().await;
+        self.check().await
     }
 
     /// Silver equals the source; bronze holds the initial load once and

@@ -1,0 +1,589 @@
+//! The pipeline benchmark (docs/benchmarks.md): wal2iceberg against
+//! PostgreSQL's own ceilings, measured on the same data in the same run.
+//!
+//! It starts a throwaway PostgreSQL, loads `orders` with N rows, and times
+//! `COPY orders TO STDOUT` (binary and text) through psql as the load
+//! reference, then wal2iceberg's initial load. With the slot in place it
+//! runs the workload (N inserts in transactions of 1,000, N/2 updates in
+//! transactions of 100, N/10 deletes in transactions of 100, one
+//! transaction of N inserts), copies the slot twice, drains the copies with
+//! `pg_recvlogical` (protocol 1; protocol 2 with `streaming on`) as the
+//! streaming reference, then lets wal2iceberg apply the same WAL. Then a
+//! steady 1,000 transactions per second for the commit-to-visible latency,
+//! and a full scan of silver through pyiceberg.
+//!
+//! ```sh
+//! cargo bench --bench pipeline -- [--rows N] [--phases load,stream,latency,read]
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use wal2iceberg::ops::scratch::{ScratchPostgres, find_bin_dir};
+use wal2iceberg::pg::config::PgConfig;
+use wal2iceberg::pg::source::SourceClient;
+
+const SLOT: &str = "bench";
+const PUBLICATION: &str = "wal2iceberg";
+/// What the latency phase runs at, and for how long.
+const STEADY_RATE: u64 = 1_000;
+const STEADY_FOR: Duration = Duration::from_secs(30);
+/// wal2iceberg's default flush interval, which the latency targets use.
+const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a run waits on a quiet stream before it exits; subtracted
+/// from its wall time.
+const IDLE_EXIT: Duration = Duration::from_millis(500);
+/// The peer figure of the issue (a Python sink with psycopg2 and
+/// pyiceberg), for context only.
+const PEER_CHANGES_PER_SECOND: f64 = 5_000.0;
+
+type BenchResult<T> = Result<T, Box<dyn std::error::Error>>;
+
+struct Args {
+    rows: u64,
+    phases: Vec<String>,
+}
+
+fn parse_args() -> BenchResult<Args> {
+    let mut args = Args {
+        rows: 1_000_000,
+        phases: ["load", "stream", "latency", "read"]
+            .map(String::from)
+            .to_vec(),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--rows" => args.rows = it.next().ok_or("--rows needs a number")?.parse()?,
+            "--phases" => {
+                args.phases = it
+                    .next()
+                    .ok_or("--phases needs a list")?
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+            }
+            // cargo bench passes --bench to every bench binary.
+            "--bench" => {}
+            other => return Err(format!("unknown argument {other:?}").into()),
+        }
+    }
+    if args.rows < 1_000 || args.rows % 1_000 != 0 {
+        return Err("--rows must be a multiple of 1,000".into());
+    }
+    Ok(args)
+}
+
+/// One line of the report: a figure, and its target when it has one.
+struct Line {
+    what: String,
+    value: String,
+    target: Option<(String, bool)>,
+}
+
+#[derive(Default)]
+struct Report {
+    lines: Vec<Line>,
+}
+
+impl Report {
+    fn figure(&mut self, what: &str, value: String) {
+        println!("  {what}: {value}");
+        self.lines.push(Line {
+            what: what.to_owned(),
+            value,
+            target: None,
+        });
+    }
+
+    fn check(&mut self, what: &str, value: String, target: String, pass: bool) {
+        println!(
+            "  {what}: {value} (target {target}: {})",
+            if pass { "pass" } else { "FAIL" }
+        );
+        self.lines.push(Line {
+            what: what.to_owned(),
+            value,
+            target: Some((target, pass)),
+        });
+    }
+
+    fn print(&self) -> bool {
+        println!("\n| figure | value | target | result |\n| --- | --- | --- | --- |");
+        for l in &self.lines {
+            let (target, result) = match &l.target {
+                Some((t, pass)) => (t.as_str(), if *pass { "pass" } else { "FAIL" }),
+                None => ("", ""),
+            };
+            println!("| {} | {} | {target} | {result} |", l.what, l.value);
+        }
+        self.lines
+            .iter()
+            .all(|l| l.target.as_ref().is_none_or(|(_, pass)| *pass))
+    }
+}
+
+struct Bench {
+    pg: ScratchPostgres,
+    bin: PathBuf,
+    url: String,
+    client: SourceClient,
+    lake: tempfile::TempDir,
+    rows: u64,
+    report: Report,
+}
+
+/// What `/usr/bin/time -v` says about a finished command.
+struct Timed {
+    seconds: f64,
+    peak_rss_mb: f64,
+    stderr: String,
+}
+
+fn timed(command: &mut Command) -> BenchResult<Timed> {
+    let start = Instant::now();
+    let out = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()?;
+    let seconds = start.elapsed().as_secs_f64();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !out.status.success() {
+        return Err(format!("{command:?} failed: {stderr}").into());
+    }
+    let peak_rss_mb = stderr
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("Maximum resident set size (kbytes): ")
+        })
+        .and_then(|kb| kb.trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0);
+    Ok(Timed {
+        seconds,
+        peak_rss_mb,
+        stderr,
+    })
+}
+
+fn time_v(program: &Path) -> Command {
+    let mut c = Command::new("/usr/bin/time");
+    c.arg("-v").arg(program);
+    c
+}
+
+impl Bench {
+    async fn start(rows: u64) -> BenchResult<Bench> {
+        let pg = ScratchPostgres::start(
+            &[
+                ("max_wal_size", "'16GB'"),
+                ("shared_buffers", "'1GB'"),
+                ("checkpoint_timeout", "'30min'"),
+            ],
+            &[],
+        )?;
+        let admin = SourceClient::connect(&PgConfig::parse(&pg.url("postgres"))?).await?;
+        admin.batch_execute("CREATE DATABASE bench").await?;
+        let url = pg.url("bench");
+        let client = SourceClient::connect(&PgConfig::parse(&url)?).await?;
+        Ok(Bench {
+            bin: find_bin_dir()?,
+            pg,
+            url,
+            client,
+            lake: tempfile::Builder::new()
+                .prefix("wal2iceberg-bench-")
+                .tempdir()?,
+            rows,
+            report: Report::default(),
+        })
+    }
+
+    fn wal2iceberg(&self, extra: &[&str]) -> Command {
+        let mut c = time_v(Path::new(env!("CARGO_BIN_EXE_wal2iceberg")));
+        c.args(["run", "--source", &self.url, "--tables", "public.orders"])
+            .args(["--slot", SLOT, "--publication", PUBLICATION])
+            .args(["--lake", &self.lake.path().display().to_string()])
+            .args(["--namespace", "bench"])
+            .args(extra)
+            .env("RUST_LOG", "wal2iceberg=warn");
+        c
+    }
+
+    fn psql(&self, sql: &str) -> Command {
+        let mut c = time_v(&self.bin.join("psql"));
+        c.args(["-X", "-q", "-d", &self.url, "-c", sql]);
+        c
+    }
+
+    async fn sql(&self, sql: &str) -> BenchResult<()> {
+        self.client.batch_execute(sql).await?;
+        Ok(())
+    }
+
+    async fn lsn(&self) -> BenchResult<String> {
+        Ok(self
+            .client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0))
+    }
+
+    async fn create(&self) -> BenchResult<()> {
+        let n = self.rows;
+        self.sql(&format!(
+            "CREATE TABLE orders(id bigint PRIMARY KEY, customer_id int, status text, \
+               amount numeric(12,2), note text, created_at timestamptz, updated_at timestamptz);
+             INSERT INTO orders SELECT i, (i % 10000)::int, 'new', (i % 100000) / 100.0, \
+               'order note ' || i, now(), now() FROM generate_series(1, {n}) i;
+             VACUUM ANALYZE orders;"
+        ))
+        .await
+    }
+
+    /// COPY through psql into /dev/null, and wal2iceberg's initial load.
+    async fn load(&mut self) -> BenchResult<()> {
+        println!("load: {} rows", self.rows);
+        let n = self.rows as f64;
+        let binary = timed(&mut self.psql("COPY orders TO STDOUT (FORMAT binary)"))?;
+        let text = timed(&mut self.psql("COPY orders TO STDOUT"))?;
+        let idle = format!("{}ms", IDLE_EXIT.as_millis());
+        let ours = timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
+        let ours_seconds = ours.seconds - IDLE_EXIT.as_secs_f64();
+        let r = &mut self.report;
+        r.figure(
+            "COPY binary (psql > /dev/null)",
+            format!("{:.0} rows/s ({:.2} s)", n / binary.seconds, binary.seconds),
+        );
+        r.figure(
+            "COPY text (psql > /dev/null)",
+            format!("{:.0} rows/s ({:.2} s)", n / text.seconds, text.seconds),
+        );
+        r.figure(
+            "wal2iceberg initial load",
+            format!("{:.0} rows/s ({ours_seconds:.2} s)", n / ours_seconds),
+        );
+        let ratio = binary.seconds / ours_seconds;
+        r.check(
+            "load ratio to COPY binary",
+            format!("{ratio:.2}"),
+            ">= 0.60".into(),
+            ratio >= 0.6,
+        );
+        r.check(
+            "load peak RSS",
+            format!("{:.0} MB", ours.peak_rss_mb),
+            "< 300 MB".into(),
+            ours.peak_rss_mb < 300.0,
+        );
+        Ok(())
+    }
+
+    /// The workload into the slot, the references, then wal2iceberg.
+    async fn stream(&mut self) -> BenchResult<()> {
+        let n = self.rows;
+        let changes = n + n / 2 + n / 10 + n;
+        println!("stream: {changes} changes");
+        let slot = self
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+                &[&SLOT],
+            )
+            .await?;
+        if slot.is_none() {
+            return Err("the stream phase needs the load phase before it".into());
+        }
+        let started = Instant::now();
+        self.sql(&format!(
+            "CREATE PROCEDURE bench_workload(n bigint) LANGUAGE plpgsql AS $$
+             DECLARE b bigint;
+             BEGIN
+               FOR b IN 0 .. n / 1000 - 1 LOOP
+                 INSERT INTO orders SELECT n + b * 1000 + i, (i % 10000)::int, 'new', i / 100.0,
+                   'order note ' || i, now(), now() FROM generate_series(1, 1000) i;
+                 COMMIT;
+               END LOOP;
+               FOR b IN 0 .. n / 2 / 100 - 1 LOOP
+                 UPDATE orders SET status = 'paid', amount = amount + 1, updated_at = now()
+                   WHERE id IN (SELECT ((b * 100 + i) * 1000003) % (2 * n) + 1 FROM generate_series(0, 99) i);
+                 COMMIT;
+               END LOOP;
+               FOR b IN 0 .. n / 10 / 100 - 1 LOOP
+                 DELETE FROM orders
+                   WHERE id IN (SELECT ((b * 100 + i) * 999983) % (2 * n) + 1 FROM generate_series(0, 99) i);
+                 COMMIT;
+               END LOOP;
+               INSERT INTO orders SELECT 2 * n + i, (i % 10000)::int, 'bulk', i / 100.0,
+                 'bulk note ' || i, now(), now() FROM generate_series(1, n) i;
+               COMMIT;
+             END $$;
+             CALL bench_workload({n});"
+        ))
+        .await?;
+        let end = self.lsn().await?;
+        println!(
+            "  (workload written in {:.1} s, up to {end})",
+            started.elapsed().as_secs_f64()
+        );
+        let mut references = Vec::new();
+        for (name, options) in [
+            ("pg_recvlogical, protocol 1", &["proto_version=1"][..]),
+            (
+                "pg_recvlogical, protocol 2, streaming on",
+                &["proto_version=2", "streaming=on"][..],
+            ),
+            ("pg_recvlogical, protocol 2", &["proto_version=2"][..]),
+        ] {
+            let copy = format!("bench_ref_{}", references.len());
+            self.sql(&format!(
+                "SELECT pg_copy_logical_replication_slot('{SLOT}', '{copy}')"
+            ))
+            .await?;
+            let mut c = time_v(&self.bin.join("pg_recvlogical"));
+            c.args(["-d", &self.url, "--slot", &copy, "--start", "-E", &end])
+                .args(["-f", "/dev/null", "--no-loop"])
+                .args(["-o", &format!("publication_names={PUBLICATION}")]);
+            for o in options {
+                c.args(["-o", o]);
+            }
+            let t = timed(&mut c)?;
+            self.sql(&format!("SELECT pg_drop_replication_slot('{copy}')"))
+                .await?;
+            self.report.figure(
+                name,
+                format!(
+                    "{:.0} changes/s ({:.1} s)",
+                    changes as f64 / t.seconds,
+                    t.seconds
+                ),
+            );
+            references.push(t.seconds);
+        }
+        let idle = format!("{}ms", IDLE_EXIT.as_millis());
+        let ours = timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
+        let seconds = ours.seconds - IDLE_EXIT.as_secs_f64();
+        let rate = changes as f64 / seconds;
+        let r = &mut self.report;
+        r.figure(
+            "wal2iceberg streaming apply (protocol 2)",
+            format!("{rate:.0} changes/s ({seconds:.1} s)"),
+        );
+        // The reference with the options wal2iceberg used: protocol 2.
+        let same = references[2] / seconds;
+        r.check(
+            "apply ratio to pg_recvlogical (same options)",
+            format!("{same:.2}"),
+            ">= 0.80 (goal 0.95)".into(),
+            same >= 0.8,
+        );
+        r.figure(
+            "apply ratio to pg_recvlogical protocol 1",
+            format!("{:.2}", references[0] / seconds),
+        );
+        r.figure(
+            "apply ratio to pg_recvlogical protocol 2 streaming",
+            format!("{:.2}", references[1] / seconds),
+        );
+        let peer = rate / PEER_CHANGES_PER_SECOND;
+        r.check(
+            "speed-up over a Python sink (5,000 changes/s, quoted)",
+            format!("{peer:.1}x"),
+            ">= 20x".into(),
+            peer >= 20.0,
+        );
+        r.check(
+            "apply peak RSS",
+            format!("{:.0} MB", ours.peak_rss_mb),
+            "< 300 MB".into(),
+            ours.peak_rss_mb < 300.0,
+        );
+        if ours.stderr.contains("ERROR") {
+            return Err(format!("wal2iceberg reported errors: {}", ours.stderr).into());
+        }
+        Ok(())
+    }
+
+    /// A steady 1,000 single-row transactions per second while wal2iceberg
+    /// runs; latency from its commit-to-visible histogram.
+    async fn latency(&mut self) -> BenchResult<()> {
+        println!("latency: {STEADY_RATE} transactions/s for {STEADY_FOR:?}");
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let mut run = self
+            .wal2iceberg(&["--metrics-addr", &metrics.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / STEADY_RATE as u32);
+        let until = Instant::now() + STEADY_FOR;
+        let mut i: u64 = 0;
+        while Instant::now() < until {
+            tick.tick().await;
+            i += 1;
+            let id = (i * 7919) % self.rows + 1;
+            self.client
+                .execute(
+                    "UPDATE orders SET amount = amount + 1, updated_at = now() WHERE id = $1",
+                    &[&(id as i64)],
+                )
+                .await?;
+        }
+        // Let the last batch land before reading the histogram.
+        tokio::time::sleep(FLUSH_INTERVAL * 3).await;
+        let scrape = http_get(&metrics.to_string(), "/metrics").await?;
+        let _ = Command::new("kill").arg(run.id().to_string()).status();
+        run.wait()?;
+        let buckets = histogram(&scrape, "wal2iceberg_commit_to_visible_seconds_bucket");
+        let flush = FLUSH_INTERVAL.as_secs_f64();
+        let p50 = quantile(&buckets, 0.5);
+        let p99 = quantile(&buckets, 0.99);
+        let r = &mut self.report;
+        r.figure("steady transactions", format!("{i}"));
+        r.check(
+            "commit-to-visible p50 (bucket bound)",
+            format!("<= {p50} s"),
+            format!("<= {} s", flush + 1.0),
+            p50 <= flush + 1.0,
+        );
+        r.check(
+            "commit-to-visible p99 (bucket bound)",
+            format!("<= {p99} s"),
+            format!("<= {} s", 2.0 * flush + 2.0),
+            p99 <= 2.0 * flush + 2.0,
+        );
+        Ok(())
+    }
+
+    /// A full scan of silver through pyiceberg, against the source count.
+    async fn read(&mut self) -> BenchResult<()> {
+        println!("read: silver through pyiceberg");
+        let expected: i64 = self
+            .client
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await?
+            .get(0);
+        let script = format!("{}/benches/scan_silver.py", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new("python3")
+            .args([
+                &script,
+                &self.lake.path().display().to_string(),
+                "bench.orders",
+            ])
+            .output()?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned().into());
+        }
+        let scan: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let rows = scan["rows"].as_i64().unwrap_or(-1);
+        let r = &mut self.report;
+        r.check(
+            "silver rows through pyiceberg",
+            format!("{rows} in {:.1} s", scan["seconds"].as_f64().unwrap_or(0.0)),
+            format!("{expected} (the source)"),
+            rows == expected,
+        );
+        r.figure(
+            "silver files",
+            format!(
+                "{} data, {} delete, {:.1} MB",
+                scan["data_files"],
+                scan["delete_files"],
+                scan["bytes"].as_f64().unwrap_or(0.0) / 1e6
+            ),
+        );
+        Ok(())
+    }
+}
+
+async fn http_get(addr: &str, path: &str) -> BenchResult<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await?;
+    Ok(body)
+}
+
+/// `(upper bound, cumulative count)` of a Prometheus histogram.
+fn histogram(scrape: &str, series: &str) -> Vec<(f64, f64)> {
+    scrape
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(series)?.strip_prefix("{le=\"")?;
+            let (bound, count) = rest.split_once("\"} ")?;
+            let bound = if bound == "+Inf" {
+                f64::INFINITY
+            } else {
+                bound.parse().ok()?
+            };
+            Some((bound, count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The smallest bucket bound holding the quantile `q`.
+fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    buckets
+        .iter()
+        .find(|(_, count)| *count >= q * total && total > 0.0)
+        .map_or(f64::INFINITY, |b| b.0)
+}
+
+#[tokio::main]
+async fn main() -> BenchResult<()> {
+    let args = parse_args()?;
+    let started = Instant::now();
+    let mut bench = Bench::start(args.rows).await?;
+    println!(
+        "wal2iceberg benchmark, N = {} ({} cores), PostgreSQL on port {}",
+        args.rows,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        bench.pg.port()
+    );
+    bench.create().await?;
+    for phase in &args.phases {
+        match phase.as_str() {
+            "load" => bench.load().await?,
+            "stream" => bench.stream().await?,
+            "latency" => bench.latency().await?,
+            "read" => bench.read().await?,
+            other => return Err(format!("unknown phase {other:?}").into()),
+        }
+    }
+    let files = files_written(&bench.lake.path().join("warehouse"));
+    bench.report.figure(
+        "files written (all tables, data and metadata)",
+        format!("{} files, {:.1} MB", files.0, files.1 as f64 / 1e6),
+    );
+    bench.report.figure(
+        "benchmark wall time",
+        format!("{:.0} s", started.elapsed().as_secs_f64()),
+    );
+    if !bench.report.print() {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+/// Count and bytes of the files under `dir`.
+fn files_written(dir: &Path) -> (u64, u64) {
+    let mut total = (0, 0);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return total;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            let (n, bytes) = files_written(&path);
+            total = (total.0 + n, total.1 + bytes);
+        } else if let Ok(meta) = entry.metadata() {
+            total = (total.0 + 1, total.1 + meta.len());
+        }
+    }
+    total
+}
