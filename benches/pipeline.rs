@@ -236,10 +236,10 @@ impl Bench {
             "CREATE TABLE orders(id bigint PRIMARY KEY, customer_id int, status text, \
                amount numeric(12,2), note text, created_at timestamptz, updated_at timestamptz);
              INSERT INTO orders SELECT i, (i % 10000)::int, 'new', (i % 100000) / 100.0, \
-               'order note ' || i, now(), now() FROM generate_series(1, {n}) i;
-             VACUUM ANALYZE orders;"
+               'order note ' || i, now(), now() FROM generate_series(1, {n}) i;"
         ))
-        .await
+        .await?;
+        self.sql("VACUUM ANALYZE orders").await
     }
 
     /// COPY through psql into /dev/null, and wal2iceberg's initial load.
@@ -307,21 +307,22 @@ impl Bench {
                END LOOP;
                FOR b IN 0 .. n / 2 / 100 - 1 LOOP
                  UPDATE orders SET status = 'paid', amount = amount + 1, updated_at = now()
-                   WHERE id IN (SELECT ((b * 100 + i) * 1000003) % (2 * n) + 1 FROM generate_series(0, 99) i);
+                   WHERE id IN (SELECT ((b * 100 + i) * 1000003) % (2 * n) + 1 FROM generate_series(0::bigint, 99) i);
                  COMMIT;
                END LOOP;
                FOR b IN 0 .. n / 10 / 100 - 1 LOOP
                  DELETE FROM orders
-                   WHERE id IN (SELECT ((b * 100 + i) * 999983) % (2 * n) + 1 FROM generate_series(0, 99) i);
+                   WHERE id IN (SELECT ((b * 100 + i) * 999983) % (2 * n) + 1 FROM generate_series(0::bigint, 99) i);
                  COMMIT;
                END LOOP;
                INSERT INTO orders SELECT 2 * n + i, (i % 10000)::int, 'bulk', i / 100.0,
                  'bulk note ' || i, now(), now() FROM generate_series(1, n) i;
                COMMIT;
-             END $$;
-             CALL bench_workload({n});"
+             END $$;"
         ))
         .await?;
+        // Alone, so that the procedure may commit.
+        self.sql(&format!("CALL bench_workload({n})")).await?;
         let end = self.lsn().await?;
         println!(
             "  (workload written in {:.1} s, up to {end})",
