@@ -258,12 +258,16 @@ fn strip_bc(s: &str) -> (&str, bool) {
     }
 }
 
+/// Beyond PostgreSQL's last date (5874897 AD) no year is a value the
+/// server sends; refusing it also keeps the day arithmetic from overflowing.
+const MAX_YEAR: i64 = 5_874_898;
+
 fn parse_ymd(s: &str, bc: bool) -> Option<i64> {
     let mut parts = s.splitn(3, '-');
     let year: i64 = parse_digits(parts.next()?)?;
     let month: u32 = parse_digits(parts.next()?)?;
     let day: u32 = parse_digits(parts.next()?)?;
-    if year == 0 || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+    if !(1..=MAX_YEAR).contains(&year) || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
         return None;
     }
     let astronomical = if bc { 1 - year } else { year };
@@ -345,6 +349,14 @@ mod tests {
         }
         assert_eq!(days_from_civil(1970, 1, 1), 0);
         assert_eq!(days_from_civil(2000, 1, 1), PG_EPOCH_DAYS);
+    }
+
+    #[test]
+    fn years_past_the_last_postgresql_date_are_refused_not_wrapped() {
+        // Found by the fuzzer: the day arithmetic overflowed.
+        assert_eq!(parse_date("025555555555555551-8-5"), None);
+        assert_eq!(parse_timestamp("9999999-01-01 00:00:00", false), None);
+        assert!(parse_date("5874897-12-31").is_some());
     }
 
     #[test]
