@@ -292,3 +292,27 @@ async fn an_invalidated_slot_stops_the_run_and_the_documented_recovery_reloads()
     )
     .await;
 }
+
+#[tokio::test]
+async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing() {
+    let mut oracle = Oracle::new(500).await;
+    let mut first = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.db.wait_until_active(&oracle.slot).await;
+    oracle.start_workload();
+    let out = oracle
+        .command(&["--exit-when-idle", "1s"])
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("slot") && stderr.contains("is in use by process"),
+        "the error names the cause: {stderr}"
+    );
+    assert!(first.try_wait().unwrap().is_none(), "the first run goes on");
+    first.kill().await.unwrap();
+    oracle.finish().await;
+}
