@@ -296,7 +296,7 @@ impl Bench {
             return Err("the stream phase needs the load phase before it".into());
         }
         let started = Instant::now();
-        self.sql(&format!(
+        self.sql(
             "CREATE PROCEDURE bench_workload(n bigint) LANGUAGE plpgsql AS $$
              DECLARE b bigint;
              BEGIN
@@ -318,8 +318,8 @@ impl Bench {
                INSERT INTO orders SELECT 2 * n + i, (i % 10000)::int, 'bulk', i / 100.0,
                  'bulk note ' || i, now(), now() FROM generate_series(1, n) i;
                COMMIT;
-             END $$;"
-        ))
+             END $$;",
+        )
         .await?;
         // Alone, so that the procedure may commit.
         self.sql(&format!("CALL bench_workload({n})")).await?;
