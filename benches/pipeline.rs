@@ -416,7 +416,24 @@ impl Bench {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Steady state: the load starts once the run streams (opening the
+        // tables, silver's key index included, comes first).
+        let opening = Instant::now();
+        while self
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+                &[&SLOT],
+            )
+            .await?
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.report.figure(
+            "start until streaming (tables opened)",
+            format!("{:.1} s", opening.elapsed().as_secs_f64()),
+        );
         let mut tick = tokio::time::interval(Duration::from_secs(1) / STEADY_RATE as u32);
         let until = Instant::now() + STEADY_FOR;
         let mut i: u64 = 0;
