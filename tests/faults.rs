@@ -248,12 +248,7 @@ async fn an_invalidated_slot_stops_the_run_and_the_documented_recovery_reloads()
             "the slot stayed {status:?}"
         );
     }
-    let out = oracle
-        .command(&["--exit-when-idle", "1s"])
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .unwrap();
+    let out = oracle.run_until_idle("1s").await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{stderr}");
     assert!(
@@ -300,12 +295,7 @@ async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing
     oracle.wait_loaded().await;
     oracle.db.wait_until_active(&oracle.slot).await;
     oracle.start_workload();
-    let out = oracle
-        .command(&["--exit-when-idle", "1s"])
-        .stderr(Stdio::piped())
-        .output()
-        .await
-        .unwrap();
+    let out = oracle.run_until_idle("1s").await;
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(

@@ -309,15 +309,19 @@ impl Oracle {
         self.commits.load(Ordering::Relaxed)
     }
 
-    /// A run until the stream has been quiet for 3 s; it must succeed.
-    pub async fn drain(&self) {
-        let out = self
-            .command(&["--exit-when-idle", "3s"])
+    /// A run until the stream has been quiet for `idle` (e.g. `3s`), or
+    /// until it fails; its output, stderr included.
+    pub async fn run_until_idle(&self, idle: &str) -> std::process::Output {
+        self.command(&["--exit-when-idle", idle])
             .stderr(Stdio::piped())
             .output()
             .await
-            .unwrap();
-        assert_success(&out);
+            .unwrap()
+    }
+
+    /// A run until the stream has been quiet for 3 s; it must succeed.
+    pub async fn drain(&self) {
+        assert_success(&self.run_until_idle("3s").await);
     }
 
     /// The usual end of a scenario: a run picks up while the workload goes
