@@ -310,12 +310,16 @@ impl Oracle {
     }
 
     /// A run until the stream has been quiet for `idle` (e.g. `3s`), or
-    /// until it fails; its output, stderr included.
+    /// until it fails; its output, stderr included. A run still going after
+    /// ten minutes fails the test rather than CI's whole time budget.
     pub async fn run_until_idle(&self, idle: &str) -> std::process::Output {
-        self.command(&["--exit-when-idle", idle])
+        let run = self
+            .command(&["--exit-when-idle", idle])
             .stderr(Stdio::piped())
-            .output()
+            .output();
+        tokio::time::timeout(Duration::from_secs(600), run)
             .await
+            .expect("the run was still going after ten minutes")
             .unwrap()
     }
 
