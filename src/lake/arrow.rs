@@ -85,15 +85,7 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
                 )
             }
             DataType::Int64 => {
-                primitive!(
-                    Int64Builder::with_capacity(cells.len()),
-                    |v: &Value| match v {
-                        Value::Int2(i) => Some(i64::from(*i)),
-                        Value::Int4(i) => Some(i64::from(*i)),
-                        Value::Int8(i) => Some(*i),
-                        _ => None,
-                    }
-                )
+                primitive!(Int64Builder::with_capacity(cells.len()), integer_form)
             }
             DataType::Float32 => primitive!(
                 Float32Builder::with_capacity(cells.len()),
@@ -307,8 +299,18 @@ pub fn arrow_value(array: &dyn Array, row: usize) -> Result<Value> {
     Ok(value)
 }
 
+/// The value of an integer of any width.
+pub(super) fn integer_form(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int2(i) => Some(i64::from(*i)),
+        Value::Int4(i) => Some(i64::from(*i)),
+        Value::Int8(i) => Some(*i),
+        _ => None,
+    }
+}
+
 /// The text a string column holds for a value (docs/tables.md).
-fn text_form(v: &Value) -> Option<String> {
+pub(super) fn text_form(v: &Value) -> Option<String> {
     Some(match v {
         Value::Text(s)
         | Value::Json(s)

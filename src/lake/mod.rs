@@ -5,6 +5,7 @@
 //! - `bronze`: bronze rows, one per change, and the staged bronze batch.
 //! - `catalog`: the embedded SQL catalog on SQLite and table creation.
 //! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
+//! - `key`: primary keys as bytes for silver's index.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
 //! - `silver`: the current-state table, its key index and staged batch.
 //! - `schema`: the bronze and silver schemas and the type mapping.
@@ -14,6 +15,7 @@ pub mod arrow;
 pub mod bronze;
 pub mod catalog;
 pub mod evolve;
+pub mod key;
 pub mod row_delta;
 pub mod schema;
 pub mod silver;

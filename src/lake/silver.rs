@@ -21,8 +21,7 @@ use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use arrow_row::{RowConverter, SortField};
-use arrow_schema::{DataType, Schema as ArrowSchema};
+use arrow_schema::{DataType, Field, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use iceberg::spec::{DataContentType, DataFile};
@@ -32,6 +31,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::arrow::{arrow_value, build_array};
 use super::catalog::{Lake, iceberg_error};
+use super::key::{Key, KeyCodec, KeyIndex};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
@@ -39,14 +39,6 @@ use crate::cdc::event::{Change, Datum, ImageKind, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
-
-/// Where a live row is: a committed data file, or one written for the open
-/// batch and not committed yet.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Location {
-    file: Arc<str>,
-    pos: i64,
-}
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -59,13 +51,13 @@ pub struct SilverTable {
     schema: Arc<ArrowSchema>,
     /// Arrow schema indices of the primary-key columns, in key order.
     key_fields: Vec<usize>,
-    converter: RowConverter,
+    codec: KeyCodec,
     /// Every live row in a file, committed or written for the open batch.
-    index: HashMap<Box<[u8]>, Location>,
+    index: KeyIndex,
     /// The open batch: the last change per key not yet in a file, keys in
     /// first-seen order.
-    pending: HashMap<Box<[u8]>, Pending>,
-    order: Vec<Box<[u8]>>,
+    pending: HashMap<Key, Pending, foldhash::fast::RandomState>,
+    order: Vec<Key>,
     pending_bytes: usize,
     /// The open batch's data files and the rows it deletes.
     written: Vec<DataFile>,
@@ -84,20 +76,15 @@ impl SilverTable {
         let table = lake.ensure_table(&ident, silver_schema(relation)?).await?;
         let schema = arrow_schema(&table)?;
         let key_fields = key_fields(&schema, relation, &ident)?;
-        let converter = RowConverter::new(
-            key_fields
-                .iter()
-                .map(|&i| SortField::new(schema.field(i).data_type().clone()))
-                .collect(),
-        )
-        .map_err(|e| lake_error("cannot encode the primary key", &ident).with_source(e))?;
+        let fields: Vec<&Field> = key_fields.iter().map(|&i| schema.field(i)).collect();
+        let codec = KeyCodec::new(&fields).map_err(|e| e.with_context("table", &ident))?;
         let mut silver = SilverTable {
             ident,
             schema,
             key_fields,
-            converter,
-            index: HashMap::new(),
-            pending: HashMap::new(),
+            codec,
+            index: KeyIndex::default(),
+            pending: HashMap::default(),
             order: Vec::new(),
             pending_bytes: 0,
             written: Vec::new(),
@@ -122,7 +109,7 @@ impl SilverTable {
 
     /// Number of live rows, as the index knows them.
     pub fn row_count(&self) -> usize {
-        self.index.len()
+        self.index.live_rows()
     }
 
     async fn rebuild_index(&mut self, table: &Table) -> Result<()> {
@@ -165,27 +152,21 @@ impl SilverTable {
                 .unwrap_or_default()
                 .into_iter()
                 .collect();
-            let file: Arc<str> = task.data_file_path.as_str().into();
             let keys = self.read_keys(table, &task.data_file_path).await?;
-            for (pos, key) in keys.into_iter().enumerate() {
-                let pos = pos as i64;
-                if !deleted.contains(&pos) {
-                    self.index.insert(
-                        key,
-                        Location {
-                            file: file.clone(),
-                            pos,
-                        },
-                    );
-                }
-            }
+            let live = keys
+                .into_iter()
+                .enumerate()
+                .filter(|(pos, _)| !deleted.contains(&(*pos as i64)));
+            self.index
+                .add_file(task.data_file_path.as_str().into(), live)
+                .map_err(|e| e.with_context("table", &self.ident))?;
         }
-        tracing::info!(table = %self.ident, rows = self.index.len(), "silver key index rebuilt");
+        tracing::info!(table = %self.ident, rows = self.index.live_rows(), "silver key index rebuilt");
         Ok(())
     }
 
     /// The encoded keys of a data file's rows, in file order.
-    async fn read_keys(&self, table: &Table, path: &str) -> Result<Vec<Box<[u8]>>> {
+    async fn read_keys(&self, table: &Table, path: &str) -> Result<Vec<Key>> {
         let bytes = read_file(table, path).await?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| {
             lake_error("cannot read a silver data file", &self.ident)
@@ -219,22 +200,18 @@ impl SilverTable {
                     })
                 })
                 .collect::<Result<_>>()?;
-            keys.extend(self.encode_keys(&columns)?);
+            keys.extend(self.codec.encode_columns(&columns).map_err(|e| {
+                e.with_context("table", &self.ident)
+                    .with_context("file", path)
+            })?);
         }
         Ok(keys)
     }
 
-    fn encode_keys(&self, columns: &[ArrayRef]) -> Result<Vec<Box<[u8]>>> {
-        let rows = self
-            .converter
-            .convert_columns(columns)
-            .map_err(|e| lake_error("cannot encode the primary key", &self.ident).with_source(e))?;
-        Ok(rows.iter().map(|r| r.as_ref().into()).collect())
-    }
-
     /// The key of a row image of `change`'s relation.
-    fn key_of(&self, change: &Change, row: &[Datum]) -> Result<Box<[u8]>> {
-        let mut columns = Vec::with_capacity(self.key_fields.len());
+    fn key_of(&self, change: &Change, row: &[Datum]) -> Result<Key> {
+        let mut fields = Vec::with_capacity(self.key_fields.len());
+        let mut values = Vec::with_capacity(self.key_fields.len());
         for &i in &self.key_fields {
             let field = self.schema.field(i);
             let value = change
@@ -251,10 +228,15 @@ impl SilverTable {
                         .with_context("lsn", change.lsn),
                 );
             };
-            columns.push(build_array(field, &[Some(v)])?);
+            fields.push(field);
+            values.push(v);
         }
-        Ok(self.encode_keys(&columns)?.remove(0))
+        self.codec.encode_values(&fields, &values).map_err(|e| {
+            e.with_context("table", &change.relation.name)
+                .with_context("lsn", change.lsn)
+        })
     }
+
     /// Replaces the unchanged TOAST values of an update's after image with
     /// the row's current values: from a complete before image (REPLICA
     /// IDENTITY FULL), else from the open batch or the row's data file. A
@@ -315,17 +297,16 @@ impl SilverTable {
             Some(Pending::Delete) => return Err(change.unfilled(name)),
             None => {}
         }
-        let Some(location) = self.index.get(key).cloned() else {
+        let Some((file, pos)) = self.index.get(key) else {
             return Err(change.unfilled(name));
         };
-        let mut row = usize::try_from(location.pos).unwrap_or(usize::MAX);
-        for batch in self.file_rows(lake, &location.file).await? {
+        let mut row = usize::try_from(pos).unwrap_or(usize::MAX);
+        for batch in self.file_rows(lake, &file).await? {
             if row < batch.num_rows() {
                 let Some(array) = batch.column_by_name(name) else {
                     return Err(change.unfilled(name));
                 };
-                return arrow_value(array.as_ref(), row)
-                    .map_err(|e| e.with_context("file", &location.file));
+                return arrow_value(array.as_ref(), row).map_err(|e| e.with_context("file", &file));
             }
             row -= batch.num_rows();
         }
@@ -333,7 +314,7 @@ impl SilverTable {
             "the key index points past the end of a data file",
             &self.ident,
         )
-        .with_context("file", &location.file))
+        .with_context("file", &file))
     }
 
     /// The rows of a data file, read once and kept while the same file is
@@ -353,8 +334,7 @@ impl SilverTable {
     pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>) -> Result<()> {
         match change.op {
             Op::Truncate => {
-                self.deletes
-                    .extend(self.index.drain().map(|(_, l)| (l.file, l.pos)));
+                self.deletes.extend(self.index.clear());
                 self.pending.clear();
                 self.order.clear();
                 self.pending_bytes = 0;
@@ -391,9 +371,9 @@ impl SilverTable {
 
     /// Makes `op` the last word on `key`; a row the key had in a file gets
     /// a position delete.
-    fn set(&mut self, key: Box<[u8]>, op: Pending) {
+    fn set(&mut self, key: Key, op: Pending) {
         if let Some(location) = self.index.remove(&key) {
-            self.deletes.push((location.file, location.pos));
+            self.deletes.push(location);
         }
         if self.pending.insert(key.clone(), op).is_none() {
             self.order.push(key);
@@ -422,19 +402,17 @@ impl SilverTable {
         let files = write_data_files(&table, batch).await?;
         let mut keys = keys.into_iter();
         for file in &files {
-            let path: Arc<str> = file.file_path().into();
-            for pos in 0..file.record_count() as i64 {
-                let key = keys
-                    .next()
-                    .ok_or_else(|| lake_error("more rows written than given", &self.ident))?;
-                self.index.insert(
-                    key,
-                    Location {
-                        file: path.clone(),
-                        pos,
-                    },
-                );
+            let rows = file.record_count() as usize;
+            let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
+            if keyed.len() != rows {
+                return Err(lake_error("more rows written than given", &self.ident));
             }
+            self.index
+                .add_file(file.file_path().into(), keyed)
+                .map_err(|e| e.with_context("table", &self.ident))?;
+        }
+        if keys.next().is_some() {
+            return Err(lake_error("fewer rows written than given", &self.ident));
         }
         self.written.extend(files);
         Ok(())

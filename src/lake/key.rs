@@ -1,0 +1,352 @@
+//! Primary keys as bytes, and silver's index of them.
+//!
+//! A key is encoded from a change's values while staging, and from a data
+//! file's key columns when the index is rebuilt: both must give the same
+//! bytes for the same row. The common keys (one integer column, one text
+//! column) have a direct encoding that costs no Arrow arrays per row; other
+//! keys go through Arrow's row format over the key columns' lake types.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int32Type, Int64Type};
+use arrow_array::{Array, ArrayRef};
+use arrow_row::{RowConverter, SortField};
+use arrow_schema::{DataType, Field};
+use smallvec::SmallVec;
+
+use super::arrow::{build_array, integer_form, text_form};
+use crate::cdc::value::Value;
+use crate::error::{Error, ErrorKind, Result};
+
+/// Keys of up to 16 bytes (every integer key, most text keys) are held
+/// inline, without an allocation of their own.
+pub type Key = SmallVec<[u8; 16]>;
+
+pub enum KeyCodec {
+    /// One integer column (int2, int4 and int8 are Int32 or Int64 in the
+    /// lake): the value as eight little-endian bytes.
+    Integer,
+    /// One text column: its UTF-8 bytes.
+    Text,
+    /// Any other key: Arrow's row format over the key columns.
+    Rows(RowConverter),
+}
+
+impl KeyCodec {
+    /// The codec of a key made of `fields`, in key order.
+    pub fn new(fields: &[&Field]) -> Result<KeyCodec> {
+        match fields {
+            [f] if matches!(f.data_type(), DataType::Int32 | DataType::Int64) => {
+                Ok(KeyCodec::Integer)
+            }
+            [f] if f.data_type() == &DataType::Utf8 => Ok(KeyCodec::Text),
+            _ => RowConverter::new(
+                fields
+                    .iter()
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .collect(),
+            )
+            .map(KeyCodec::Rows)
+            .map_err(|e| {
+                Error::new(ErrorKind::Lake, "cannot encode the primary key").with_source(e)
+            }),
+        }
+    }
+
+    /// The key of one row from its key values, in key order.
+    pub fn encode_values(&self, fields: &[&Field], values: &[&Value]) -> Result<Key> {
+        let mismatch = || {
+            Error::new(
+                ErrorKind::Decode,
+                "a primary-key value does not fit its column's type",
+            )
+            .with_context("column", fields.first().map_or("", |f| f.name()))
+        };
+        match (self, values) {
+            (KeyCodec::Integer, [v]) => integer_form(v)
+                .map(|i| Key::from_slice(&i.to_le_bytes()))
+                .ok_or_else(mismatch),
+            (KeyCodec::Text, [v]) => text_form(v)
+                .map(|s| Key::from_slice(s.as_bytes()))
+                .ok_or_else(mismatch),
+            (KeyCodec::Rows(converter), _) => {
+                let columns = fields
+                    .iter()
+                    .zip(values)
+                    .map(|(f, v)| build_array(f, &[Some(v)]))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(rows(converter, &columns)?.remove(0))
+            }
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// The keys of every row of the key columns, in row order.
+    pub fn encode_columns(&self, columns: &[ArrayRef]) -> Result<Vec<Key>> {
+        let nulls = || Error::new(ErrorKind::Lake, "a primary-key column holds a null");
+        match (self, columns) {
+            (KeyCodec::Integer, [c]) if c.null_count() > 0 => Err(nulls()),
+            (KeyCodec::Integer, [c]) => match c.data_type() {
+                DataType::Int32 => Ok(c
+                    .as_primitive::<Int32Type>()
+                    .values()
+                    .iter()
+                    .map(|&i| Key::from_slice(&i64::from(i).to_le_bytes()))
+                    .collect()),
+                _ => Ok(c
+                    .as_primitive::<Int64Type>()
+                    .values()
+                    .iter()
+                    .map(|i| Key::from_slice(&i.to_le_bytes()))
+                    .collect()),
+            },
+            (KeyCodec::Text, [c]) if c.null_count() > 0 => Err(nulls()),
+            (KeyCodec::Text, [c]) => Ok(c
+                .as_string::<i32>()
+                .iter()
+                .map(|s| Key::from_slice(s.unwrap_or_default().as_bytes()))
+                .collect()),
+            (KeyCodec::Rows(converter), _) => rows(converter, columns),
+            _ => Err(Error::new(
+                ErrorKind::Lake,
+                "the key columns do not match the key",
+            )),
+        }
+    }
+}
+
+/// Where every live row of silver is: key to (data file, position), at
+/// about 40 bytes a row for keys held inline. Files are numbered; a file's
+/// number is reused once no live row is left in it, so the index does not
+/// grow with the files a long run writes.
+#[derive(Default)]
+pub struct KeyIndex {
+    rows: HashMap<Key, Location, foldhash::fast::RandomState>,
+    files: Vec<FileSlot>,
+    free: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Location {
+    file: u32,
+    pos: u32,
+}
+
+struct FileSlot {
+    path: Arc<str>,
+    live: u32,
+}
+
+impl KeyIndex {
+    /// Number of live rows.
+    pub fn live_rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Adds the live rows of a data file, as (position, key).
+    pub fn add_file(
+        &mut self,
+        path: Arc<str>,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        let too_large = || {
+            Error::new(
+                ErrorKind::Lake,
+                "a data file is too large for the key index",
+            )
+            .with_context("file", &path)
+        };
+        let file = match self.free.pop() {
+            Some(id) => {
+                self.files[id as usize] = FileSlot {
+                    path: path.clone(),
+                    live: 0,
+                };
+                id
+            }
+            None => {
+                let id = u32::try_from(self.files.len()).map_err(|_| too_large())?;
+                self.files.push(FileSlot {
+                    path: path.clone(),
+                    live: 0,
+                });
+                id
+            }
+        };
+        for (pos, key) in rows {
+            let pos = u32::try_from(pos).map_err(|_| too_large())?;
+            self.files[file as usize].live += 1;
+            if let Some(old) = self.rows.insert(key, Location { file, pos }) {
+                self.release(old);
+            }
+        }
+        if self.files[file as usize].live == 0 {
+            self.free_slot(file);
+        }
+        Ok(())
+    }
+
+    /// The file and position of `key`'s live row.
+    pub fn get(&self, key: &[u8]) -> Option<(Arc<str>, i64)> {
+        let l = self.rows.get(key)?;
+        Some((self.files[l.file as usize].path.clone(), l.pos.into()))
+    }
+
+    /// Forgets `key`'s live row; its file and position.
+    pub fn remove(&mut self, key: &[u8]) -> Option<(Arc<str>, i64)> {
+        let l = self.rows.remove(key)?;
+        let path = self.files[l.file as usize].path.clone();
+        self.release(l);
+        Some((path, l.pos.into()))
+    }
+
+    /// Forgets every live row; their files and positions.
+    pub fn clear(&mut self) -> Vec<(Arc<str>, i64)> {
+        let files = std::mem::take(&mut self.files);
+        self.free.clear();
+        self.rows
+            .drain()
+            .map(|(_, l)| (files[l.file as usize].path.clone(), l.pos.into()))
+            .collect()
+    }
+
+    fn release(&mut self, l: Location) {
+        let slot = &mut self.files[l.file as usize];
+        slot.live -= 1;
+        if slot.live == 0 {
+            self.free_slot(l.file);
+        }
+    }
+
+    fn free_slot(&mut self, file: u32) {
+        self.files[file as usize].path = Arc::from("");
+        self.free.push(file);
+    }
+}
+
+fn rows(converter: &RowConverter, columns: &[ArrayRef]) -> Result<Vec<Key>> {
+    let rows = converter
+        .convert_columns(columns)
+        .map_err(|e| Error::new(ErrorKind::Lake, "cannot encode the primary key").with_source(e))?;
+    Ok(rows.iter().map(|r| Key::from_slice(r.as_ref())).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn field(name: &str, data_type: DataType) -> Field {
+        Field::new(name, data_type, false)
+    }
+
+    /// Staging and the index rebuild must agree: the key of each row from
+    /// its values equals the key read back from the column it is stored in.
+    fn agree(fields: &[Field], rows: &[Vec<Value>]) {
+        let refs: Vec<&Field> = fields.iter().collect();
+        let codec = KeyCodec::new(&refs).unwrap();
+        let columns: Vec<ArrayRef> = fields
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                let cells: Vec<Option<&Value>> = rows.iter().map(|r| Some(&r[i])).collect();
+                build_array(f, &cells).unwrap()
+            })
+            .collect();
+        let from_columns = codec.encode_columns(&columns).unwrap();
+        for (row, key) in rows.iter().zip(&from_columns) {
+            let values: Vec<&Value> = row.iter().collect();
+            assert_eq!(
+                &codec.encode_values(&refs, &values).unwrap(),
+                key,
+                "{row:?}"
+            );
+        }
+        let distinct: std::collections::HashSet<_> = from_columns.iter().collect();
+        let rows_distinct: std::collections::HashSet<_> =
+            rows.iter().map(|r| format!("{r:?}")).collect();
+        assert_eq!(distinct.len(), rows_distinct.len(), "keys collide");
+    }
+
+    proptest! {
+        #[test]
+        fn integer_keys_agree(ids in proptest::collection::vec(any::<i64>(), 1..50)) {
+            let rows: Vec<Vec<Value>> = ids.iter().map(|&i| vec![Value::Int8(i)]).collect();
+            agree(&[field("id", DataType::Int64)], &rows);
+        }
+
+        #[test]
+        fn small_integer_keys_agree(ids in proptest::collection::vec(any::<i16>(), 1..50)) {
+            let rows: Vec<Vec<Value>> = ids.iter().map(|&i| vec![Value::Int2(i)]).collect();
+            agree(&[field("id", DataType::Int32)], &rows);
+        }
+
+        #[test]
+        fn text_keys_agree(names in proptest::collection::vec(".*", 1..50)) {
+            let rows: Vec<Vec<Value>> = names.into_iter().map(|s| vec![Value::Text(s)]).collect();
+            agree(&[field("name", DataType::Utf8)], &rows);
+        }
+
+        #[test]
+        fn composite_keys_agree(pairs in proptest::collection::vec((any::<i32>(), ".*"), 1..50)) {
+            let rows: Vec<Vec<Value>> = pairs
+                .into_iter()
+                .map(|(i, s)| vec![Value::Int4(i), Value::Text(s)])
+                .collect();
+            agree(&[field("a", DataType::Int32), field("b", DataType::Utf8)], &rows);
+        }
+    }
+
+    fn key(i: i64) -> Key {
+        Key::from_slice(&i.to_le_bytes())
+    }
+
+    #[test]
+    fn the_index_reuses_the_number_of_a_file_without_live_rows() {
+        let mut index = KeyIndex::default();
+        index
+            .add_file("a".into(), [(0, key(1)), (1, key(2))])
+            .unwrap();
+        index.add_file("b".into(), [(0, key(3))]).unwrap();
+        assert_eq!(index.remove(&key(1)), Some(("a".into(), 0)));
+        assert_eq!(index.remove(&key(1)), None);
+        assert_eq!(index.remove(&key(2)), Some(("a".into(), 1)));
+        // A rewritten key moves; its old file keeps its other rows.
+        index
+            .add_file("c".into(), [(5, key(4)), (6, key(3))])
+            .unwrap();
+        assert_eq!(index.files.len(), 2, "c took a's number");
+        assert_eq!(index.get(&key(3)), Some(("c".into(), 6)));
+        assert_eq!(index.get(&key(4)), Some(("c".into(), 5)));
+        assert_eq!(index.files[1].live, 0, "b lost its only row to c");
+        index.add_file("empty".into(), []).unwrap();
+        assert_eq!(index.files.len(), 2, "a file without rows keeps no number");
+        let mut all = index.clear();
+        all.sort();
+        assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
+        assert_eq!(index.live_rows(), 0);
+    }
+
+    #[test]
+    fn int4_and_int8_of_one_number_are_one_key_in_an_int64_column() {
+        let f = field("id", DataType::Int64);
+        let codec = KeyCodec::new(&[&f]).unwrap();
+        assert_eq!(
+            codec.encode_values(&[&f], &[&Value::Int4(7)]).unwrap(),
+            codec.encode_values(&[&f], &[&Value::Int8(7)]).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_value_of_another_type_is_an_error_naming_the_column() {
+        let f = field("id", DataType::Int64);
+        let codec = KeyCodec::new(&[&f]).unwrap();
+        let err = codec
+            .encode_values(&[&f], &[&Value::Text("7".into())])
+            .unwrap_err();
+        assert!(err.to_string().contains("id"), "{err}");
+    }
+}
