@@ -11,6 +11,7 @@
 //! [`arrow_value`] reads a stored cell back as a value, to fill unchanged
 //! TOAST values from the row a table already holds.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arrow_array::builder::{
@@ -309,8 +310,9 @@ pub(super) fn integer_form(v: &Value) -> Option<i64> {
     }
 }
 
-/// The text a string column holds for a value (docs/tables.md).
-pub(super) fn text_form(v: &Value) -> Option<String> {
+/// The text a string column holds for a value (docs/tables.md), borrowed
+/// where the value holds it.
+pub(super) fn text_form(v: &Value) -> Option<Cow<'_, str>> {
     Some(match v {
         Value::Text(s)
         | Value::Json(s)
@@ -318,13 +320,13 @@ pub(super) fn text_form(v: &Value) -> Option<String> {
         | Value::Inet(s)
         | Value::Cidr(s)
         | Value::Enum(s)
-        | Value::Unknown(s) => s.clone(),
-        Value::Numeric(Numeric::Finite(s)) => s.clone(),
-        Value::Numeric(Numeric::NaN) => "NaN".to_owned(),
-        Value::Numeric(Numeric::Infinity) => "Infinity".to_owned(),
-        Value::Numeric(Numeric::NegInfinity) => "-Infinity".to_owned(),
-        Value::Interval(iv) => temporal::format_interval(iv),
-        v @ Value::TimeTz { .. } => v.to_json().as_str()?.to_owned(),
+        | Value::Unknown(s) => Cow::Borrowed(s),
+        Value::Numeric(Numeric::Finite(s)) => Cow::Borrowed(s),
+        Value::Numeric(Numeric::NaN) => Cow::Borrowed("NaN"),
+        Value::Numeric(Numeric::Infinity) => Cow::Borrowed("Infinity"),
+        Value::Numeric(Numeric::NegInfinity) => Cow::Borrowed("-Infinity"),
+        Value::Interval(iv) => Cow::Owned(temporal::format_interval(iv)),
+        v @ Value::TimeTz { .. } => Cow::Owned(v.to_json().as_str()?.to_owned()),
         _ => return None,
     })
 }

@@ -121,6 +121,8 @@ struct TableSink {
     /// Whether the open batch staged anything for each table.
     bronze_dirty: bool,
     silver_dirty: bool,
+    /// The open batch's changes by op, for the metrics.
+    ops: HashMap<&'static str, u64>,
 }
 
 impl TableSink {
@@ -323,9 +325,8 @@ struct Pipeline<'r> {
     /// Changes staged in the open batch, and roughly their bytes.
     batch_changes: usize,
     batch_bytes: usize,
-    /// The open batch's changes by (source table, op), and the source
-    /// commit times of its streamed transactions, for the metrics.
-    batch_ops: HashMap<(String, &'static str), u64>,
+    /// The source commit times of the open batch's streamed transactions,
+    /// for the metrics.
     batch_commit_times: Vec<i64>,
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
@@ -385,7 +386,6 @@ async fn run_once(
         sinks: HashMap::new(),
         batch_changes: 0,
         batch_bytes: 0,
-        batch_ops: HashMap::new(),
         batch_commit_times: Vec::new(),
         batch_end: None,
         report: total,
@@ -540,11 +540,9 @@ impl Pipeline<'_> {
                     .sinks
                     .get_mut(&change.relation.name)
                     .expect("ensure_sink just ran");
-                if sink
-                    .relation
-                    .as_ref()
-                    .is_none_or(|r| r.columns != change.relation.columns)
-                {
+                if sink.relation.as_ref().is_none_or(|r| {
+                    !Arc::ptr_eq(r, &change.relation) && r.columns != change.relation.columns
+                }) {
                     sink.follow(&self.lake, &change.relation).await?;
                 }
                 let to_bronze = wants(sink.bronze_at, &change);
@@ -553,8 +551,7 @@ impl Pipeline<'_> {
                     sink.silver.fill_unchanged(&self.lake, &mut change).await?;
                 }
                 let change_bytes = change.approx_bytes();
-                let (change_table, change_op) =
-                    (change.relation.name.to_string(), change.op.code());
+                let op = change.op.code();
                 let change = Arc::new(change);
                 if to_bronze {
                     sink.bronze.stage(&self.lake, change.clone()).await?;
@@ -567,7 +564,7 @@ impl Pipeline<'_> {
                 self.batch_changes += 1;
                 self.batch_bytes += change_bytes;
                 if to_bronze || to_silver {
-                    *self.batch_ops.entry((change_table, change_op)).or_default() += 1;
+                    *sink.ops.entry(op).or_default() += 1;
                 }
             }
             Event::Commit { tx, end_lsn } => {
@@ -639,6 +636,7 @@ impl Pipeline<'_> {
             silver,
             bronze_dirty: false,
             silver_dirty: false,
+            ops: HashMap::new(),
         };
         self.sinks.insert(relation.name.clone(), sink);
         Ok(())
@@ -672,8 +670,11 @@ impl Pipeline<'_> {
         }
         m.last_source_commit_micros
             .store(position.commit_ts, Ordering::Relaxed);
-        for ((table, op), n) in self.batch_ops.drain() {
-            m.add_changes(&table, op, n);
+        for (table, sink) in &mut self.sinks {
+            let table = table.to_string();
+            for (op, n) in sink.ops.drain() {
+                m.add_changes(&table, op, n);
+            }
         }
         if self.batch_changes > 0 {
             self.report.changes_applied += self.batch_changes as u64;
