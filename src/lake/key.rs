@@ -117,8 +117,8 @@ impl KeyCodec {
     }
 }
 
-/// Where every live row of silver is: key to (data file, position), at
-/// about 40 bytes a row for keys held inline. Files are numbered; a file's
+/// Where every live row of silver is: key to (data file, position), in
+/// 33-byte entries for keys held inline. Files are numbered; a file's
 /// number is reused once no live row is left in it, so the index does not
 /// grow with the files a long run writes.
 #[derive(Default)]
