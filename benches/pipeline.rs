@@ -328,6 +328,10 @@ impl Bench {
             "  (workload written in {:.1} s, up to {end})",
             started.elapsed().as_secs_f64()
         );
+        // The cleanup the workload calls for runs now, so that autovacuum
+        // and the checkpointer share the cores with none of the runs below.
+        self.sql("VACUUM ANALYZE orders").await?;
+        self.sql("CHECKPOINT").await?;
         let mut references = Vec::new();
         for (name, options) in [
             ("pg_recvlogical, protocol 1", &["proto_version=1"][..]),
