@@ -9,9 +9,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::{Int32Type, Int64Type};
-use arrow_array::{Array, ArrayRef};
+use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, LargeStringArray, StringArray};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Field};
 use smallvec::SmallVec;
@@ -83,37 +81,54 @@ impl KeyCodec {
         }
     }
 
-    /// The keys of every row of the key columns, in row order.
+    /// The keys of every row of the key columns, in row order. A column of
+    /// another type than the key's (a file another writer made) is an
+    /// error, never a panic.
     pub fn encode_columns(&self, columns: &[ArrayRef]) -> Result<Vec<Key>> {
-        let nulls = || Error::new(ErrorKind::Lake, "a primary-key column holds a null");
-        match (self, columns) {
-            (KeyCodec::Integer, [c]) if c.null_count() > 0 => Err(nulls()),
-            (KeyCodec::Integer, [c]) => match c.data_type() {
-                DataType::Int32 => Ok(c
-                    .as_primitive::<Int32Type>()
-                    .values()
-                    .iter()
-                    .map(|&i| Key::from_slice(&i64::from(i).to_le_bytes()))
-                    .collect()),
-                _ => Ok(c
-                    .as_primitive::<Int64Type>()
-                    .values()
-                    .iter()
-                    .map(|i| Key::from_slice(&i.to_le_bytes()))
-                    .collect()),
-            },
-            (KeyCodec::Text, [c]) if c.null_count() > 0 => Err(nulls()),
-            (KeyCodec::Text, [c]) => Ok(c
-                .as_string::<i32>()
-                .iter()
-                .map(|s| Key::from_slice(s.unwrap_or_default().as_bytes()))
-                .collect()),
-            (KeyCodec::Rows(converter), _) => rows(converter, columns),
-            _ => Err(Error::new(
+        let unreadable = || {
+            Error::new(
                 ErrorKind::Lake,
-                "the key columns do not match the key",
-            )),
-        }
+                "the key columns of a data file do not match the key",
+            )
+        };
+        let single = match (self, columns) {
+            (KeyCodec::Rows(converter), _) => return rows(converter, columns),
+            (_, [c]) if c.null_count() > 0 => {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    "a primary-key column holds a null",
+                ));
+            }
+            (_, [c]) => c,
+            _ => return Err(unreadable()),
+        };
+        let bytes = |b: &[u8]| Key::from_slice(b);
+        let integer = |i: i64| Key::from_slice(&i.to_le_bytes());
+        let any = single.as_any();
+        Ok(match self {
+            KeyCodec::Integer => {
+                if let Some(a) = any.downcast_ref::<Int32Array>() {
+                    a.values().iter().map(|&i| integer(i.into())).collect()
+                } else if let Some(a) = any.downcast_ref::<Int64Array>() {
+                    a.values().iter().map(|&i| integer(i)).collect()
+                } else {
+                    return Err(unreadable());
+                }
+            }
+            _ => {
+                if let Some(a) = any.downcast_ref::<StringArray>() {
+                    a.iter()
+                        .map(|s| bytes(s.unwrap_or_default().as_bytes()))
+                        .collect()
+                } else if let Some(a) = any.downcast_ref::<LargeStringArray>() {
+                    a.iter()
+                        .map(|s| bytes(s.unwrap_or_default().as_bytes()))
+                        .collect()
+                } else {
+                    return Err(unreadable());
+                }
+            }
+        })
     }
 }
 
@@ -328,6 +343,33 @@ mod tests {
         all.sort();
         assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
         assert_eq!(index.live_rows(), 0);
+    }
+
+    #[test]
+    fn columns_of_other_string_and_integer_widths_read_and_others_are_errors() {
+        let text = field("name", DataType::Utf8);
+        let codec = KeyCodec::new(&[&text]).unwrap();
+        let large: ArrayRef = Arc::new(LargeStringArray::from(vec!["a", "b"]));
+        assert_eq!(
+            codec.encode_columns(&[large]).unwrap(),
+            [Key::from_slice(b"a"), Key::from_slice(b"b")]
+        );
+        let numbers: ArrayRef = Arc::new(Int64Array::from(vec![1]));
+        assert!(
+            codec
+                .encode_columns(std::slice::from_ref(&numbers))
+                .is_err()
+        );
+        let id = field("id", DataType::Int64);
+        let codec = KeyCodec::new(&[&id]).unwrap();
+        let narrow: ArrayRef = Arc::new(Int32Array::from(vec![7]));
+        assert_eq!(
+            codec.encode_columns(&[narrow]).unwrap(),
+            [Key::from_slice(&7i64.to_le_bytes())]
+        );
+        let words: ArrayRef = Arc::new(StringArray::from(vec!["7"]));
+        assert!(codec.encode_columns(&[words]).is_err());
+        assert!(codec.encode_columns(&[numbers.clone(), numbers]).is_err());
     }
 
     #[test]
