@@ -6,9 +6,6 @@
 //! column) have a direct encoding that costs no Arrow arrays per row; other
 //! keys go through Arrow's row format over the key columns' lake types.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
 use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, LargeStringArray, StringArray};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Field};
@@ -132,115 +129,6 @@ impl KeyCodec {
     }
 }
 
-/// Where every live row of silver is: key to (data file, position), in
-/// 33-byte entries for keys held inline. Files are numbered; a file's
-/// number is reused once no live row is left in it, so the index does not
-/// grow with the files a long run writes.
-#[derive(Default)]
-pub struct KeyIndex {
-    rows: HashMap<Key, Location, foldhash::fast::RandomState>,
-    files: Vec<FileSlot>,
-    free: Vec<u32>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Location {
-    file: u32,
-    pos: u32,
-}
-
-struct FileSlot {
-    path: Arc<str>,
-    live: u32,
-}
-
-impl KeyIndex {
-    /// Number of live rows.
-    pub fn live_rows(&self) -> usize {
-        self.rows.len()
-    }
-
-    /// Adds the live rows of a data file, as (position, key).
-    pub fn add_file(
-        &mut self,
-        path: Arc<str>,
-        rows: impl IntoIterator<Item = (usize, Key)>,
-    ) -> Result<()> {
-        let too_large = || {
-            Error::new(
-                ErrorKind::Lake,
-                "a data file is too large for the key index",
-            )
-            .with_context("file", &path)
-        };
-        let file = match self.free.pop() {
-            Some(id) => {
-                self.files[id as usize] = FileSlot {
-                    path: path.clone(),
-                    live: 0,
-                };
-                id
-            }
-            None => {
-                let id = u32::try_from(self.files.len()).map_err(|_| too_large())?;
-                self.files.push(FileSlot {
-                    path: path.clone(),
-                    live: 0,
-                });
-                id
-            }
-        };
-        for (pos, key) in rows {
-            let pos = u32::try_from(pos).map_err(|_| too_large())?;
-            self.files[file as usize].live += 1;
-            if let Some(old) = self.rows.insert(key, Location { file, pos }) {
-                self.release(old);
-            }
-        }
-        if self.files[file as usize].live == 0 {
-            self.free_slot(file);
-        }
-        Ok(())
-    }
-
-    /// The file and position of `key`'s live row.
-    pub fn get(&self, key: &[u8]) -> Option<(Arc<str>, i64)> {
-        let l = self.rows.get(key)?;
-        Some((self.files[l.file as usize].path.clone(), l.pos.into()))
-    }
-
-    /// Forgets `key`'s live row; its file and position.
-    pub fn remove(&mut self, key: &[u8]) -> Option<(Arc<str>, i64)> {
-        let l = self.rows.remove(key)?;
-        let path = self.files[l.file as usize].path.clone();
-        self.release(l);
-        Some((path, l.pos.into()))
-    }
-
-    /// Forgets every live row; their files and positions.
-    pub fn clear(&mut self) -> Vec<(Arc<str>, i64)> {
-        let files = std::mem::take(&mut self.files);
-        self.free.clear();
-        self.rows
-            .drain()
-            .map(|(_, l)| (files[l.file as usize].path.clone(), l.pos.into()))
-            .collect()
-    }
-
-    fn release(&mut self, l: Location) {
-        let slot = &mut self.files[l.file as usize];
-        slot.live -= 1;
-        if slot.live == 0 {
-            self.free_slot(l.file);
-        }
-    }
-
-    fn free_slot(&mut self, file: u32) {
-        self.files[file as usize].path = Arc::from("");
-        self.free.push(file);
-    }
-}
-
 fn rows(converter: &RowConverter, columns: &[ArrayRef]) -> Result<Vec<Key>> {
     let rows = converter
         .convert_columns(columns)
@@ -250,6 +138,8 @@ fn rows(converter: &RowConverter, columns: &[ArrayRef]) -> Result<Vec<Key>> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use proptest::prelude::*;
 
     use super::*;
@@ -313,36 +203,6 @@ mod tests {
                 .collect();
             agree(&[field("a", DataType::Int32), field("b", DataType::Utf8)], &rows);
         }
-    }
-
-    fn key(i: i64) -> Key {
-        Key::from_slice(&i.to_le_bytes())
-    }
-
-    #[test]
-    fn the_index_reuses_the_number_of_a_file_without_live_rows() {
-        let mut index = KeyIndex::default();
-        index
-            .add_file("a".into(), [(0, key(1)), (1, key(2))])
-            .unwrap();
-        index.add_file("b".into(), [(0, key(3))]).unwrap();
-        assert_eq!(index.remove(&key(1)), Some(("a".into(), 0)));
-        assert_eq!(index.remove(&key(1)), None);
-        assert_eq!(index.remove(&key(2)), Some(("a".into(), 1)));
-        // A rewritten key moves; its old file keeps its other rows.
-        index
-            .add_file("c".into(), [(5, key(4)), (6, key(3))])
-            .unwrap();
-        assert_eq!(index.files.len(), 2, "c took a's number");
-        assert_eq!(index.get(&key(3)), Some(("c".into(), 6)));
-        assert_eq!(index.get(&key(4)), Some(("c".into(), 5)));
-        assert_eq!(index.files[1].live, 0, "b lost its only row to c");
-        index.add_file("empty".into(), []).unwrap();
-        assert_eq!(index.files.len(), 2, "a file without rows keeps no number");
-        let mut all = index.clear();
-        all.sort();
-        assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
-        assert_eq!(index.live_rows(), 0);
     }
 
     #[test]

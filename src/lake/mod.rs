@@ -6,9 +6,11 @@
 //! - `catalog`: the embedded SQL catalog on SQLite and table creation.
 //! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
 //! - `key`: primary keys as bytes for silver's index.
+//! - `key_index`: silver's index of live rows, spilling to sorted runs.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
 //! - `silver`: the current-state table, its key index and staged batch.
 //! - `schema`: the bronze and silver schemas and the type mapping.
+//! - `sorted_run`: the key index's files on local disk.
 //! - `writer`: Parquet data files and the source position of a snapshot.
 
 pub mod arrow;
@@ -16,7 +18,9 @@ pub mod bronze;
 pub mod catalog;
 pub mod evolve;
 pub mod key;
+pub mod key_index;
 pub mod row_delta;
 pub mod schema;
 pub mod silver;
+pub mod sorted_run;
 pub mod writer;

@@ -31,7 +31,8 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use super::arrow::{arrow_value, build_array};
 use super::catalog::{Lake, iceberg_error};
-use super::key::{Key, KeyCodec, KeyIndex};
+use super::key::{Key, KeyCodec};
+use super::key_index::KeyIndex;
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
@@ -297,7 +298,7 @@ impl SilverTable {
             Some(Pending::Delete) => return Err(change.unfilled(name)),
             None => {}
         }
-        let Some((file, pos)) = self.index.get(key) else {
+        let Some((file, pos)) = self.index.get(key)? else {
             return Err(change.unfilled(name));
         };
         let mut row = usize::try_from(pos).unwrap_or(usize::MAX);
@@ -334,7 +335,7 @@ impl SilverTable {
     pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>) -> Result<()> {
         match change.op {
             Op::Truncate => {
-                self.deletes.extend(self.index.clear());
+                self.deletes.extend(self.index.clear()?);
                 self.pending.clear();
                 self.order.clear();
                 self.pending_bytes = 0;
@@ -345,7 +346,7 @@ impl SilverTable {
                     .as_ref()
                     .ok_or_else(|| missing_image(&change))?;
                 let key = self.key_of(&change, &before.row)?;
-                self.set(key, Pending::Delete);
+                self.set(key, Pending::Delete)?;
             }
             Op::Read | Op::Insert | Op::Update => {
                 let after = change
@@ -356,11 +357,11 @@ impl SilverTable {
                 if let Some(before) = &change.before {
                     let old_key = self.key_of(&change, &before.row)?;
                     if old_key != key {
-                        self.set(old_key, Pending::Delete);
+                        self.set(old_key, Pending::Delete)?;
                     }
                 }
                 self.pending_bytes += change.approx_bytes();
-                self.set(key, Pending::Upsert(change));
+                self.set(key, Pending::Upsert(change))?;
             }
         }
         if self.pending.len() >= STAGE_ROWS || self.pending_bytes >= STAGE_BYTES {
@@ -371,13 +372,18 @@ impl SilverTable {
 
     /// Makes `op` the last word on `key`; a row the key had in a file gets
     /// a position delete.
-    fn set(&mut self, key: Key, op: Pending) {
-        if let Some(location) = self.index.remove(&key) {
+    fn set(&mut self, key: Key, op: Pending) -> Result<()> {
+        if let Some(location) = self
+            .index
+            .remove(&key)
+            .map_err(|e| e.with_context("table", &self.ident))?
+        {
             self.deletes.push(location);
         }
         if self.pending.insert(key.clone(), op).is_none() {
             self.order.push(key);
         }
+        Ok(())
     }
 
     /// Writes the rows held in memory to data files of the open batch.

@@ -1,0 +1,396 @@
+//! Silver's primary-key index: where every live row is, as (data file,
+//! position), with memory that does not grow with the table.
+//!
+//! The newest entries are in a hash map. When it holds
+//! [`MEMORY_ENTRIES`] entries it is written, in key order, to a sorted run
+//! on local disk (`sorted_run`), and emptied. A lookup asks memory, then
+//! the runs from newest to oldest; the first that knows the key decides. A
+//! key removed while older runs may still hold it gets a `Gone` entry,
+//! which hides them. When there are more than [`MAX_RUNS`] runs they are
+//! merged into one, which drops what newer entries hide.
+//!
+//! Files are numbered; a file's number is reused once no live row is left
+//! in it, so the index does not grow with the files a long run writes. A
+//! run can still name a reused number, but only in entries that newer ones
+//! hide: a file loses its last live row only once every key pointing at it
+//! was removed or moved.
+//!
+//! The runs live in a temporary directory under `TMPDIR`, removed with the
+//! index: the index is rebuilt from the table at every start.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::key::Key;
+use super::sorted_run::{Location, Run, Slot};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Entries held in memory before they go to a run: as many as a hash table
+/// of 2^19 buckets holds without growing (7/8 of them), about 21 MB.
+pub const MEMORY_ENTRIES: usize = (1 << 19) / 8 * 7;
+/// Runs kept before they are merged into one.
+const MAX_RUNS: usize = 4;
+
+pub struct KeyIndex {
+    memory: HashMap<Key, Slot, foldhash::fast::RandomState>,
+    memory_limit: usize,
+    /// Oldest first.
+    runs: Vec<Run>,
+    dir: Option<tempfile::TempDir>,
+    runs_written: u64,
+    live: usize,
+    files: Vec<FileSlot>,
+    free: Vec<u32>,
+    buf: Vec<u8>,
+}
+
+struct FileSlot {
+    path: Arc<str>,
+    live: u32,
+}
+
+impl Default for KeyIndex {
+    fn default() -> KeyIndex {
+        KeyIndex::with_memory_limit(MEMORY_ENTRIES)
+    }
+}
+
+impl KeyIndex {
+    /// An index that keeps up to `entries` in memory.
+    pub fn with_memory_limit(entries: usize) -> KeyIndex {
+        KeyIndex {
+            memory: HashMap::default(),
+            memory_limit: entries.max(1),
+            runs: Vec::new(),
+            dir: None,
+            runs_written: 0,
+            live: 0,
+            files: Vec::new(),
+            free: Vec::new(),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Number of live rows.
+    pub fn live_rows(&self) -> usize {
+        self.live
+    }
+
+    /// Adds the live rows of a data file, as (position, key).
+    pub fn add_file(
+        &mut self,
+        path: Arc<str>,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        let too_large = || {
+            Error::new(
+                ErrorKind::Lake,
+                "a data file is too large for the key index",
+            )
+            .with_context("file", &path)
+        };
+        let slot = FileSlot {
+            path: path.clone(),
+            live: 0,
+        };
+        let file = match self.free.pop() {
+            Some(id) => {
+                self.files[id as usize] = slot;
+                id
+            }
+            None => {
+                let id = u32::try_from(self.files.len()).map_err(|_| too_large())?;
+                self.files.push(slot);
+                id
+            }
+        };
+        for (pos, key) in rows {
+            let pos = u32::try_from(pos).map_err(|_| too_large())?;
+            let old = self.lookup(&key)?;
+            self.files[file as usize].live += 1;
+            match old {
+                Some(old) => self.release(old),
+                None => self.live += 1,
+            }
+            self.put(key, Slot::Live(Location { file, pos }))?;
+        }
+        if self.files[file as usize].live == 0 {
+            self.free_slot(file);
+        }
+        Ok(())
+    }
+
+    /// The file and position of `key`'s live row.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<(Arc<str>, i64)>> {
+        Ok(self.lookup(key)?.map(|l| self.place(l)))
+    }
+
+    /// Forgets `key`'s live row; its file and position.
+    pub fn remove(&mut self, key: &[u8]) -> Result<Option<(Arc<str>, i64)>> {
+        let Some(l) = self.lookup(key)? else {
+            return Ok(None);
+        };
+        if self.runs.is_empty() {
+            self.memory.remove(key);
+        } else {
+            self.put(Key::from_slice(key), Slot::Gone)?;
+        }
+        let place = self.place(l);
+        self.live -= 1;
+        self.release(l);
+        Ok(Some(place))
+    }
+
+    /// Forgets every live row; their files and positions.
+    pub fn clear(&mut self) -> Result<Vec<(Arc<str>, i64)>> {
+        let mut all = Vec::with_capacity(self.live);
+        for entry in self.merged() {
+            if let (_, Slot::Live(l)) = entry.map_err(|e| self.io_error(e))? {
+                all.push(self.place(l));
+            }
+        }
+        self.memory.clear();
+        self.runs.clear();
+        self.files.clear();
+        self.free.clear();
+        self.live = 0;
+        Ok(all)
+    }
+
+    fn place(&self, l: Location) -> (Arc<str>, i64) {
+        (self.files[l.file as usize].path.clone(), l.pos.into())
+    }
+
+    fn lookup(&mut self, key: &[u8]) -> Result<Option<Location>> {
+        let slot = match self.memory.get(key) {
+            Some(slot) => Some(*slot),
+            None => self.runs_get(key)?,
+        };
+        Ok(match slot {
+            Some(Slot::Live(l)) => Some(l),
+            Some(Slot::Gone) | None => None,
+        })
+    }
+
+    fn runs_get(&mut self, key: &[u8]) -> Result<Option<Slot>> {
+        for run in self.runs.iter().rev() {
+            match run.get(key, &mut self.buf) {
+                Ok(Some(slot)) => return Ok(Some(slot)),
+                Ok(None) => {}
+                Err(e) => return Err(self.io_error(e)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn put(&mut self, key: Key, slot: Slot) -> Result<()> {
+        self.memory.insert(key, slot);
+        if self.memory.len() >= self.memory_limit {
+            self.spill().map_err(|e| self.io_error(e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes memory to a new run, then merges the runs when there are too
+    /// many.
+    fn spill(&mut self) -> io::Result<()> {
+        let mut entries: Vec<(Key, Slot)> = self.memory.drain().collect();
+        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        let path = self.next_path()?;
+        let run = Run::write(path, entries.len(), entries.into_iter().map(Ok))?;
+        self.runs.push(run);
+        if self.runs.len() > MAX_RUNS {
+            let path = self.next_path()?;
+            let expected = self.runs.iter().map(Run::entries_bound).sum();
+            let merged = Run::write(
+                path,
+                expected,
+                merge(&self.runs, Vec::new()).filter(|e| !matches!(e, Ok((_, Slot::Gone)))),
+            )?;
+            self.runs = vec![merged];
+        }
+        Ok(())
+    }
+
+    fn next_path(&mut self) -> io::Result<std::path::PathBuf> {
+        let dir = match &self.dir {
+            Some(dir) => dir.path(),
+            None => self
+                .dir
+                .insert(
+                    tempfile::Builder::new()
+                        .prefix("wal2iceberg-keys-")
+                        .tempdir()?,
+                )
+                .path(),
+        };
+        self.runs_written += 1;
+        Ok(dir.join(format!("{:08}.run", self.runs_written)))
+    }
+
+    /// Every entry of memory and the runs, newest winning, in key order.
+    fn merged(&self) -> impl Iterator<Item = io::Result<(Key, Slot)>> + '_ {
+        let mut memory: Vec<(Key, Slot)> =
+            self.memory.iter().map(|(k, s)| (k.clone(), *s)).collect();
+        memory.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        merge(&self.runs, memory)
+    }
+
+    fn io_error(&self, e: io::Error) -> Error {
+        let dir = self.dir.as_ref().map(|d| d.path().to_owned());
+        Error::new(ErrorKind::Io, "the key index cannot use its local files")
+            .with_context("dir", dir.as_deref().unwrap_or(Path::new("")).display())
+            .with_source(e)
+    }
+
+    fn release(&mut self, l: Location) {
+        let slot = &mut self.files[l.file as usize];
+        slot.live -= 1;
+        if slot.live == 0 {
+            self.free_slot(l.file);
+        }
+    }
+
+    fn free_slot(&mut self, file: u32) {
+        self.files[file as usize].path = Arc::from("");
+        self.free.push(file);
+    }
+}
+
+/// One layer's entries, in key order.
+type Layer<'a> = Box<dyn Iterator<Item = io::Result<(Key, Slot)>> + 'a>;
+
+/// Merges `runs` (oldest first) and then `newest`, each in key order, into
+/// one sequence in key order where a key appears once, as its newest
+/// layer says.
+fn merge(
+    runs: &[Run],
+    newest: Vec<(Key, Slot)>,
+) -> impl Iterator<Item = io::Result<(Key, Slot)>> + '_ {
+    let mut layers: Vec<Layer<'_>> = runs.iter().map(|r| Box::new(r.iter()) as Layer).collect();
+    layers.push(Box::new(newest.into_iter().map(Ok)));
+    let mut heads: Vec<Option<(Key, Slot)>> = vec![None; layers.len()];
+    let mut started = false;
+    std::iter::from_fn(move || {
+        if !started {
+            started = true;
+            for (head, layer) in heads.iter_mut().zip(&mut layers) {
+                match layer.next().transpose() {
+                    Ok(next) => *head = next,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        let smallest = heads.iter().flatten().map(|(k, _)| k).min()?.clone();
+        let mut winner = None;
+        for (head, layer) in heads.iter_mut().zip(&mut layers) {
+            if head.as_ref().is_some_and(|(k, _)| *k == smallest) {
+                winner = head.take();
+                match layer.next().transpose() {
+                    Ok(next) => *head = next,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        winner.map(Ok)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key(i: i64) -> Key {
+        Key::from_slice(&i.to_le_bytes())
+    }
+
+    #[test]
+    fn the_index_reuses_the_number_of_a_file_without_live_rows() {
+        let mut index = KeyIndex::default();
+        index
+            .add_file("a".into(), [(0, key(1)), (1, key(2))])
+            .unwrap();
+        index.add_file("b".into(), [(0, key(3))]).unwrap();
+        assert_eq!(index.remove(&key(1)).unwrap(), Some(("a".into(), 0)));
+        assert_eq!(index.remove(&key(1)).unwrap(), None);
+        assert_eq!(index.remove(&key(2)).unwrap(), Some(("a".into(), 1)));
+        // A rewritten key moves; its old file keeps its other rows.
+        index
+            .add_file("c".into(), [(5, key(4)), (6, key(3))])
+            .unwrap();
+        assert_eq!(index.files.len(), 2, "c took a's number");
+        assert_eq!(index.get(&key(3)).unwrap(), Some(("c".into(), 6)));
+        assert_eq!(index.get(&key(4)).unwrap(), Some(("c".into(), 5)));
+        assert_eq!(index.files[1].live, 0, "b lost its only row to c");
+        index.add_file("empty".into(), []).unwrap();
+        assert_eq!(index.files.len(), 2, "a file without rows keeps no number");
+        let mut all = index.clear().unwrap();
+        all.sort();
+        assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
+        assert_eq!(index.live_rows(), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        AddFile(Vec<u8>),
+        Remove(u8),
+        Get(u8),
+        Clear,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => proptest::collection::vec(0u8..40, 0..12).prop_map(Step::AddFile),
+            6 => (0u8..40).prop_map(Step::Remove),
+            3 => (0u8..40).prop_map(Step::Get),
+            1 => Just(Step::Clear),
+        ]
+    }
+
+    proptest! {
+        /// With a memory of a few entries, so runs are written and merged
+        /// all the time, the index answers as a plain map does.
+        #[test]
+        fn the_index_answers_as_a_map_however_it_spills(
+            limit in 1usize..6,
+            steps in proptest::collection::vec(step(), 1..120),
+        ) {
+            let mut index = KeyIndex::with_memory_limit(limit);
+            let mut model: HashMap<u8, (Arc<str>, i64)> = HashMap::new();
+            for (n, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::AddFile(keys) => {
+                        let path: Arc<str> = format!("f{n}").into();
+                        index.add_file(path.clone(), keys.iter().map(|&k| {
+                            (usize::from(k) + 100, Key::from_slice(&[k]))
+                        })).unwrap();
+                        for k in keys {
+                            model.insert(k, (path.clone(), i64::from(k) + 100));
+                        }
+                    }
+                    Step::Remove(k) => {
+                        prop_assert_eq!(index.remove(&[k]).unwrap(), model.remove(&k));
+                    }
+                    Step::Get(k) => {
+                        prop_assert_eq!(index.get(&[k]).unwrap(), model.get(&k).cloned());
+                    }
+                    Step::Clear => {
+                        let mut all = index.clear().unwrap();
+                        all.sort();
+                        let mut expected: Vec<_> = model.drain().map(|(_, v)| v).collect();
+                        expected.sort();
+                        prop_assert_eq!(all, expected);
+                    }
+                }
+                prop_assert_eq!(index.live_rows(), model.len());
+                prop_assert!(index.runs.len() <= MAX_RUNS);
+                let live_in_files: u32 = index.files.iter().map(|f| f.live).sum();
+                prop_assert_eq!(live_in_files as usize, model.len());
+            }
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! Sorted runs: the part of silver's key index that lives on local disk.
+//!
+//! A run is a file of (key, slot) entries in key order, written once and
+//! read by `pread`, so what it holds is in the page cache, not in the
+//! process's memory. It is cut into blocks of about 4 KiB; memory keeps
+//! the first key and offset of every block (under half a byte per entry
+//! for integer keys) and a Bloom filter (ten bits per entry), so a lookup
+//! reads at most one block, and a key that is not in the run usually reads
+//! none.
+//!
+//! Entry layout: key length (u32 LE), key bytes, tag (0 gone, 1 live),
+//! file number (u32 LE), position (u32 LE). An entry never straddles a
+//! block; one larger than a block has a block of its own.
+
+use std::fs::File;
+use std::hash::BuildHasher;
+use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use super::key::Key;
+
+const BLOCK: usize = 4096;
+const ENTRY_FIXED: usize = 4 + 1 + 4 + 4;
+const BLOOM_BITS_PER_KEY: usize = 10;
+const BLOOM_HASHES: u64 = 7;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub file: u32,
+    pub pos: u32,
+}
+
+/// What a layer of the index says of a key: its live row, or that a newer
+/// change removed it (which hides what older runs say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Slot {
+    Live(Location),
+    Gone,
+}
+
+pub struct Run {
+    file: File,
+    path: PathBuf,
+    /// First key and byte range of every block, in key order.
+    blocks: Vec<(Key, u64, u32)>,
+    bloom: Bloom,
+}
+
+impl Run {
+    /// Writes `entries`, which must be in strictly increasing key order, to
+    /// a new file at `path`; `expected` (an upper bound on their number)
+    /// sizes the Bloom filter.
+    pub fn write(
+        path: PathBuf,
+        expected: usize,
+        entries: impl IntoIterator<Item = io::Result<(Key, Slot)>>,
+    ) -> io::Result<Run> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let mut out = BufWriter::with_capacity(1 << 16, &file);
+        let mut bloom = Bloom::new(expected);
+        let mut blocks: Vec<(Key, u64, u32)> = Vec::new();
+        let mut block = Vec::with_capacity(BLOCK);
+        let mut offset = 0u64;
+        for entry in entries {
+            let (key, slot) = entry?;
+            let size = ENTRY_FIXED + key.len();
+            if !block.is_empty() && block.len() + size > BLOCK {
+                offset = flush_block(&mut out, &mut block, &mut blocks, offset)?;
+            }
+            if block.is_empty() {
+                blocks.push((key.clone(), offset, 0));
+            }
+            bloom.insert(&key);
+            encode(&mut block, &key, slot)?;
+        }
+        flush_block(&mut out, &mut block, &mut blocks, offset)?;
+        out.flush()?;
+        drop(out);
+        Ok(Run {
+            file,
+            path,
+            blocks,
+            bloom,
+        })
+    }
+
+    /// What this run says of `key`, if anything.
+    pub fn get(&self, key: &[u8], buf: &mut Vec<u8>) -> io::Result<Option<Slot>> {
+        if !self.bloom.may_contain(key) {
+            return Ok(None);
+        }
+        let Some(i) = self
+            .blocks
+            .partition_point(|(first, _, _)| first.as_slice() <= key)
+            .checked_sub(1)
+        else {
+            return Ok(None);
+        };
+        self.read_block(i, buf)?;
+        let mut entries = Entries { rest: buf };
+        while let Some((k, slot)) = entries.next_entry()? {
+            match k.cmp(key) {
+                std::cmp::Ordering::Less => {}
+                std::cmp::Ordering::Equal => return Ok(Some(slot)),
+                std::cmp::Ordering::Greater => break,
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every entry, in key order.
+    pub fn iter(&self) -> RunIter<'_> {
+        RunIter {
+            run: self,
+            block: 0,
+            buf: Vec::with_capacity(BLOCK),
+            at: 0,
+        }
+    }
+
+    pub fn entries_bound(&self) -> usize {
+        self.bloom.keys
+    }
+
+    fn read_block(&self, i: usize, buf: &mut Vec<u8>) -> io::Result<()> {
+        let (_, offset, len) = &self.blocks[i];
+        buf.resize(*len as usize, 0);
+        self.file.read_exact_at(buf, *offset)
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        // The index is rebuilt at every start: a run is never needed again.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+pub struct RunIter<'a> {
+    run: &'a Run,
+    block: usize,
+    buf: Vec<u8>,
+    at: usize,
+}
+
+impl Iterator for RunIter<'_> {
+    type Item = io::Result<(Key, Slot)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.at < self.buf.len() {
+                let mut entries = Entries {
+                    rest: &self.buf[self.at..],
+                };
+                let before = entries.rest.len();
+                let entry = entries.next_entry().transpose()?;
+                self.at += before - entries.rest.len();
+                return Some(entry.map(|(k, slot)| (Key::from_slice(k), slot)));
+            }
+            if self.block == self.run.blocks.len() {
+                return None;
+            }
+            if let Err(e) = self.run.read_block(self.block, &mut self.buf) {
+                self.block = self.run.blocks.len();
+                return Some(Err(e));
+            }
+            self.block += 1;
+            self.at = 0;
+        }
+    }
+}
+
+fn flush_block(
+    out: &mut impl Write,
+    block: &mut Vec<u8>,
+    blocks: &mut [(Key, u64, u32)],
+    offset: u64,
+) -> io::Result<u64> {
+    if block.is_empty() {
+        return Ok(offset);
+    }
+    out.write_all(block)?;
+    if let Some(last) = blocks.last_mut() {
+        last.2 = block.len() as u32;
+    }
+    let next = offset + block.len() as u64;
+    block.clear();
+    Ok(next)
+}
+
+fn encode(out: &mut Vec<u8>, key: &[u8], slot: Slot) -> io::Result<()> {
+    let len = u32::try_from(key.len())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a key longer than 4 GiB"))?;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(key);
+    let (tag, l) = match slot {
+        Slot::Live(l) => (1, l),
+        Slot::Gone => (0, Location { file: 0, pos: 0 }),
+    };
+    out.push(tag);
+    out.extend_from_slice(&l.file.to_le_bytes());
+    out.extend_from_slice(&l.pos.to_le_bytes());
+    Ok(())
+}
+
+/// Entries of one block, decoded in place.
+struct Entries<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Entries<'a> {
+    fn next_entry(&mut self) -> io::Result<Option<(&'a [u8], Slot)>> {
+        if self.rest.is_empty() {
+            return Ok(None);
+        }
+        let corrupt = || io::Error::new(io::ErrorKind::InvalidData, "a corrupt key index run");
+        let (len, rest) = self.rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len + ENTRY_FIXED - 4 {
+            return Err(corrupt());
+        }
+        let (key, rest) = rest.split_at(len);
+        let (tag, rest) = rest.split_first().ok_or_else(corrupt)?;
+        let (file, rest) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+        let (pos, rest) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
+        self.rest = rest;
+        let slot = match tag {
+            0 => Slot::Gone,
+            1 => Slot::Live(Location {
+                file: u32::from_le_bytes(*file),
+                pos: u32::from_le_bytes(*pos),
+            }),
+            _ => return Err(corrupt()),
+        };
+        Ok(Some((key, slot)))
+    }
+}
+
+/// A Bloom filter over a run's keys: no false negatives, about 1 % false
+/// positives at ten bits per key.
+struct Bloom {
+    bits: Vec<u64>,
+    keys: usize,
+}
+
+impl Bloom {
+    fn new(expected: usize) -> Bloom {
+        let words = (expected.max(1) * BLOOM_BITS_PER_KEY).div_ceil(64);
+        Bloom {
+            bits: vec![0; words],
+            keys: 0,
+        }
+    }
+
+    fn probes(&self, key: &[u8]) -> impl Iterator<Item = usize> + use<> {
+        let h = foldhash::quality::FixedState::with_seed(0x5eed).hash_one(key);
+        let (h1, h2) = (h, h.rotate_left(32) | 1);
+        let m = self.bits.len() as u64 * 64;
+        (0..BLOOM_HASHES).map(move |i| (h1.wrapping_add(i.wrapping_mul(h2)) % m) as usize)
+    }
+
+    fn insert(&mut self, key: &[u8]) {
+        self.keys += 1;
+        for bit in self.probes(key) {
+            self.bits[bit / 64] |= 1 << (bit % 64);
+        }
+    }
+
+    fn may_contain(&self, key: &[u8]) -> bool {
+        self.probes(key)
+            .all(|bit| self.bits[bit / 64] & (1 << (bit % 64)) != 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u64) -> Key {
+        Key::from_slice(&i.to_be_bytes())
+    }
+
+    fn live(i: u64) -> Slot {
+        Slot::Live(Location {
+            file: (i % 7) as u32,
+            pos: i as u32,
+        })
+    }
+
+    #[test]
+    fn a_run_finds_every_key_it_holds_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        // Even keys; every fifth one gone; a long key among them.
+        let mut entries: Vec<(Key, Slot)> = (0..5_000u64)
+            .map(|i| (key(2 * i), if i % 5 == 0 { Slot::Gone } else { live(i) }))
+            .collect();
+        let long = Key::from_slice(&[0xff; 5000]);
+        entries.push((long.clone(), live(1)));
+        let run = Run::write(
+            dir.path().join("r"),
+            entries.len(),
+            entries.iter().cloned().map(Ok),
+        )
+        .unwrap();
+        assert!(run.blocks.len() > 10, "the run spans many blocks");
+        let mut buf = Vec::new();
+        for (k, slot) in &entries {
+            assert_eq!(run.get(k, &mut buf).unwrap(), Some(*slot));
+        }
+        for i in 0..5_000u64 {
+            assert_eq!(run.get(&key(2 * i + 1), &mut buf).unwrap(), None);
+        }
+        assert_eq!(run.get(b"", &mut buf).unwrap(), None);
+        let read: Vec<_> = run.iter().collect::<io::Result<_>>().unwrap();
+        assert_eq!(read, entries);
+        let path = dir.path().join("r");
+        drop(run);
+        assert!(!path.exists(), "a dropped run removes its file");
+    }
+
+    #[test]
+    fn an_empty_run_holds_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = Run::write(dir.path().join("r"), 0, []).unwrap();
+        assert_eq!(run.get(&key(1), &mut Vec::new()).unwrap(), None);
+        assert_eq!(run.iter().count(), 0);
+    }
+
+    #[test]
+    fn truncated_blocks_are_errors_not_panics() {
+        for cut in 0..ENTRY_FIXED + 3 {
+            let mut block = Vec::new();
+            encode(&mut block, b"abc", live(3)).unwrap();
+            block.truncate(cut);
+            let mut entries = Entries { rest: &block };
+            let result = entries.next_entry();
+            assert!(cut == 0 || result.is_err(), "cut at {cut}");
+        }
+        let mut block = Vec::new();
+        encode(&mut block, b"abc", live(3)).unwrap();
+        block[7] = 9;
+        assert!(Entries { rest: &block }.next_entry().is_err(), "bad tag");
+    }
+}
