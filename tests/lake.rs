@@ -389,7 +389,8 @@ mod silver {
         for change in changes(events) {
             let mut change = change.clone();
             silver.fill_unchanged(lake, &mut change).await.unwrap();
-            silver.stage(lake, Arc::new(change)).await.unwrap();
+            let bytes = change.approx_bytes();
+            silver.stage(lake, Arc::new(change), bytes).await.unwrap();
         }
         let position = events
             .iter()

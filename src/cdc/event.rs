@@ -44,6 +44,33 @@ impl Op {
     }
 }
 
+/// Finds one column by name in the relations of a sequence of changes,
+/// scanning a relation's columns only when it is not the previous change's
+/// (a batch's changes nearly always share one).
+pub struct ColumnFinder<'a> {
+    name: &'a str,
+    last: Option<(*const RelationInfo, Option<usize>)>,
+}
+
+impl<'a> ColumnFinder<'a> {
+    pub fn new(name: &'a str) -> ColumnFinder<'a> {
+        ColumnFinder { name, last: None }
+    }
+
+    /// The column's position in `change`'s relation, if it has the column.
+    pub fn position(&mut self, change: &Change) -> Option<usize> {
+        let relation = Arc::as_ptr(&change.relation);
+        match self.last {
+            Some((last, at)) if last == relation => at,
+            _ => {
+                let at = change.column(self.name);
+                self.last = Some((relation, at));
+                at
+            }
+        }
+    }
+}
+
 /// One column of a row image.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Datum {
@@ -113,6 +140,11 @@ impl Change {
         std::mem::size_of::<Change>()
             + self.after.as_deref().map_or(0, row_bytes)
             + self.before.as_ref().map_or(0, |b| row_bytes(&b.row))
+    }
+
+    /// The position of column `name` in the change's relation.
+    pub fn column(&self, name: &str) -> Option<usize> {
+        self.relation.columns.iter().position(|c| c.name == name)
     }
 
     /// The error for an unchanged TOAST value whose current value is not

@@ -9,6 +9,7 @@
 //! entry is then replaced, and changes already emitted keep the `Arc` of the
 //! definition they were decoded with.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -94,7 +95,11 @@ impl RelationInfo {
     }
 
     /// Decodes one field of the initial load (`None` is NULL).
-    pub fn decode_copy_row(&self, fields: Vec<Option<String>>, lsn: Lsn) -> Result<Vec<Datum>> {
+    pub fn decode_copy_row(
+        &self,
+        fields: Vec<Option<Cow<'_, str>>>,
+        lsn: Lsn,
+    ) -> Result<Vec<Datum>> {
         fields
             .into_iter()
             .zip(&self.columns)

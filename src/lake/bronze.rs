@@ -29,7 +29,7 @@ use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
 };
 use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
-use crate::cdc::event::{Change, Datum, ImageKind, Op};
+use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -55,9 +55,10 @@ impl BronzeTable {
         &self.ident
     }
 
-    /// Adds a change to the open batch.
-    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>) -> Result<()> {
-        self.buffer_bytes += change.approx_bytes();
+    /// Adds a change of about `bytes` (`Change::approx_bytes`) to the open
+    /// batch.
+    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
+        self.buffer_bytes += bytes;
         self.buffer.push(change);
         if self.buffer.len() >= STAGE_ROWS || self.buffer_bytes >= STAGE_BYTES {
             self.write_buffer(lake).await?;
@@ -118,9 +119,10 @@ pub fn bronze_batch(schema: &Arc<ArrowSchema>, changes: &[&Change]) -> Result<Re
             }
             BEFORE => before_column(field.data_type(), changes)?,
             name => {
+                let mut finder = ColumnFinder::new(name);
                 let cells = changes
                     .iter()
-                    .map(|c| main_image_cell(c, name))
+                    .map(|c| main_image_cell(c, finder.position(c), name))
                     .collect::<Result<Vec<_>>>()?;
                 build_array(field, &cells)?
             }
@@ -137,26 +139,20 @@ fn long_column(changes: &[&Change], value: impl Fn(&Change) -> i64) -> ArrayRef 
     Arc::new(b.finish())
 }
 
-/// The datum of `name` in a row image of the change's relation, if the
-/// relation has that column (a dropped column has none).
-fn datum<'a>(change: &Change, row: &'a [Datum], name: &str) -> Option<&'a Datum> {
-    let i = change
-        .relation
-        .columns
-        .iter()
-        .position(|c| c.name == name)?;
-    row.get(i)
-}
-
-/// The source column's value in the row bronze shows: the after image, or
-/// the before image of a delete.
-fn main_image_cell<'a>(change: &'a Change, name: &str) -> Result<Option<&'a Value>> {
+/// The source column's value, at position `at` of the change's relation
+/// (`None` when it lacks the column), in the row bronze shows: the after
+/// image, or the before image of a delete.
+fn main_image_cell<'a>(
+    change: &'a Change,
+    at: Option<usize>,
+    name: &str,
+) -> Result<Option<&'a Value>> {
     let row = match (change.op, &change.after, &change.before) {
         (Op::Delete, _, Some(before)) => &before.row,
         (_, Some(after), _) => after,
         _ => return Ok(None),
     };
-    match datum(change, row, name) {
+    match at.and_then(|i| row.get(i)) {
         None | Some(Datum::NotSent) => Ok(None),
         Some(Datum::Value(v)) => Ok(Some(v)),
         Some(Datum::UnchangedToast) => Err(change.unfilled(name)),
@@ -201,14 +197,16 @@ fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> 
                 Arc::new(b.finish())
             }
             name => {
+                let mut finder = ColumnFinder::new(name);
                 let cells: Vec<Option<&Value>> = changes
                     .iter()
-                    .map(
-                        |c| match c.before.as_ref().and_then(|b| datum(c, &b.row, name)) {
+                    .map(|c| {
+                        let at = finder.position(c)?;
+                        match c.before.as_ref()?.row.get(at) {
                             Some(Datum::Value(v)) => Some(v),
                             _ => None,
-                        },
-                    )
+                        }
+                    })
                     .collect();
                 build_array(field, &cells)?
             }

@@ -36,7 +36,7 @@ use super::key_index::KeyIndex;
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
-use crate::cdc::event::{Change, Datum, ImageKind, Op};
+use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
@@ -215,12 +215,7 @@ impl SilverTable {
         let mut values = Vec::with_capacity(self.key_fields.len());
         for &i in &self.key_fields {
             let field = self.schema.field(i);
-            let value = change
-                .relation
-                .columns
-                .iter()
-                .position(|c| c.name == *field.name())
-                .and_then(|j| row.get(j));
+            let value = change.column(field.name()).and_then(|j| row.get(j));
             let Some(Datum::Value(v)) = value else {
                 return Err(
                     Error::new(ErrorKind::Decode, "a change lacks its primary key")
@@ -285,12 +280,10 @@ impl SilverTable {
         }
         match self.pending.get(key) {
             Some(Pending::Upsert(previous)) => {
-                let j = previous
-                    .relation
-                    .columns
-                    .iter()
-                    .position(|c| c.name == *name);
-                return match j.and_then(|j| previous.after.as_ref()?.get(j)) {
+                return match previous
+                    .column(name)
+                    .and_then(|j| previous.after.as_ref()?.get(j))
+                {
                     Some(Datum::Value(v)) => Ok(v.clone()),
                     _ => Err(change.unfilled(name)),
                 };
@@ -329,10 +322,11 @@ impl SilverTable {
         Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
     }
 
-    /// Adds a change, its unchanged TOAST values already filled, to the
-    /// open batch. A large batch is written to data files as it grows;
-    /// nothing is visible until [`Self::commit`].
-    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>) -> Result<()> {
+    /// Adds a change of about `bytes` (`Change::approx_bytes`), its
+    /// unchanged TOAST values already filled, to the open batch. A large
+    /// batch is written to data files as it grows; nothing is visible until
+    /// [`Self::commit`].
+    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
         match change.op {
             Op::Truncate => {
                 self.deletes.extend(self.index.clear()?);
@@ -360,7 +354,7 @@ impl SilverTable {
                         self.set(old_key, Pending::Delete)?;
                     }
                 }
-                self.pending_bytes += change.approx_bytes();
+                self.pending_bytes += bytes;
                 self.set(key, Pending::Upsert(change))?;
             }
         }
@@ -472,9 +466,10 @@ impl SilverTable {
                     Arc::new(b.finish())
                 }
                 name => {
+                    let mut finder = ColumnFinder::new(name);
                     let cells = changes
                         .iter()
-                        .map(|c| after_cell(c, name))
+                        .map(|c| after_cell(c, finder.position(c), name))
                         .collect::<Result<Vec<_>>>()?;
                     build_array(field, &cells)?
                 }
@@ -486,10 +481,10 @@ impl SilverTable {
     }
 }
 
-/// The value of column `name` in the change's after image; null when the
-/// relation no longer has the column.
-fn after_cell<'a>(change: &'a Change, name: &str) -> Result<Option<&'a Value>> {
-    let Some(j) = change.relation.columns.iter().position(|c| c.name == name) else {
+/// The value of column `name`, at position `at` of the change's relation,
+/// in its after image; null when the relation no longer has the column.
+fn after_cell<'a>(change: &'a Change, at: Option<usize>, name: &str) -> Result<Option<&'a Value>> {
+    let Some(j) = at else {
         return Ok(None);
     };
     match change.after.as_ref().and_then(|row| row.get(j)) {

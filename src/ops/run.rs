@@ -405,13 +405,14 @@ async fn run_once(
                 tracing::info!("stopping during the initial load: nothing of it is committed");
                 return Ok(());
             }
-            if let Event::Change(change) = &event {
+            let row = matches!(event, Event::Change(_));
+            let bytes = pipeline.take(event).await?;
+            if row {
                 let m = metrics();
                 m.initial_load_rows.fetch_add(1, Ordering::Relaxed);
                 m.initial_load_bytes
-                    .fetch_add(change.approx_bytes() as u64, Ordering::Relaxed);
+                    .fetch_add(bytes as u64, Ordering::Relaxed);
             }
-            pipeline.take(event).await?;
             failpoint::hit("initial-load");
         }
         for relation in load.relations() {
@@ -532,7 +533,9 @@ impl Pipeline<'_> {
 
     /// Adds an event to the batch. Batches end at transaction boundaries:
     /// only a Commit makes the batch flushable.
-    async fn take(&mut self, event: Event) -> Result<()> {
+    /// Stages an event; for a change, returns its approximate size.
+    async fn take(&mut self, event: Event) -> Result<usize> {
+        let mut taken = 0;
         match event {
             Event::Change(mut change) => {
                 self.ensure_sink(&change.relation).await?;
@@ -554,11 +557,13 @@ impl Pipeline<'_> {
                 let op = change.op.code();
                 let change = Arc::new(change);
                 if to_bronze {
-                    sink.bronze.stage(&self.lake, change.clone()).await?;
+                    sink.bronze
+                        .stage(&self.lake, change.clone(), change_bytes)
+                        .await?;
                     sink.bronze_dirty = true;
                 }
                 if to_silver {
-                    sink.silver.stage(&self.lake, change).await?;
+                    sink.silver.stage(&self.lake, change, change_bytes).await?;
                     sink.silver_dirty = true;
                 }
                 self.batch_changes += 1;
@@ -566,6 +571,7 @@ impl Pipeline<'_> {
                 if to_bronze || to_silver {
                     *sink.ops.entry(op).or_default() += 1;
                 }
+                taken = change_bytes;
             }
             Event::Commit { tx, end_lsn } => {
                 if tx.xid != 0 {
@@ -579,7 +585,7 @@ impl Pipeline<'_> {
             }
             Event::Begin(_) | Event::Message { .. } => {}
         }
-        Ok(())
+        Ok(taken)
     }
 
     fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {

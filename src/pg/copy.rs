@@ -6,6 +6,8 @@
 //! (`\b \f \n \r \t \v \\`, octal `\NNN`, hex `\xHH`). The field text is then
 //! the type's text output, the same text pgoutput sends.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 
 use super::wire::DecodeError;
@@ -39,8 +41,12 @@ impl CopyTextReader {
     }
 }
 
-/// Splits one line into `expected` fields; `None` is SQL NULL.
-pub fn split_fields(line: &[u8], expected: usize) -> Result<Vec<Option<String>>, DecodeError> {
+/// Splits one line into `expected` fields; `None` is SQL NULL. A field
+/// without escapes borrows from the line.
+pub fn split_fields(
+    line: &[u8],
+    expected: usize,
+) -> Result<Vec<Option<Cow<'_, str>>>, DecodeError> {
     let error = |offset: usize, problem: String| DecodeError {
         message: "COPY text row",
         field: "field",
@@ -58,12 +64,14 @@ pub fn split_fields(line: &[u8], expected: usize) -> Result<Vec<Option<String>>,
         fields.push(if raw == b"\\N" {
             None
         } else {
-            let bytes = unescape(raw)
-                .map_err(|at| error(start + at, "invalid backslash escape".to_owned()))?;
-            Some(
-                String::from_utf8(bytes)
-                    .map_err(|_| error(start, "field is not valid UTF-8".to_owned()))?,
-            )
+            let not_utf8 = || error(start, "field is not valid UTF-8".to_owned());
+            Some(if raw.contains(&b'\\') {
+                let bytes = unescape(raw)
+                    .map_err(|at| error(start + at, "invalid backslash escape".to_owned()))?;
+                Cow::Owned(String::from_utf8(bytes).map_err(|_| not_utf8())?)
+            } else {
+                Cow::Borrowed(std::str::from_utf8(raw).map_err(|_| not_utf8())?)
+            })
         });
         if end == line.len() {
             break;
@@ -84,9 +92,6 @@ pub fn split_fields(line: &[u8], expected: usize) -> Result<Vec<Option<String>>,
 
 /// Undoes COPY's backslash escapes; on error, the offset of the bad escape.
 fn unescape(raw: &[u8]) -> Result<Vec<u8>, usize> {
-    if !raw.contains(&b'\\') {
-        return Ok(raw.to_vec());
-    }
     let mut out = Vec::with_capacity(raw.len());
     let mut i = 0;
     while i < raw.len() {
@@ -160,14 +165,15 @@ mod tests {
     #[test]
     fn splits_fields_with_nulls_and_escapes() {
         let fields = split_fields(b"1\t\\N\ta\\tb\\nc\\\\d\t\\101\\x42\t", 5).unwrap();
+        assert!(matches!(fields[0], Some(Cow::Borrowed(_))), "no escape, no copy");
         assert_eq!(
             fields,
             vec![
                 Some("1".into()),
                 None,
-                Some("a\tb\nc\\d".into()),
+                Some(Cow::Owned("a\tb\nc\\d".into())),
                 Some("AB".into()),
-                Some(String::new())
+                Some("".into())
             ]
         );
     }
