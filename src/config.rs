@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::LakeLocation;
+use crate::lake::silver::DEFAULT_AFTER_FILES;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -33,6 +34,7 @@ pub struct Raw {
     pub flush_interval: Option<String>,
     pub max_batch_rows: Option<i64>,
     pub max_batch_bytes: Option<i64>,
+    pub compact_after_files: Option<i64>,
     pub exit_when_idle: Option<String>,
     pub metrics_addr: Option<String>,
     pub log_format: Option<String>,
@@ -64,6 +66,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("flush_interval", Kind::Text),
     ("max_batch_rows", Kind::Integer),
     ("max_batch_bytes", Kind::Integer),
+    ("compact_after_files", Kind::Integer),
     ("exit_when_idle", Kind::Text),
     ("metrics_addr", Kind::Text),
     ("log_format", Kind::Text),
@@ -103,6 +106,9 @@ pub struct Settings {
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
+    /// Compact silver once this many data files were committed since the
+    /// last compaction, or it holds this many delete files; 0 never.
+    pub compact_after_files: usize,
     pub exit_when_idle: Option<Duration>,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
@@ -274,6 +280,7 @@ impl Merged {
             flush_interval,
             max_batch_rows,
             max_batch_bytes,
+            compact_after_files,
             exit_when_idle,
             metrics_addr,
             log_format,
@@ -401,6 +408,15 @@ impl Merged {
                 .unwrap_or(Duration::from_secs(1)),
             max_batch_rows: self.positive("max_batch_rows", raw.max_batch_rows, 100_000)?,
             max_batch_bytes: self.positive("max_batch_bytes", raw.max_batch_bytes, 128 << 20)?,
+            compact_after_files: match raw.compact_after_files {
+                None => DEFAULT_AFTER_FILES,
+                Some(n) => usize::try_from(n).map_err(|_| {
+                    self.error(
+                        "compact_after_files",
+                        format!("must be 0 (never) or more, not {n}"),
+                    )
+                })?,
+            },
             exit_when_idle: self.duration("exit_when_idle", raw.exit_when_idle.as_ref())?,
             metrics_addr,
             log_format,

@@ -66,6 +66,11 @@ struct SettingsArgs {
     /// Commit once a batch holds about this many bytes [default: 134217728].
     #[arg(long)]
     max_batch_bytes: Option<i64>,
+    /// Compact silver once this many data files were committed since the
+    /// last compaction, or it holds this many delete files; 0 never
+    /// [default: 16].
+    #[arg(long, value_name = "FILES")]
+    compact_after_files: Option<i64>,
     /// Drain, commit, confirm and exit 0 once no change came for this long.
     #[arg(long, value_name = "DURATION")]
     exit_when_idle: Option<String>,
@@ -105,6 +110,7 @@ impl SettingsArgs {
             flush_interval: self.flush_interval,
             max_batch_rows: self.max_batch_rows,
             max_batch_bytes: self.max_batch_bytes,
+            compact_after_files: self.compact_after_files,
             exit_when_idle: self.exit_when_idle,
             metrics_addr: self.metrics_addr,
             log_format: self.log_format,
@@ -252,6 +258,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 flush_interval: settings.flush_interval,
                 max_batch_rows: settings.max_batch_rows,
                 max_batch_bytes: settings.max_batch_bytes,
+                compact_after_files: settings.compact_after_files,
                 exit_when_idle: settings.exit_when_idle,
                 heartbeat_interval: settings.heartbeat_interval,
                 retained_wal_warn_bytes: settings.retained_wal_warn_bytes,

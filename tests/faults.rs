@@ -31,6 +31,13 @@ async fn a_crash_after_the_data_files_before_the_catalog_commit_loses_and_repeat
 }
 
 #[tokio::test]
+async fn a_crash_in_a_compaction_before_its_commit_loses_and_repeats_nothing() {
+    // New files written, old ones not yet retired: the next run reads the
+    // table as it was and compacts again.
+    crash_while_streaming("compaction-written", 2).await;
+}
+
+#[tokio::test]
 async fn a_crash_between_the_bronze_and_silver_commits_loses_and_repeats_nothing() {
     crash_while_streaming("between-bronze-and-silver", 3).await;
 }

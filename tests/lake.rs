@@ -299,6 +299,7 @@ mod row_delta {
             data_files: files,
             delete_files: vec![],
             properties: at(10),
+            ..RowDelta::default()
         };
         let table = commit_row_delta(&lake, &ident, &delta).await.unwrap();
         assert_eq!(
@@ -322,6 +323,7 @@ mod row_delta {
             data_files: added,
             delete_files: vec![deletes],
             properties: at(20),
+            ..RowDelta::default()
         };
         let table = commit_row_delta(&lake, &ident, &delta).await.unwrap();
         let snapshot = table.metadata().current_snapshot().unwrap();
@@ -405,6 +407,116 @@ mod silver {
             })
             .unwrap();
         silver.commit(lake, position).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn compaction_keeps_the_files_few_and_every_snapshot_readable() {
+        compaction_run(120).await;
+    }
+
+    /// Issue 7's acceptance run: 500 batches. About 5 minutes in a debug
+    /// build, most of it commits slowing down as snapshots pile up (no
+    /// expiry yet), so it is opt-in: `cargo test -- --ignored`.
+    #[tokio::test]
+    #[ignore]
+    async fn compaction_over_500_batches_keeps_the_files_few_and_every_snapshot_readable() {
+        compaction_run(500).await;
+    }
+
+    /// Small batches of random updates, a delete and an insert each, on a
+    /// 50,000-row table with compaction after 16 files.
+    async fn compaction_run(batches: usize) {
+        use rand::{Rng, SeedableRng};
+
+        const AFTER_FILES: usize = 16;
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE accounts(id int PRIMARY KEY, plan text NOT NULL);
+             INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, 50000) g;",
+        )
+        .await;
+        let (load, mut stream) = open_fresh(&db, &db.options(&["accounts"])).await;
+        let relation = changes(&load)[0].relation.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open_embedded(dir.path()).await.unwrap();
+        let ident = TableIdent::new(namespace("shop"), "accounts".into());
+        let mut silver = SilverTable::open(&lake, ident.clone(), &relation)
+            .await
+            .unwrap();
+        apply(&mut silver, &lake, &load).await;
+        let mut model: std::collections::BTreeMap<i64, String> =
+            (1..=50_000).map(|i| (i, "free".to_owned())).collect();
+        let mut rows_per_snapshot = vec![model.len()];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut compactions = 0;
+        for (batch, next_id) in (0..batches).zip(50_001..) {
+            let mut sql = String::from("BEGIN;");
+            for _ in 0..8 {
+                let id = rng.random_range(1..next_id);
+                let plan = format!("p{batch}");
+                sql += &format!("UPDATE accounts SET plan = '{plan}' WHERE id = {id};");
+                if let Some(p) = model.get_mut(&id) {
+                    *p = plan;
+                }
+            }
+            let gone = rng.random_range(1..next_id);
+            sql += &format!("DELETE FROM accounts WHERE id = {gone};");
+            model.remove(&gone);
+            sql += &format!("INSERT INTO accounts VALUES ({next_id}, 'new');");
+            model.insert(next_id, "new".to_owned());
+            db.exec(&(sql + "COMMIT;")).await;
+            let events = read_commits(&mut stream, 1).await;
+            apply(&mut silver, &lake, &events).await;
+            rows_per_snapshot.push(model.len());
+            if silver
+                .compact(&lake, AFTER_FILES, false)
+                .await
+                .unwrap()
+                .is_some()
+            {
+                compactions += 1;
+                rows_per_snapshot.push(model.len());
+            }
+            let (data, deletes) = silver.file_counts();
+            assert!(
+                data <= AFTER_FILES + 1 && deletes <= AFTER_FILES,
+                "batch {batch}: {data} data and {deletes} delete files"
+            );
+        }
+        assert!(
+            compactions >= batches / AFTER_FILES,
+            "{compactions} compactions"
+        );
+        stream.stop().await.unwrap();
+
+        let expected: Vec<(i64, String)> = model.into_iter().collect();
+        assert_eq!(id_plan_rows(dir.path(), "shop.accounts").await, expected);
+        assert_eq!(
+            id_plan_pairs(&duckdb(dir.path(), "shop.accounts").await),
+            expected
+        );
+        let snapshots = pyiceberg(dir.path(), "shop.accounts", "snapshots").await;
+        let snapshots = snapshots.as_array().unwrap();
+        let rows: Vec<usize> = snapshots
+            .iter()
+            .map(|s| s["rows"].as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(rows, rows_per_snapshot, "every snapshot reads as it was");
+        let replaced = snapshots
+            .iter()
+            .filter(|s| s["operation"] == "replace")
+            .count();
+        assert_eq!(replaced, compactions);
+        let last = snapshots.last().unwrap();
+        assert!(
+            last["data_files"].as_u64().unwrap() <= AFTER_FILES as u64 + 1
+                && last["delete_files"].as_u64().unwrap() <= AFTER_FILES as u64,
+            "{last}"
+        );
+        // The index moved with the rows: a restart rebuilds the same count.
+        drop(silver);
+        let silver = SilverTable::open(&lake, ident, &relation).await.unwrap();
+        assert_eq!(silver.row_count(), expected.len());
     }
 
     #[tokio::test]

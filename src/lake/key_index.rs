@@ -159,6 +159,15 @@ impl KeyIndex {
         Ok(all)
     }
 
+    /// Live rows per data file.
+    pub fn live_per_file(&self) -> HashMap<&str, u32> {
+        self.files
+            .iter()
+            .filter(|f| f.live > 0)
+            .map(|f| (&*f.path, f.live))
+            .collect()
+    }
+
     fn place(&self, l: Location) -> (Arc<str>, i64) {
         (self.files[l.file as usize].path.clone(), l.pos.into())
     }

@@ -5,8 +5,15 @@
 //! with the same compare-and-swap `iceberg-catalog-sql` makes (an UPDATE
 //! that only matches the metadata location it started from).
 //!
-//! Kept narrow on purpose (`commit_row_delta`), so that an upstream
-//! row-delta action can replace it.
+//! The same commit also rewrites (compaction): a snapshot that removes
+//! live data and delete files while it adds new ones. It then writes the
+//! manifests anew, one for data files and one for delete files, with every
+//! file it keeps as an existing entry (its sequence numbers and snapshot
+//! kept) and every file it removes as a deleted entry; so each compaction
+//! also folds the manifests the commits before it left behind.
+//!
+//! Kept narrow on purpose (`commit_row_delta`), so that upstream row-delta
+//! and rewrite-files actions can replace it.
 //!
 //! Spec: <https://iceberg.apache.org/spec/#snapshots>, "Manifests",
 //! "Position Delete Files", "Sequence Numbers". New files get the new
@@ -14,14 +21,14 @@
 //! files of earlier sequence numbers it names, and never to the data files
 //! added with it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use iceberg::spec::{
-    DataContentType, DataFile, DataFileFormat, MAIN_BRANCH, ManifestContentType, ManifestFile,
+    DataContentType, DataFile, DataFileFormat, MAIN_BRANCH, ManifestContentType, ManifestEntry,
     ManifestListWriter, ManifestWriterBuilder, NestedField, Operation, PrimitiveType, Schema,
     Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, Type,
 };
@@ -47,11 +54,16 @@ const POS_FIELD_ID: i32 = 2_147_483_545;
 /// conflict is reported.
 const MAX_ATTEMPTS: usize = 5;
 
-/// What one snapshot adds.
+/// What one snapshot adds, and removes.
 #[derive(Debug, Default)]
 pub struct RowDelta {
     pub data_files: Vec<DataFile>,
     pub delete_files: Vec<DataFile>,
+    /// Paths of live data and delete files the snapshot removes. A delta
+    /// that removes files is a rewrite: it is tried once, since what it
+    /// removes was chosen from the table as it was; a concurrent commit
+    /// makes it fail.
+    pub removed: HashSet<String>,
     /// Extra snapshot summary properties (the source position).
     pub properties: HashMap<String, String>,
 }
@@ -137,7 +149,12 @@ pub async fn write_position_deletes(
 pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta) -> Result<Table> {
     let metrics = crate::metrics::metrics();
     let started = std::time::Instant::now();
-    for attempt in 1..=MAX_ATTEMPTS {
+    let attempts = if delta.removed.is_empty() {
+        MAX_ATTEMPTS
+    } else {
+        1
+    };
+    for attempt in 1..=attempts {
         let table = lake.catalog_table(ident).await?;
         match try_commit(lake, &table, delta).await? {
             Some(committed) => {
@@ -156,7 +173,7 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
     Err(
         Error::new(ErrorKind::Lake, "the table kept changing under the commit")
             .with_context("table", ident)
-            .with_context("attempts", MAX_ATTEMPTS),
+            .with_context("attempts", attempts),
     )
 }
 
@@ -171,7 +188,12 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
     let parent = metadata.current_snapshot();
     let commit_uuid = uuid::Uuid::new_v4();
 
-    let mut manifests: Vec<ManifestFile> = match parent {
+    let mut summary = SnapshotSummaryCollector::default();
+    let schema = metadata.current_schema().clone();
+    let spec = metadata.default_partition_spec().clone();
+    let mut manifests = Vec::new();
+    let mut kept: [Vec<ManifestEntry>; 2] = [Vec::new(), Vec::new()];
+    for manifest in match parent {
         Some(s) => table
             .manifest_list_reader(s)
             .load()
@@ -180,13 +202,33 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
             .entries()
             .to_vec(),
         None => Vec::new(),
-    };
-    let mut summary = SnapshotSummaryCollector::default();
-    for (files, content) in [
+    } {
+        if delta.removed.is_empty() {
+            manifests.push(manifest);
+            continue;
+        }
+        let side = usize::from(manifest.content == ManifestContentType::Deletes);
+        let (entries, _) = manifest
+            .load_manifest(table.file_io())
+            .await
+            .map_err(context)?
+            .into_parts();
+        kept[side].extend(
+            entries
+                .iter()
+                .filter(|e| e.is_alive())
+                .map(|e| e.as_ref().clone()),
+        );
+    }
+    let mut found = 0;
+    for (side, (added, content)) in [
         (&delta.data_files, ManifestContentType::Data),
         (&delta.delete_files, ManifestContentType::Deletes),
-    ] {
-        if files.is_empty() {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if added.is_empty() && kept[side].is_empty() {
             continue;
         }
         let path = format!(
@@ -198,24 +240,47 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
         let builder = ManifestWriterBuilder::new(
             output,
             Some(snapshot_id),
-            metadata.current_schema().clone(),
-            metadata.default_partition_spec().as_ref().clone(),
+            schema.clone(),
+            spec.as_ref().clone(),
         );
         let mut writer = match content {
             ManifestContentType::Data => builder.build_v2_data(),
             ManifestContentType::Deletes => builder.build_v2_deletes(),
         };
-        for file in files {
-            summary.add_file(
-                file,
-                metadata.current_schema().clone(),
-                metadata.default_partition_spec().clone(),
-            );
+        for entry in std::mem::take(&mut kept[side]) {
+            let sequence = entry.sequence_number.unwrap_or_default();
+            if delta.removed.contains(entry.file_path()) {
+                found += 1;
+                summary.remove_file(&entry.data_file, schema.clone(), spec.clone());
+                writer
+                    .add_delete_file(entry.data_file, sequence, entry.file_sequence_number)
+                    .map_err(context)?;
+            } else {
+                let added_by = entry.snapshot_id.unwrap_or(snapshot_id);
+                writer
+                    .add_existing_file(
+                        entry.data_file,
+                        added_by,
+                        sequence,
+                        entry.file_sequence_number,
+                    )
+                    .map_err(context)?;
+            }
+        }
+        for file in added {
+            summary.add_file(file, schema.clone(), spec.clone());
             writer
                 .add_file(file.clone(), sequence_number)
                 .map_err(context)?;
         }
         manifests.push(writer.write_manifest_file().await.map_err(context)?);
+    }
+    if found != delta.removed.len() {
+        return Err(Error::new(
+            ErrorKind::Lake,
+            "a file the rewrite removes is no longer live in the table",
+        )
+        .with_context("table", table.identifier()));
     }
 
     let list_path = format!(
@@ -236,10 +301,12 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
     list.close().await.map_err(context)?;
 
     let mut properties = delta.properties.clone();
-    let added = summary.build();
-    properties.extend(totals(parent.map(|s| s.summary()), &added));
-    properties.extend(added);
-    let operation = if delta.delete_files.is_empty() {
+    let changed = summary.build();
+    properties.extend(totals(parent.map(|s| s.summary()), &changed));
+    properties.extend(changed);
+    let operation = if !delta.removed.is_empty() {
+        Operation::Replace
+    } else if delta.delete_files.is_empty() {
         Operation::Append
     } else {
         Operation::Overwrite
@@ -341,26 +408,40 @@ async fn swap_metadata_location(
     Ok(false)
 }
 
-/// `total-*` of the new snapshot: the parent's totals plus what is added.
-fn totals(parent: Option<&Summary>, added: &HashMap<String, String>) -> HashMap<String, String> {
-    let pairs = [
-        ("total-records", "added-records"),
-        ("total-files-size", "added-files-size"),
-        ("total-data-files", "added-data-files"),
-        ("total-delete-files", "added-delete-files"),
-        ("total-position-deletes", "added-position-deletes"),
-        ("total-equality-deletes", "added-equality-deletes"),
+/// `total-*` of the new snapshot: the parent's totals plus what is added,
+/// less what is removed.
+fn totals(parent: Option<&Summary>, changed: &HashMap<String, String>) -> HashMap<String, String> {
+    let triples = [
+        ("total-records", "added-records", "deleted-records"),
+        ("total-files-size", "added-files-size", "removed-files-size"),
+        ("total-data-files", "added-data-files", "deleted-data-files"),
+        (
+            "total-delete-files",
+            "added-delete-files",
+            "removed-delete-files",
+        ),
+        (
+            "total-position-deletes",
+            "added-position-deletes",
+            "removed-position-deletes",
+        ),
+        (
+            "total-equality-deletes",
+            "added-equality-deletes",
+            "removed-equality-deletes",
+        ),
     ];
     let number = |map: Option<&HashMap<String, String>>, key: &str| -> u64 {
         map.and_then(|m| m.get(key))
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    pairs
+    triples
         .iter()
-        .map(|(total, add)| {
-            let value =
-                number(parent.map(|s| &s.additional_properties), total) + number(Some(added), add);
+        .map(|(total, add, remove)| {
+            let value = (number(parent.map(|s| &s.additional_properties), total)
+                + number(Some(changed), add))
+            .saturating_sub(number(Some(changed), remove));
             ((*total).to_owned(), value.to_string())
         })
         .collect()

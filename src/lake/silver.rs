@@ -16,6 +16,8 @@
 //! same snapshot), and [`SilverTable::commit`] makes it one snapshot
 //! (`row_delta`) recording the source position it covers.
 
+mod compaction;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -24,6 +26,7 @@ use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
+use iceberg::scan::FileScanTask;
 use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
@@ -40,6 +43,8 @@ use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
+
+pub use compaction::{Compacted, DEFAULT_AFTER_FILES};
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -65,6 +70,16 @@ pub struct SilverTable {
     deletes: Vec<(Arc<str>, i64)>,
     /// The last data file read to fill unchanged TOAST values.
     cached_file: Option<(Arc<str>, Vec<RecordBatch>)>,
+    files: FileCounts,
+}
+
+/// Live data and delete files as last known, and the data files there
+/// were after the last compaction: what decides when to compact.
+#[derive(Default)]
+struct FileCounts {
+    data: usize,
+    deletes: usize,
+    baseline: usize,
 }
 
 impl SilverTable {
@@ -91,6 +106,7 @@ impl SilverTable {
             written: Vec::new(),
             deletes: Vec::new(),
             cached_file: None,
+            files: FileCounts::default(),
         };
         silver.rebuild_index(&table).await?;
         Ok(silver)
@@ -108,28 +124,18 @@ impl SilverTable {
         Ok(())
     }
 
+    /// Live data files and delete files, as last known.
+    pub fn file_counts(&self) -> (usize, usize) {
+        (self.files.data, self.files.deletes)
+    }
+
     /// Number of live rows, as the index knows them.
     pub fn row_count(&self) -> usize {
         self.index.live_rows()
     }
 
     async fn rebuild_index(&mut self, table: &Table) -> Result<()> {
-        let context = |e: iceberg::Error| {
-            iceberg_error(e, "cannot read the silver table").with_context("table", &self.ident)
-        };
-        if table.metadata().current_snapshot().is_none() {
-            return Ok(());
-        }
-        let tasks: Vec<_> = table
-            .scan()
-            .build()
-            .map_err(context)?
-            .plan_files()
-            .await
-            .map_err(context)?
-            .try_collect()
-            .await
-            .map_err(context)?;
+        let tasks = planned_files(table).await?;
         let mut deletes_by_file: HashMap<String, Vec<i64>> = HashMap::new();
         let mut delete_files_read = std::collections::HashSet::new();
         for task in &tasks {
@@ -147,6 +153,11 @@ impl SilverTable {
                 }
             }
         }
+        self.files = FileCounts {
+            data: tasks.len(),
+            deletes: delete_files_read.len(),
+            baseline: 0,
+        };
         for task in tasks {
             let deleted: std::collections::HashSet<i64> = deletes_by_file
                 .remove(&task.data_file_path)
@@ -423,6 +434,7 @@ impl SilverTable {
     /// an empty table is marked done).
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
         self.write_pending(lake).await?;
+        self.files.data += self.written.len();
         let mut delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties: position.summary(),
@@ -437,6 +449,7 @@ impl SilverTable {
             delta
                 .delete_files
                 .push(write_position_deletes(&table, deletes).await?);
+            self.files.deletes += 1;
         }
         commit_row_delta(lake, &self.ident, &delta).await?;
         Ok(())
@@ -520,6 +533,27 @@ fn missing_image(change: &Change) -> Error {
 
 fn lake_error(message: &str, ident: &TableIdent) -> Error {
     Error::new(ErrorKind::Lake, message.to_owned()).with_context("table", ident)
+}
+
+/// The table's live data files with the delete files that apply to each,
+/// as a scan of its current snapshot plans them.
+async fn planned_files(table: &Table) -> Result<Vec<FileScanTask>> {
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot read the silver table").with_context("table", table.identifier())
+    };
+    if table.metadata().current_snapshot().is_none() {
+        return Ok(Vec::new());
+    }
+    table
+        .scan()
+        .build()
+        .map_err(context)?
+        .plan_files()
+        .await
+        .map_err(context)?
+        .try_collect()
+        .await
+        .map_err(context)
 }
 
 async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {

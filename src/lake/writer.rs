@@ -10,9 +10,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use iceberg::TableIdent;
 use iceberg::spec::{DataFile, DataFileFormat};
 use iceberg::table::Table;
-use iceberg::writer::base_writer::data_file_writer::DataFileWriterBuilder;
+use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
 use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
     DefaultFileNameGenerator, DefaultLocationGenerator,
@@ -108,31 +109,67 @@ impl Position {
 
 /// Writes `batch` as one or more Parquet data files of `table`.
 pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot write a data file").with_context("table", table.identifier())
-    };
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .build();
-    let parquet = ParquetWriterBuilder::new(properties, table.metadata().current_schema().clone());
-    let locations = DefaultLocationGenerator::new(table.metadata()).map_err(context)?;
-    let names = DefaultFileNameGenerator::new(
-        format!("data-{}", uuid::Uuid::new_v4()),
-        None,
-        DataFileFormat::Parquet,
-    );
-    let rolling = RollingFileWriterBuilder::new_with_default_file_size(
-        parquet,
-        table.file_io().clone(),
-        locations,
-        names,
-    );
-    let mut writer = DataFileWriterBuilder::new(rolling)
-        .build(None)
-        .await
-        .map_err(context)?;
-    writer.write(batch).await.map_err(context)?;
-    writer.close().await.map_err(context)
+    let mut sink = DataFileSink::open(table).await?;
+    sink.write(batch).await?;
+    sink.close().await
+}
+
+/// Parquet data files of a table being written, batch by batch; a new file
+/// starts when one reaches iceberg-rust's default target size (512 MiB).
+pub struct DataFileSink {
+    writer:
+        DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>,
+    ident: TableIdent,
+}
+
+impl DataFileSink {
+    pub async fn open(table: &Table) -> Result<DataFileSink> {
+        let properties = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .build();
+        let parquet =
+            ParquetWriterBuilder::new(properties, table.metadata().current_schema().clone());
+        let locations = DefaultLocationGenerator::new(table.metadata())
+            .map_err(|e| sink_error(e, table.identifier()))?;
+        let names = DefaultFileNameGenerator::new(
+            format!("data-{}", uuid::Uuid::new_v4()),
+            None,
+            DataFileFormat::Parquet,
+        );
+        let rolling = RollingFileWriterBuilder::new_with_default_file_size(
+            parquet,
+            table.file_io().clone(),
+            locations,
+            names,
+        );
+        let writer = DataFileWriterBuilder::new(rolling)
+            .build(None)
+            .await
+            .map_err(|e| sink_error(e, table.identifier()))?;
+        Ok(DataFileSink {
+            writer,
+            ident: table.identifier().clone(),
+        })
+    }
+
+    pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        self.writer
+            .write(batch)
+            .await
+            .map_err(|e| sink_error(e, &self.ident))
+    }
+
+    /// The files written, in the order of the rows given.
+    pub async fn close(mut self) -> Result<Vec<DataFile>> {
+        self.writer
+            .close()
+            .await
+            .map_err(|e| sink_error(e, &self.ident))
+    }
+}
+
+fn sink_error(e: iceberg::Error, ident: &TableIdent) -> Error {
+    iceberg_error(e, "cannot write a data file").with_context("table", ident)
 }
 
 /// The Arrow schema of the table's current schema, with field ids.

@@ -30,7 +30,7 @@ use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::evolve;
 use crate::lake::schema::{bronze_schema, silver_schema};
-use crate::lake::silver::SilverTable;
+use crate::lake::silver::{DEFAULT_AFTER_FILES, SilverTable};
 use crate::lake::writer::Position;
 use crate::metrics::{metrics, now_micros};
 use crate::pg::config::PgConfig;
@@ -55,6 +55,10 @@ pub struct RunOptions {
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
+    /// Compact silver after a commit once this many data files were
+    /// committed since the last compaction, or it holds this many delete
+    /// files; 0 never (src/lake/silver/compaction.rs).
+    pub compact_after_files: usize,
     /// Drain, commit, confirm and return once no change came for this long.
     pub exit_when_idle: Option<Duration>,
     /// Heartbeat and retained-WAL warnings while streaming.
@@ -80,6 +84,7 @@ impl RunOptions {
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            compact_after_files: DEFAULT_AFTER_FILES,
             exit_when_idle: None,
             heartbeat_interval: None,
             retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
@@ -331,6 +336,8 @@ struct Pipeline<'r> {
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     batch_end: Option<Position>,
+    /// `RunOptions::compact_after_files`.
+    compact_after_files: usize,
     /// What all runs of this process did so far.
     report: &'r mut RunReport,
 }
@@ -388,6 +395,7 @@ async fn run_once(
         batch_bytes: 0,
         batch_commit_times: Vec::new(),
         batch_end: None,
+        compact_after_files: options.compact_after_files,
         report: total,
     };
     let mut capture_options = options.capture.clone();
@@ -666,6 +674,9 @@ impl Pipeline<'_> {
                 sink.silver.commit(&self.lake, position).await?;
                 sink.silver_at = Some(position);
                 sink.silver_dirty = false;
+                sink.silver
+                    .compact(&self.lake, self.compact_after_files, false)
+                    .await?;
             }
         }
         let m = metrics();

@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn splits_fields_with_nulls_and_escapes() {
         let fields = split_fields(b"1\t\\N\ta\\tb\\nc\\\\d\t\\101\\x42\t", 5).unwrap();
-        assert!(matches!(fields[0], Some(Cow::Borrowed(_))), "no escape, no copy");
+        assert!(
+            matches!(fields[0], Some(Cow::Borrowed(_))),
+            "no escape, no copy"
+        );
         assert_eq!(
             fields,
             vec![

@@ -186,7 +186,9 @@ impl Oracle {
         self.db = TestDb::connect(self.db.config_url()).await;
     }
 
-    /// `wal2iceberg run` on the scenario, flushing every 200 ms.
+    /// `wal2iceberg run` on the scenario, flushing every 200 ms and
+    /// compacting silver every third data file, so every scenario crosses
+    /// compactions.
     pub fn run_args(&self) -> Vec<String> {
         [
             "run",
@@ -202,6 +204,8 @@ impl Oracle {
             NAMESPACE,
             "--flush-interval",
             "200ms",
+            "--compact-after-files",
+            "3",
         ]
         .map(str::to_owned)
         .to_vec()

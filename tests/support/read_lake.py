@@ -1,6 +1,6 @@
 """Reads a wal2iceberg lake through pyiceberg, a reader we did not write.
 
-usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical
+usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical|snapshots
 Rows of a bronze table come sorted by (_cdc_commit_lsn, _cdc_seq).
 `canonical` gives the source columns of each row in the form the
 reconciliation helper (tests/support/reconcile.rs) compares: temporal values
@@ -84,6 +84,22 @@ elif mode == "canonical":
 elif mode == "summary":
     snapshot = table.current_snapshot()
     print(json.dumps(snapshot.summary.additional_properties if snapshot else None))
+elif mode == "snapshots":
+    # Every snapshot, oldest first, scanned in full (the identifier columns,
+    # deletes applied): its operation, row count and the data and delete
+    # files its scan plans.
+    key = [table.schema().find_column_name(i) for i in table.schema().identifier_field_ids]
+    out = []
+    for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number):
+        scan = table.scan(snapshot_id=snapshot.snapshot_id, selected_fields=tuple(key))
+        tasks = list(scan.plan_files())
+        out.append({
+            "operation": str(snapshot.summary.operation.value),
+            "rows": scan.to_arrow().num_rows,
+            "data_files": len(tasks),
+            "delete_files": len({d.file_path for t in tasks for d in t.delete_files}),
+        })
+    print(json.dumps(out))
 elif mode == "codecs":
     import pyarrow.parquet as pq
     codecs = set()
