@@ -14,6 +14,7 @@ use serde::Deserialize;
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::LakeLocation;
+use crate::lake::expire::{DEFAULT_RETENTION, Retention};
 use crate::lake::silver::DEFAULT_AFTER_FILES;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
@@ -35,6 +36,8 @@ pub struct Raw {
     pub max_batch_rows: Option<i64>,
     pub max_batch_bytes: Option<i64>,
     pub compact_after_files: Option<i64>,
+    pub snapshot_retention: Option<String>,
+    pub retain_snapshots: Option<i64>,
     pub exit_when_idle: Option<String>,
     pub metrics_addr: Option<String>,
     pub log_format: Option<String>,
@@ -67,6 +70,8 @@ const KEYS: &[(&str, Kind)] = &[
     ("max_batch_rows", Kind::Integer),
     ("max_batch_bytes", Kind::Integer),
     ("compact_after_files", Kind::Integer),
+    ("snapshot_retention", Kind::Text),
+    ("retain_snapshots", Kind::Integer),
     ("exit_when_idle", Kind::Text),
     ("metrics_addr", Kind::Text),
     ("log_format", Kind::Text),
@@ -109,6 +114,8 @@ pub struct Settings {
     /// Compact silver once this many data files were committed since the
     /// last compaction, or it holds this many delete files; 0 never.
     pub compact_after_files: usize,
+    /// Which snapshots the automatic expiry keeps.
+    pub retention: Retention,
     pub exit_when_idle: Option<Duration>,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
@@ -281,6 +288,8 @@ impl Merged {
             max_batch_rows,
             max_batch_bytes,
             compact_after_files,
+            snapshot_retention,
+            retain_snapshots,
             exit_when_idle,
             metrics_addr,
             log_format,
@@ -417,6 +426,16 @@ impl Merged {
                     )
                 })?,
             },
+            retention: Retention {
+                older_than: self
+                    .duration("snapshot_retention", raw.snapshot_retention.as_ref())?
+                    .unwrap_or(DEFAULT_RETENTION.older_than),
+                retain_last: self.positive(
+                    "retain_snapshots",
+                    raw.retain_snapshots,
+                    DEFAULT_RETENTION.retain_last,
+                )?,
+            },
             exit_when_idle: self.duration("exit_when_idle", raw.exit_when_idle.as_ref())?,
             metrics_addr,
             log_format,
@@ -433,7 +452,7 @@ impl Merged {
 pub const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
 
 /// A duration: a number with an optional unit, `ms`, `s` (the default),
-/// `m` or `h`: `6`, `6s`, `500ms`, `1.5m`.
+/// `m`, `h` or `d`: `6`, `6s`, `500ms`, `1.5m`, `7d`.
 pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     let text = text.trim();
     let split = text
@@ -445,9 +464,10 @@ pub fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
         "" | "s" => 1.0,
         "m" => 60.0,
         "h" => 3600.0,
+        "d" => 86400.0,
         other => {
             return Err(format!(
-                "unknown unit {other:?} in {text:?}: use ms, s, m or h (6s, 500ms, 2m)"
+                "unknown unit {other:?} in {text:?}: use ms, s, m, h or d (6s, 500ms, 2m, 7d)"
             ));
         }
     };

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
 use wal2iceberg::lake::catalog::{Lake, LakeLocation, namespace};
+use wal2iceberg::lake::expire::{Retention, expire_snapshots};
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::shutdown::Shutdown;
@@ -71,6 +72,13 @@ struct SettingsArgs {
     /// [default: 16].
     #[arg(long, value_name = "FILES")]
     compact_after_files: Option<i64>,
+    /// Expire snapshots older than this (2h, 7d), keeping the newest
+    /// --retain-snapshots however old [default: 1h].
+    #[arg(long, value_name = "DURATION")]
+    snapshot_retention: Option<String>,
+    /// Snapshots kept by the automatic expiry however old [default: 10].
+    #[arg(long, value_name = "N")]
+    retain_snapshots: Option<i64>,
     /// Drain, commit, confirm and exit 0 once no change came for this long.
     #[arg(long, value_name = "DURATION")]
     exit_when_idle: Option<String>,
@@ -111,6 +119,8 @@ impl SettingsArgs {
             max_batch_rows: self.max_batch_rows,
             max_batch_bytes: self.max_batch_bytes,
             compact_after_files: self.compact_after_files,
+            snapshot_retention: self.snapshot_retention,
+            retain_snapshots: self.retain_snapshots,
             exit_when_idle: self.exit_when_idle,
             metrics_addr: self.metrics_addr,
             log_format: self.log_format,
@@ -191,6 +201,28 @@ enum Command {
         #[arg(long, default_value = "table")]
         format: Format,
     },
+    /// Expire snapshots older than --older-than, keeping the newest
+    /// --retain-last however old, and delete the files only they read.
+    ExpireSnapshots {
+        /// Tables (`customers`, `customers_changes`, `shop.customers`)
+        /// [default: every table of the namespace].
+        tables: Vec<String>,
+        /// Folder of the embedded lake.
+        #[arg(long, default_value = "./lake")]
+        lake: PathBuf,
+        /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
+        #[arg(long, value_name = "FILE")]
+        catalog: Option<PathBuf>,
+        /// Iceberg namespace [default: the lake's only namespace].
+        #[arg(long)]
+        namespace: Option<String>,
+        /// Expire snapshots older than this (30m, 2h, 7d).
+        #[arg(long, value_name = "DURATION")]
+        older_than: String,
+        /// Keep the newest this many snapshots however old.
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        retain_last: usize,
+    },
     /// Print the decoded change stream as JSON lines (initial load first
     /// when the slot is new); each transaction is confirmed once printed.
     Tail {
@@ -259,6 +291,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 max_batch_rows: settings.max_batch_rows,
                 max_batch_bytes: settings.max_batch_bytes,
                 compact_after_files: settings.compact_after_files,
+                retention: settings.retention,
                 exit_when_idle: settings.exit_when_idle,
                 heartbeat_interval: settings.heartbeat_interval,
                 retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
@@ -355,6 +388,50 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 "{}",
                 wal2iceberg::ops::show::show(&lake, &ident, &options).await?
             );
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ExpireSnapshots {
+            tables,
+            lake,
+            catalog,
+            namespace,
+            older_than,
+            retain_last,
+        } => {
+            init_logging(LogFormat::Text);
+            let older_than = wal2iceberg::config::parse_duration(&older_than)
+                .map_err(|e| Error::new(ErrorKind::Config, format!("--older-than: {e}")))?;
+            if retain_last == 0 {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "--retain-last must be at least 1: the current snapshot is always kept",
+                ));
+            }
+            let mut location = LakeLocation::in_folder(&lake);
+            if let Some(catalog) = catalog {
+                location.catalog = catalog;
+            }
+            let lake = Lake::open_existing(&location).await?;
+            let idents = if tables.is_empty() {
+                lake.tables(namespace.as_deref()).await?
+            } else {
+                let mut idents = Vec::new();
+                for table in &tables {
+                    idents.push(lake.resolve_table(table, namespace.as_deref()).await?);
+                }
+                idents
+            };
+            let retention = Retention {
+                older_than,
+                retain_last,
+            };
+            for ident in idents {
+                let expired = expire_snapshots(&lake, &ident, retention).await?;
+                println!(
+                    "{ident}: {} snapshots expired, {} files deleted",
+                    expired.snapshots, expired.files_deleted
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         Command::Tail { settings: args } => {

@@ -78,8 +78,16 @@ pub struct Metrics {
     pub initial_load_bytes: AtomicU64,
     pub commit_duration: Histogram,
     pub commit_to_visible: Histogram,
+    pub compactions: AtomicU64,
+    pub snapshots_expired: AtomicU64,
+    /// When the last compaction and the last expiry ran (µs since the
+    /// epoch); 0 before the first.
+    pub last_compaction_micros: AtomicI64,
+    pub last_expiry_micros: AtomicI64,
     /// Changes committed, by (source table, op code).
     changes: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Live files of each silver table, by (source table, content).
+    silver_files: Mutex<BTreeMap<(String, &'static str), u64>>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -94,7 +102,12 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     initial_load_bytes: AtomicU64::new(0),
     commit_duration: Histogram::new(),
     commit_to_visible: Histogram::new(),
+    compactions: AtomicU64::new(0),
+    snapshots_expired: AtomicU64::new(0),
+    last_compaction_micros: AtomicI64::new(0),
+    last_expiry_micros: AtomicI64::new(0),
     changes: Mutex::new(BTreeMap::new()),
+    silver_files: Mutex::new(BTreeMap::new()),
 });
 
 /// This process's metrics.
@@ -106,6 +119,13 @@ impl Metrics {
     pub fn add_changes(&self, table: &str, op: &'static str, n: u64) {
         let mut changes = self.changes.lock().unwrap_or_else(|e| e.into_inner());
         *changes.entry((table.to_owned(), op)).or_default() += n;
+    }
+
+    /// The live data and delete files of a source table's silver table.
+    pub fn set_silver_files(&self, table: &str, data: usize, deletes: usize) {
+        let mut files = self.silver_files.lock().unwrap_or_else(|e| e.into_inner());
+        files.insert((table.to_owned(), "data"), data as u64);
+        files.insert((table.to_owned(), "delete"), deletes as u64);
     }
 
     /// The text exposition format.
@@ -184,6 +204,41 @@ impl Metrics {
             "approximate bytes of values read by initial loads",
             self.initial_load_bytes.load(Ordering::Relaxed),
         );
+        counter(
+            &mut out,
+            "wal2iceberg_compactions_total",
+            "silver compactions committed",
+            self.compactions.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "wal2iceberg_snapshots_expired_total",
+            "snapshots removed by the automatic expiry",
+            self.snapshots_expired.load(Ordering::Relaxed),
+        );
+        let seconds = |a: &AtomicI64| a.load(Ordering::Relaxed) as f64 / 1e6;
+        gauge(
+            &mut out,
+            "wal2iceberg_last_compaction_timestamp_seconds",
+            "when the last silver compaction committed (0: none yet)",
+            seconds(&self.last_compaction_micros),
+        );
+        gauge(
+            &mut out,
+            "wal2iceberg_last_expiry_timestamp_seconds",
+            "when the automatic snapshot expiry last ran (0: not yet)",
+            seconds(&self.last_expiry_micros),
+        );
+        let name = "wal2iceberg_silver_files";
+        let _ = writeln!(
+            out,
+            "# HELP {name} live files of each silver table, by source table and content\n# TYPE {name} gauge"
+        );
+        let files = self.silver_files.lock().unwrap_or_else(|e| e.into_inner());
+        for ((table, content), n) in files.iter() {
+            let _ = writeln!(out, "{name}{{table=\"{table}\",content=\"{content}\"}} {n}");
+        }
+        drop(files);
         let name = "wal2iceberg_changes_applied_total";
         let _ = writeln!(
             out,

@@ -445,10 +445,29 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
         assert!(before < lsn && lsn < after, "the update's commit: {t}");
         let lag = t["lag_seconds"].as_f64().unwrap();
         assert!((0.0..60.0).contains(&lag), "{t}");
+        // The load and the update: two snapshots and two data files each;
+        // silver deletes the old row by position. Nothing was compacted or
+        // expired, so every file in the data folder is live.
+        let silver = !t["table"].as_str().unwrap().ends_with("_changes");
+        assert_eq!(t["snapshots"], 2, "{t}");
+        assert_eq!(t["data_files"], 2, "{t}");
+        assert_eq!(t["delete_files"], u64::from(silver), "{t}");
+        assert_eq!(t["last_compaction"], Value::Null, "{t}");
+        let name = t["table"].as_str().unwrap().split('.').nth(1).unwrap();
+        let data = lake
+            .path()
+            .join(format!("warehouse/{}/{name}/data", db.config.dbname));
+        let bytes: u64 = std::fs::read_dir(&data)
+            .unwrap()
+            .map(|f| f.unwrap().metadata().unwrap().len())
+            .sum();
+        assert_eq!(t["file_bytes"], bytes, "{t}");
     }
     let (_, text, _) = run(&[&["status"], &common[..]].concat()).await;
     assert!(
-        text.contains("inactive") && text.contains("customers_changes"),
+        text.contains("inactive")
+            && text.contains("customers_changes")
+            && text.contains("delete files"),
         "{text}"
     );
 }
@@ -830,6 +849,8 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
             "127.0.0.1:0",
             "--retained-wal-warn-bytes",
             "1",
+            "--compact-after-files",
+            "2",
         ])
         .env("RUST_LOG", "wal2iceberg=info")
         .stderr(std::process::Stdio::piped())
@@ -871,7 +892,10 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
         let scrape = http_get(&addr, "/metrics").await;
         let seen = scrape.lines().any(|l| l.starts_with(applied));
-        if seen && sample(&scrape, "wal2iceberg_retained_wal_over_threshold") == 1.0 {
+        if seen
+            && sample(&scrape, "wal2iceberg_retained_wal_over_threshold") == 1.0
+            && sample(&scrape, "wal2iceberg_compactions_total") >= 1.0
+        {
             break scrape;
         }
         assert!(
@@ -888,6 +912,26 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         "{scrape}"
     );
     assert!(scrape.contains("# TYPE wal2iceberg_iceberg_commit_duration_seconds histogram"));
+    // Compaction every second data file, and an expiry after each.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for stamp in [
+        "wal2iceberg_last_compaction_timestamp_seconds",
+        "wal2iceberg_last_expiry_timestamp_seconds",
+    ] {
+        let at = sample(&scrape, stamp);
+        assert!(now - 120.0 < at && at <= now + 1.0, "{stamp} {at}");
+    }
+    let data_files = sample(
+        &scrape,
+        "wal2iceberg_silver_files{table=\"public.events\",content=\"data\"}",
+    );
+    assert!(
+        (1.0..=3.0).contains(&data_files),
+        "at most two files since the last compaction, and its own: {data_files}"
+    );
 
     db.exec("INSERT INTO events VALUES (-1, 'one more')").await;
     let before = sample(&scrape, applied);

@@ -415,25 +415,39 @@ mod silver {
     }
 
     /// Issue 7's acceptance run: 500 batches. About 5 minutes in a debug
-    /// build, most of it commits slowing down as snapshots pile up (no
-    /// expiry yet), so it is opt-in: `cargo test -- --ignored`.
+    /// build, most of it commits slowing down as snapshots pile up (the
+    /// test expires none), so it is opt-in: `cargo test -- --ignored`.
     #[tokio::test]
     #[ignore]
     async fn compaction_over_500_batches_keeps_the_files_few_and_every_snapshot_readable() {
         compaction_run(500).await;
     }
 
-    /// Small batches of random updates, a delete and an insert each, on a
-    /// 50,000-row table with compaction after 16 files.
-    async fn compaction_run(batches: usize) {
+    /// A silver table after a run of small random batches.
+    struct Churned {
+        dir: tempfile::TempDir,
+        lake: Lake,
+        ident: TableIdent,
+        silver: SilverTable,
+        relation: std::sync::Arc<wal2iceberg::cdc::relation::RelationInfo>,
+        /// The source's rows at the end, by key.
+        expected: Vec<(i64, String)>,
+        /// The row count of each snapshot, oldest first.
+        rows_per_snapshot: Vec<usize>,
+        compactions: usize,
+    }
+
+    /// `batches` transactions of eight random updates, a delete and an
+    /// insert on a table of `rows` rows, each applied and committed, then
+    /// compaction after `after_files` files.
+    async fn churn(rows: i64, batches: usize, after_files: usize) -> Churned {
         use rand::{Rng, SeedableRng};
 
-        const AFTER_FILES: usize = 16;
         let db = TestDb::new().await;
-        db.exec(
+        db.exec(&format!(
             "CREATE TABLE accounts(id int PRIMARY KEY, plan text NOT NULL);
-             INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, 50000) g;",
-        )
+             INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, {rows}) g;"
+        ))
         .await;
         let (load, mut stream) = open_fresh(&db, &db.options(&["accounts"])).await;
         let relation = changes(&load)[0].relation.clone();
@@ -445,11 +459,11 @@ mod silver {
             .unwrap();
         apply(&mut silver, &lake, &load).await;
         let mut model: std::collections::BTreeMap<i64, String> =
-            (1..=50_000).map(|i| (i, "free".to_owned())).collect();
+            (1..=rows).map(|i| (i, "free".to_owned())).collect();
         let mut rows_per_snapshot = vec![model.len()];
         let mut rng = rand::rngs::StdRng::seed_from_u64(7);
         let mut compactions = 0;
-        for (batch, next_id) in (0..batches).zip(50_001..) {
+        for (batch, next_id) in (0..batches).zip(rows + 1..) {
             let mut sql = String::from("BEGIN;");
             for _ in 0..8 {
                 let id = rng.random_range(1..next_id);
@@ -469,7 +483,7 @@ mod silver {
             apply(&mut silver, &lake, &events).await;
             rows_per_snapshot.push(model.len());
             if silver
-                .compact(&lake, AFTER_FILES, false)
+                .compact(&lake, after_files, false)
                 .await
                 .unwrap()
                 .is_some()
@@ -479,34 +493,53 @@ mod silver {
             }
             let (data, deletes) = silver.file_counts();
             assert!(
-                data <= AFTER_FILES + 1 && deletes <= AFTER_FILES,
+                data <= after_files + 1 && deletes <= after_files,
                 "batch {batch}: {data} data and {deletes} delete files"
             );
         }
-        assert!(
-            compactions >= batches / AFTER_FILES,
-            "{compactions} compactions"
-        );
         stream.stop().await.unwrap();
+        Churned {
+            dir,
+            lake,
+            ident,
+            silver,
+            relation,
+            expected: model.into_iter().collect(),
+            rows_per_snapshot,
+            compactions,
+        }
+    }
 
-        let expected: Vec<(i64, String)> = model.into_iter().collect();
-        assert_eq!(id_plan_rows(dir.path(), "shop.accounts").await, expected);
-        assert_eq!(
-            id_plan_pairs(&duckdb(dir.path(), "shop.accounts").await),
-            expected
+    /// 50,000 rows, compaction after 16 files.
+    async fn compaction_run(batches: usize) {
+        const AFTER_FILES: usize = 16;
+        let run = churn(50_000, batches, AFTER_FILES).await;
+        let dir = run.dir.path();
+        assert!(
+            run.compactions >= batches / AFTER_FILES,
+            "{} compactions",
+            run.compactions
         );
-        let snapshots = pyiceberg(dir.path(), "shop.accounts", "snapshots").await;
+        assert_eq!(id_plan_rows(dir, "shop.accounts").await, run.expected);
+        assert_eq!(
+            id_plan_pairs(&duckdb(dir, "shop.accounts").await),
+            run.expected
+        );
+        let snapshots = pyiceberg(dir, "shop.accounts", "snapshots").await;
         let snapshots = snapshots.as_array().unwrap();
         let rows: Vec<usize> = snapshots
             .iter()
             .map(|s| s["rows"].as_u64().unwrap() as usize)
             .collect();
-        assert_eq!(rows, rows_per_snapshot, "every snapshot reads as it was");
+        assert_eq!(
+            rows, run.rows_per_snapshot,
+            "every snapshot reads as it was"
+        );
         let replaced = snapshots
             .iter()
             .filter(|s| s["operation"] == "replace")
             .count();
-        assert_eq!(replaced, compactions);
+        assert_eq!(replaced, run.compactions);
         let last = snapshots.last().unwrap();
         assert!(
             last["data_files"].as_u64().unwrap() <= AFTER_FILES as u64 + 1
@@ -514,9 +547,84 @@ mod silver {
             "{last}"
         );
         // The index moved with the rows: a restart rebuilds the same count.
-        drop(silver);
-        let silver = SilverTable::open(&lake, ident, &relation).await.unwrap();
-        assert_eq!(silver.row_count(), expected.len());
+        drop(run.silver);
+        let silver = SilverTable::open(&run.lake, run.ident, &run.relation)
+            .await
+            .unwrap();
+        assert_eq!(silver.row_count(), run.expected.len());
+    }
+
+    /// Every file under `folder`, recursively.
+    fn files_under(folder: &std::path::Path) -> std::collections::BTreeSet<String> {
+        let mut files = std::collections::BTreeSet::new();
+        for entry in std::fs::read_dir(folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                files.extend(files_under(&path));
+            } else {
+                files.insert(path.display().to_string());
+            }
+        }
+        files
+    }
+
+    #[tokio::test]
+    async fn expire_snapshots_deletes_exactly_what_no_kept_snapshot_reads() {
+        let run = churn(2_000, 30, 4).await;
+        let dir = run.dir.path();
+        let data = dir.join("warehouse/shop/accounts/data");
+        let before = files_under(&data);
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+            .args(["expire-snapshots", "--lake"])
+            .arg(dir)
+            .args(["--older-than", "0s", "--retain-last", "5", "accounts"])
+            .output()
+            .unwrap();
+        assert_success(&out);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let expired = run.rows_per_snapshot.len() - 5;
+        assert!(
+            stdout.contains(&format!("shop.accounts: {expired} snapshots expired")),
+            "{stdout}"
+        );
+        let after = files_under(&data);
+        assert!(
+            after.len() < before.len(),
+            "{} -> {}",
+            before.len(),
+            after.len()
+        );
+
+        // The five kept snapshots scan in full, as they were, and the data
+        // folder holds exactly the files they read.
+        let snapshots = pyiceberg(dir, "shop.accounts", "snapshots").await;
+        let snapshots = snapshots.as_array().unwrap();
+        let rows: Vec<usize> = snapshots
+            .iter()
+            .map(|s| s["rows"].as_u64().unwrap() as usize)
+            .collect();
+        assert_eq!(rows, run.rows_per_snapshot[expired..]);
+        let read: std::collections::BTreeSet<String> = snapshots
+            .iter()
+            .flat_map(|s| s["paths"].as_array().unwrap())
+            .map(|p| p.as_str().unwrap().trim_start_matches("file://").to_owned())
+            .collect();
+        assert_eq!(after, read);
+        assert_eq!(id_plan_rows(dir, "shop.accounts").await, run.expected);
+
+        // Nothing left to expire: a second run deletes nothing.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+            .args(["expire-snapshots", "--lake"])
+            .arg(dir)
+            .args(["--older-than", "0s", "--retain-last", "5"])
+            .output()
+            .unwrap();
+        assert_success(&out);
+        assert!(
+            String::from_utf8_lossy(&out.stdout)
+                .contains("shop.accounts: 0 snapshots expired, 0 files deleted")
+        );
+        assert_eq!(files_under(&data), after);
     }
 
     #[tokio::test]

@@ -125,40 +125,53 @@ impl Lake {
         Lake::open_at(location, false).await
     }
 
+    /// Every table of `namespace`, or of the lake's only namespace.
+    pub async fn tables(&self, namespace: Option<&str>) -> Result<Vec<TableIdent>> {
+        let any = self.resolve_namespace(namespace).await?;
+        let mut tables = self
+            .catalog
+            .list_tables(&any)
+            .await
+            .map_err(|e| iceberg_error(e, "cannot read the catalog"))?;
+        tables.sort_by(|a, b| a.name().cmp(b.name()));
+        Ok(tables)
+    }
+
+    /// `namespace`, or the lake's only namespace.
+    async fn resolve_namespace(&self, namespace: Option<&str>) -> Result<NamespaceIdent> {
+        if let Some(ns) = namespace {
+            return Ok(NamespaceIdent::new(ns.to_owned()));
+        }
+        let namespaces = self
+            .catalog
+            .list_namespaces(None)
+            .await
+            .map_err(|e| iceberg_error(e, "cannot read the catalog"))?;
+        match namespaces.as_slice() {
+            [only] => Ok(only.clone()),
+            _ => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "the lake has {} namespaces ({}): name one with --namespace or as namespace.table",
+                    namespaces.len(),
+                    namespaces
+                        .iter()
+                        .map(|n| n.join("."))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            )),
+        }
+    }
+
     /// The table `name` names: `namespace.table`, or `table` in
     /// `namespace`, or in the lake's only namespace.
     pub async fn resolve_table(&self, name: &str, namespace: Option<&str>) -> Result<TableIdent> {
-        let ident = match (name.rsplit_once('.'), namespace) {
-            (Some((ns, table)), _) => {
+        let ident = match name.rsplit_once('.') {
+            Some((ns, table)) => {
                 TableIdent::new(NamespaceIdent::new(ns.to_owned()), table.to_owned())
             }
-            (None, Some(ns)) => {
-                TableIdent::new(NamespaceIdent::new(ns.to_owned()), name.to_owned())
-            }
-            (None, None) => {
-                let namespaces = self
-                    .catalog
-                    .list_namespaces(None)
-                    .await
-                    .map_err(|e| iceberg_error(e, "cannot read the catalog"))?;
-                match namespaces.as_slice() {
-                    [only] => TableIdent::new(only.clone(), name.to_owned()),
-                    _ => {
-                        return Err(Error::new(
-                            ErrorKind::Config,
-                            format!(
-                                "the lake has {} namespaces ({}): name one with --namespace or as namespace.table",
-                                namespaces.len(),
-                                namespaces
-                                    .iter()
-                                    .map(|n| n.join("."))
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            ),
-                        ));
-                    }
-                }
-            }
+            None => TableIdent::new(self.resolve_namespace(namespace).await?, name.to_owned()),
         };
         if self.table_if_exists(&ident).await?.is_none() {
             return Err(Error::new(ErrorKind::Config, "no such table in the lake")

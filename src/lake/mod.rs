@@ -5,6 +5,7 @@
 //! - `bronze`: bronze rows, one per change, and the staged bronze batch.
 //! - `catalog`: the embedded SQL catalog on SQLite and table creation.
 //! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
+//! - `expire`: snapshot expiry and the files only expired snapshots read.
 //! - `key`: primary keys as bytes for silver's index.
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
@@ -17,6 +18,7 @@ pub mod arrow;
 pub mod bronze;
 pub mod catalog;
 pub mod evolve;
+pub mod expire;
 pub mod key;
 pub mod key_index;
 pub mod row_delta;

@@ -30,7 +30,8 @@ use arrow_array::{Int64Array, RecordBatch, StringArray};
 use iceberg::spec::{
     DataContentType, DataFile, DataFileFormat, MAIN_BRANCH, ManifestContentType, ManifestEntry,
     ManifestListWriter, ManifestWriterBuilder, NestedField, Operation, PrimitiveType, Schema,
-    Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary, Type,
+    Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary,
+    TableMetadataBuildResult, Type,
 };
 use iceberg::table::Table;
 use iceberg::writer::file_writer::location_generator::{
@@ -324,13 +325,10 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
         .with_timestamp_ms(now_ms())
         .build();
 
-    let current_location = table
-        .metadata_location()
-        .ok_or_else(|| Error::new(ErrorKind::Lake, "the table has no metadata location"))?
-        .to_owned();
-    let new_metadata = metadata
+    let current_location = current_location(table)?;
+    let built = metadata
         .clone()
-        .into_builder(Some(current_location.clone()))
+        .into_builder(Some(current_location))
         .add_snapshot(snapshot)
         .and_then(|b| {
             b.set_ref(
@@ -339,22 +337,62 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
             )
         })
         .and_then(|b| b.build())
-        .map_err(context)?
-        .metadata;
-    let new_location = MetadataLocation::from_str(&current_location)
-        .map_err(context)?
-        .with_next_version()
-        .with_new_metadata(&new_metadata);
-    new_metadata
-        .write_to(table.file_io(), &new_location)
-        .await
         .map_err(context)?;
-    let new_location = new_location.to_string();
-    failpoint::hit("before-catalog-commit");
-    if !swap_metadata_location(lake, table.identifier(), &current_location, &new_location).await? {
+    if !commit_metadata(lake, table, built).await? {
         return Ok(None);
     }
     Ok(Some(lake.catalog_table(table.identifier()).await?))
+}
+
+/// The location of the table's current metadata file.
+pub fn current_location(table: &Table) -> Result<String> {
+    table.metadata_location().map(str::to_owned).ok_or_else(|| {
+        Error::new(ErrorKind::Lake, "the table has no metadata location")
+            .with_context("table", table.identifier())
+    })
+}
+
+/// Writes `built` as the table's next metadata file and swaps the catalog
+/// pointer to it; false when another commit got there first. Once it is
+/// current, the metadata files that dropped out of its log
+/// (`write.metadata.previous-versions-max`, 100 by default) are deleted, so
+/// they do not pile up.
+pub async fn commit_metadata(
+    lake: &Lake,
+    table: &Table,
+    built: TableMetadataBuildResult,
+) -> Result<bool> {
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot write the table metadata")
+            .with_context("table", table.identifier())
+    };
+    let current = current_location(table)?;
+    let new_location = MetadataLocation::from_str(&current)
+        .map_err(context)?
+        .with_next_version()
+        .with_new_metadata(&built.metadata);
+    built
+        .metadata
+        .write_to(table.file_io(), &new_location)
+        .await
+        .map_err(context)?;
+    failpoint::hit("before-catalog-commit");
+    if !swap_metadata_location(
+        lake,
+        table.identifier(),
+        &current,
+        &new_location.to_string(),
+    )
+    .await?
+    {
+        return Ok(false);
+    }
+    for old in built.expired_metadata_logs {
+        if let Err(e) = table.file_io().delete(&old.metadata_file).await {
+            tracing::warn!(table = %table.identifier(), file = %old.metadata_file, error = %e, "cannot delete an old metadata file");
+        }
+    }
+    Ok(true)
 }
 
 /// The compare-and-swap on the SQL catalog's pointer: true when our

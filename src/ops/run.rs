@@ -29,6 +29,7 @@ use crate::failpoint;
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::evolve;
+use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
 use crate::lake::schema::{bronze_schema, silver_schema};
 use crate::lake::silver::{DEFAULT_AFTER_FILES, SilverTable};
 use crate::lake::writer::Position;
@@ -43,6 +44,8 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
 /// Flush once a batch holds about this many bytes of values.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
+/// Snapshots are expired at least this often, in silver commits.
+pub const EXPIRE_EVERY_COMMITS: usize = 100;
 
 pub struct RunOptions {
     pub capture: CaptureOptions,
@@ -59,6 +62,10 @@ pub struct RunOptions {
     /// committed since the last compaction, or it holds this many delete
     /// files; 0 never (src/lake/silver/compaction.rs).
     pub compact_after_files: usize,
+    /// Which snapshots the automatic expiry keeps; it runs for both tables
+    /// of a source table after silver's compaction, and every
+    /// [`EXPIRE_EVERY_COMMITS`] commits.
+    pub retention: Retention,
     /// Drain, commit, confirm and return once no change came for this long.
     pub exit_when_idle: Option<Duration>,
     /// Heartbeat and retained-WAL warnings while streaming.
@@ -85,6 +92,7 @@ impl RunOptions {
             max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             compact_after_files: DEFAULT_AFTER_FILES,
+            retention: DEFAULT_RETENTION,
             exit_when_idle: None,
             heartbeat_interval: None,
             retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
@@ -128,6 +136,8 @@ struct TableSink {
     silver_dirty: bool,
     /// The open batch's changes by op, for the metrics.
     ops: HashMap<&'static str, u64>,
+    /// Silver commits since the last snapshot expiry.
+    commits_since_expiry: usize,
 }
 
 impl TableSink {
@@ -336,8 +346,9 @@ struct Pipeline<'r> {
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     batch_end: Option<Position>,
-    /// `RunOptions::compact_after_files`.
+    /// `RunOptions::compact_after_files` and `retention`.
     compact_after_files: usize,
+    retention: Retention,
     /// What all runs of this process did so far.
     report: &'r mut RunReport,
 }
@@ -396,6 +407,7 @@ async fn run_once(
         batch_commit_times: Vec::new(),
         batch_end: None,
         compact_after_files: options.compact_after_files,
+        retention: options.retention,
         report: total,
     };
     let mut capture_options = options.capture.clone();
@@ -651,6 +663,7 @@ impl Pipeline<'_> {
             bronze_dirty: false,
             silver_dirty: false,
             ops: HashMap::new(),
+            commits_since_expiry: 0,
         };
         self.sinks.insert(relation.name.clone(), sink);
         Ok(())
@@ -663,7 +676,8 @@ impl Pipeline<'_> {
         let Some(position) = self.batch_end.take() else {
             return Ok(());
         };
-        for sink in self.sinks.values_mut() {
+        let m = metrics();
+        for (table, sink) in &mut self.sinks {
             if sink.bronze_dirty || sink.bronze_at.is_none() {
                 sink.bronze.commit(&self.lake, position).await?;
                 sink.bronze_at = Some(position);
@@ -674,12 +688,29 @@ impl Pipeline<'_> {
                 sink.silver.commit(&self.lake, position).await?;
                 sink.silver_at = Some(position);
                 sink.silver_dirty = false;
-                sink.silver
+                let compacted = sink
+                    .silver
                     .compact(&self.lake, self.compact_after_files, false)
                     .await?;
+                if compacted.is_some() {
+                    m.compactions.fetch_add(1, Ordering::Relaxed);
+                    m.last_compaction_micros
+                        .store(now_micros(), Ordering::Relaxed);
+                }
+                sink.commits_since_expiry += 1;
+                if compacted.is_some() || sink.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
+                    for ident in [sink.bronze.ident(), sink.silver.ident()] {
+                        let expired = expire_snapshots(&self.lake, ident, self.retention).await?;
+                        m.snapshots_expired
+                            .fetch_add(expired.snapshots as u64, Ordering::Relaxed);
+                    }
+                    m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
+                    sink.commits_since_expiry = 0;
+                }
+                let (data, deletes) = sink.silver.file_counts();
+                m.set_silver_files(&table.to_string(), data, deletes);
             }
         }
-        let m = metrics();
         let now = now_micros();
         for commit_ts in self.batch_commit_times.drain(..) {
             let micros = u64::try_from(now - commit_ts).unwrap_or(0);

@@ -11,6 +11,7 @@
 
 use std::fmt::Write;
 
+use iceberg::spec::Operation;
 use iceberg::{Catalog, NamespaceIdent};
 use serde::Serialize;
 
@@ -46,6 +47,14 @@ pub struct TableStatus {
     /// When the snapshot holding it was committed.
     pub visible_time: String,
     pub lag_seconds: f64,
+    /// Live files of the current snapshot and their bytes (its summary).
+    pub data_files: u64,
+    pub delete_files: u64,
+    pub file_bytes: u64,
+    /// Snapshots the metadata holds.
+    pub snapshots: usize,
+    /// When the newest compaction kept in the metadata committed.
+    pub last_compaction: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -123,7 +132,27 @@ async fn table_statuses(
             continue;
         };
         let visible_micros = snapshot.timestamp_ms() * 1000;
+        let total = |key: &str| -> u64 {
+            snapshot
+                .summary()
+                .additional_properties
+                .get(key)
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let last_compaction = table
+            .metadata()
+            .snapshots()
+            .filter(|s| s.summary().operation == Operation::Replace)
+            .map(|s| s.timestamp_ms())
+            .max()
+            .map(|ms| format_timestamp_utc(ms * 1000));
         tables.push(TableStatus {
+            data_files: total("total-data-files"),
+            delete_files: total("total-delete-files"),
+            file_bytes: total("total-files-size"),
+            snapshots: table.metadata().snapshots().len(),
+            last_compaction,
             table: ident.to_string(),
             commit_lsn: position.commit_lsn.to_string(),
             source_commit_time: format_timestamp_utc(position.commit_ts),
@@ -189,6 +218,23 @@ impl Status {
                 out,
                 "{:<32} {:<14} {:<28} {:<28} {:>10.3}",
                 t.table, t.commit_lsn, t.source_commit_time, t.visible_time, t.lag_seconds
+            );
+        }
+        let _ = writeln!(
+            out,
+            "{:<32} {:>10} {:>12} {:>14} {:>9}  last compaction",
+            "table", "data files", "delete files", "bytes", "snapshots"
+        );
+        for t in &self.tables {
+            let _ = writeln!(
+                out,
+                "{:<32} {:>10} {:>12} {:>14} {:>9}  {}",
+                t.table,
+                t.data_files,
+                t.delete_files,
+                t.file_bytes,
+                t.snapshots,
+                t.last_compaction.as_deref().unwrap_or("-")
             );
         }
         out

@@ -186,9 +186,10 @@ impl Oracle {
         self.db = TestDb::connect(self.db.config_url()).await;
     }
 
-    /// `wal2iceberg run` on the scenario, flushing every 200 ms and
-    /// compacting silver every third data file, so every scenario crosses
-    /// compactions.
+    /// `wal2iceberg run` on the scenario, flushing every 200 ms,
+    /// compacting silver every third data file and then expiring all but
+    /// the last three snapshots, so every scenario crosses compactions and
+    /// expiries.
     pub fn run_args(&self) -> Vec<String> {
         [
             "run",
@@ -205,6 +206,10 @@ impl Oracle {
             "--flush-interval",
             "200ms",
             "--compact-after-files",
+            "3",
+            "--snapshot-retention",
+            "0s",
+            "--retain-snapshots",
             "3",
         ]
         .map(str::to_owned)

@@ -98,6 +98,8 @@ elif mode == "snapshots":
             "rows": scan.to_arrow().num_rows,
             "data_files": len(tasks),
             "delete_files": len({d.file_path for t in tasks for d in t.delete_files}),
+            "paths": sorted({t.file.file_path for t in tasks}
+                            | {d.file_path for t in tasks for d in t.delete_files}),
         })
     print(json.dumps(out))
 elif mode == "codecs":
