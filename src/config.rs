@@ -14,8 +14,8 @@ use serde::Deserialize;
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::LakeLocation;
+use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::lake::silver::DEFAULT_AFTER_FILES;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -111,8 +111,9 @@ pub struct Settings {
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
-    /// Compact silver once this many data files were committed since the
-    /// last compaction, or it holds this many delete files; 0 never.
+    /// Compact silver once this many data files were committed since its
+    /// last compaction, or it holds this many delete files, and bronze
+    /// every this many commits; 0 never.
     pub compact_after_files: usize,
     /// Which snapshots the automatic expiry keeps.
     pub retention: Retention,

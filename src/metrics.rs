@@ -207,7 +207,7 @@ impl Metrics {
         counter(
             &mut out,
             "wal2iceberg_compactions_total",
-            "silver compactions committed",
+            "compactions committed, bronze and silver",
             self.compactions.load(Ordering::Relaxed),
         );
         counter(
@@ -220,7 +220,7 @@ impl Metrics {
         gauge(
             &mut out,
             "wal2iceberg_last_compaction_timestamp_seconds",
-            "when the last silver compaction committed (0: none yet)",
+            "when the last compaction committed (0: none yet)",
             seconds(&self.last_compaction_micros),
         );
         gauge(

@@ -482,12 +482,7 @@ mod silver {
             let events = read_commits(&mut stream, 1).await;
             apply(&mut silver, &lake, &events).await;
             rows_per_snapshot.push(model.len());
-            if silver
-                .compact(&lake, after_files, false)
-                .await
-                .unwrap()
-                .is_some()
-            {
+            if silver.compact(&lake, after_files).await.unwrap().is_some() {
                 compactions += 1;
                 rows_per_snapshot.push(model.len());
             }

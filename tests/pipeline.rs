@@ -504,6 +504,13 @@ async fn a_hundred_batches_of_random_changes_on_100k_rows_read_back_correct() {
     opts.max_batch_bytes = 1;
     opts.flush_interval = Duration::from_secs(60);
     opts.exit_when_idle = Some(Duration::from_secs(3));
+    // Compaction of both tables every eighth file, expiry of all but the
+    // newest three snapshots after each.
+    opts.compact_after_files = 8;
+    opts.retention = wal2iceberg::lake::expire::Retention {
+        older_than: Duration::ZERO,
+        retain_last: 3,
+    };
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { run(&config, &opts).await });
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
@@ -533,6 +540,25 @@ async fn a_hundred_batches_of_random_changes_on_100k_rows_read_back_correct() {
 
     let digest = assert_reconciled(&db, "big", dir.path(), "shop.big").await;
     let summary = pyiceberg(dir.path(), "shop.big", "summary").await;
+    let number =
+        |s: &serde_json::Value, key: &str| -> u64 { s[key].as_str().unwrap().parse().unwrap() };
+    assert!(number(&summary, "total-data-files") <= 9, "{summary}");
+    assert!(number(&summary, "total-delete-files") <= 8, "{summary}");
+    // Bronze: the load's files plus at most seven before each merge.
+    let changes = pyiceberg(dir.path(), "shop.big_changes", "summary").await;
+    assert!(number(&changes, "total-data-files") <= 9, "{changes}");
+    let rows = number(&changes, "total-records");
+    assert_eq!(
+        rows,
+        100_000 + report.changes_applied,
+        "bronze keeps the load and every change through its merges"
+    );
+    for table in ["shop.big", "shop.big_changes"] {
+        let snapshots = pyiceberg(dir.path(), table, "snapshots").await;
+        // Three kept at the last expiry, and the commits since.
+        let kept = snapshots.as_array().unwrap().len();
+        assert!((3..=3 + 8).contains(&kept), "{table}: {snapshots}");
+    }
     println!(
         "100k rows after {} batches: {} live rows, silver holds {} data files and {} delete files ({} bytes)",
         report.batches,

@@ -4,6 +4,8 @@
 //!   back.
 //! - `bronze`: bronze rows, one per change, and the staged bronze batch.
 //! - `catalog`: the embedded SQL catalog on SQLite and table creation.
+//! - `compaction`: the compaction policy, and bronze's (silver's is in
+//!   `silver`).
 //! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
 //! - `expire`: snapshot expiry and the files only expired snapshots read.
 //! - `key`: primary keys as bytes for silver's index.
@@ -17,6 +19,7 @@
 pub mod arrow;
 pub mod bronze;
 pub mod catalog;
+pub mod compaction;
 pub mod evolve;
 pub mod expire;
 pub mod key;

@@ -60,10 +60,8 @@ const MAX_ATTEMPTS: usize = 5;
 pub struct RowDelta {
     pub data_files: Vec<DataFile>,
     pub delete_files: Vec<DataFile>,
-    /// Paths of live data and delete files the snapshot removes. A delta
-    /// that removes files is a rewrite: it is tried once, since what it
-    /// removes was chosen from the table as it was; a concurrent commit
-    /// makes it fail.
+    /// Paths of live data and delete files the snapshot removes: a
+    /// rewrite, committed with [`commit_rewrite`].
     pub removed: HashSet<String>,
     /// Extra snapshot summary properties (the source position).
     pub properties: HashMap<String, String>,
@@ -150,12 +148,7 @@ pub async fn write_position_deletes(
 pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta) -> Result<Table> {
     let metrics = crate::metrics::metrics();
     let started = std::time::Instant::now();
-    let attempts = if delta.removed.is_empty() {
-        MAX_ATTEMPTS
-    } else {
-        1
-    };
-    for attempt in 1..=attempts {
+    for attempt in 1..=MAX_ATTEMPTS {
         let table = lake.catalog_table(ident).await?;
         match try_commit(lake, &table, delta).await? {
             Some(committed) => {
@@ -174,8 +167,23 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
     Err(
         Error::new(ErrorKind::Lake, "the table kept changing under the commit")
             .with_context("table", ident)
-            .with_context("attempts", attempts),
+            .with_context("attempts", MAX_ATTEMPTS),
     )
+}
+
+/// Commits a rewrite (`delta.removed` not empty) on `base`, the table as it
+/// was when the rewrite chose what to remove and what to keep; false, and
+/// nothing committed, when another commit came after `base`. It is never
+/// retried on a newer table: what it removes might have changed there.
+pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<bool> {
+    let started = std::time::Instant::now();
+    let committed = try_commit(lake, base, delta).await?.is_some();
+    if committed {
+        let metrics = crate::metrics::metrics();
+        metrics.commit_duration.observe(started.elapsed());
+        metrics.iceberg_commits.fetch_add(1, Ordering::Relaxed);
+    }
+    Ok(committed)
 }
 
 /// One attempt; `None` when another commit won the race.

@@ -38,13 +38,13 @@ use super::key::{Key, KeyCodec};
 use super::key_index::KeyIndex;
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
-use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
+use super::writer::{
+    Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet, write_data_files,
+};
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
-
-pub use compaction::{Compacted, DEFAULT_AFTER_FILES};
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -554,33 +554,6 @@ async fn planned_files(table: &Table) -> Result<Vec<FileScanTask>> {
         .try_collect()
         .await
         .map_err(context)
-}
-
-async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
-    let input = table
-        .file_io()
-        .new_input(path)
-        .map_err(|e| iceberg_error(e, "cannot open a table file").with_context("file", path))?;
-    input
-        .read()
-        .await
-        .map_err(|e| iceberg_error(e, "cannot read a table file").with_context("file", path))
-}
-
-/// Every row of a Parquet file of the table; `what` says what failed.
-async fn read_parquet(table: &Table, path: &str, what: &str) -> Result<Vec<RecordBatch>> {
-    let bytes = read_file(table, path).await?;
-    let bad = |e: Box<dyn std::error::Error + Send + Sync>| {
-        Error::new(ErrorKind::Lake, what.to_owned())
-            .with_context("table", table.identifier())
-            .with_context("file", path)
-            .with_source(e)
-    };
-    ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .and_then(|b| b.build())
-        .map_err(|e| bad(e.into()))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(e.into()))
 }
 
 /// The (data file, position) pairs of a position delete file.

@@ -1,5 +1,5 @@
-//! Writing Parquet data files (ZSTD) into a table's data folder, and the
-//! append commit that records the source position a snapshot covers.
+//! Parquet data files (ZSTD) of a table: written into its data folder and
+//! read back, and the source position a snapshot covers.
 //!
 //! Every snapshot we commit carries its [`Position`]: the commit LSN and
 //! the end LSN of the last source transaction it fully contains. Read back
@@ -20,6 +20,7 @@ use iceberg::writer::file_writer::location_generator::{
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
@@ -170,6 +171,34 @@ impl DataFileSink {
 
 fn sink_error(e: iceberg::Error, ident: &TableIdent) -> Error {
     iceberg_error(e, "cannot write a data file").with_context("table", ident)
+}
+
+/// The bytes of one file of the table.
+pub async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
+    let input = table
+        .file_io()
+        .new_input(path)
+        .map_err(|e| iceberg_error(e, "cannot open a table file").with_context("file", path))?;
+    input
+        .read()
+        .await
+        .map_err(|e| iceberg_error(e, "cannot read a table file").with_context("file", path))
+}
+
+/// Every row of a Parquet file of the table; `what` says what failed.
+pub async fn read_parquet(table: &Table, path: &str, what: &str) -> Result<Vec<RecordBatch>> {
+    let bytes = read_file(table, path).await?;
+    let bad = |e: Box<dyn std::error::Error + Send + Sync>| {
+        Error::new(ErrorKind::Lake, what.to_owned())
+            .with_context("table", table.identifier())
+            .with_context("file", path)
+            .with_source(e)
+    };
+    ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| bad(e.into()))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(e.into()))
 }
 
 /// The Arrow schema of the table's current schema, with field ids.

@@ -28,10 +28,11 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
+use crate::lake::compaction::{DEFAULT_AFTER_FILES, merge_small_files};
 use crate::lake::evolve;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
 use crate::lake::schema::{bronze_schema, silver_schema};
-use crate::lake::silver::{DEFAULT_AFTER_FILES, SilverTable};
+use crate::lake::silver::SilverTable;
 use crate::lake::writer::Position;
 use crate::metrics::{metrics, now_micros};
 use crate::pg::config::PgConfig;
@@ -59,8 +60,9 @@ pub struct RunOptions {
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
     /// Compact silver after a commit once this many data files were
-    /// committed since the last compaction, or it holds this many delete
-    /// files; 0 never (src/lake/silver/compaction.rs).
+    /// committed since its last compaction, or it holds this many delete
+    /// files, and bronze every this many commits; 0 never
+    /// (src/lake/compaction.rs, src/lake/silver/compaction.rs).
     pub compact_after_files: usize,
     /// Which snapshots the automatic expiry keeps; it runs for both tables
     /// of a source table after silver's compaction, and every
@@ -136,8 +138,10 @@ struct TableSink {
     silver_dirty: bool,
     /// The open batch's changes by op, for the metrics.
     ops: HashMap<&'static str, u64>,
-    /// Silver commits since the last snapshot expiry.
+    /// Silver commits since the last snapshot expiry, bronze commits since
+    /// its last compaction.
     commits_since_expiry: usize,
+    bronze_commits: usize,
 }
 
 impl TableSink {
@@ -664,6 +668,7 @@ impl Pipeline<'_> {
             silver_dirty: false,
             ops: HashMap::new(),
             commits_since_expiry: 0,
+            bronze_commits: 0,
         };
         self.sinks.insert(relation.name.clone(), sink);
         Ok(())
@@ -678,33 +683,54 @@ impl Pipeline<'_> {
         };
         let m = metrics();
         for (table, sink) in &mut self.sinks {
+            let mut compacted = false;
             if sink.bronze_dirty || sink.bronze_at.is_none() {
                 sink.bronze.commit(&self.lake, position).await?;
                 sink.bronze_at = Some(position);
                 sink.bronze_dirty = false;
                 failpoint::hit("between-bronze-and-silver");
+                sink.bronze_commits += 1;
+                if self.compact_after_files > 0 && sink.bronze_commits >= self.compact_after_files {
+                    compacted |= merge_small_files(&self.lake, sink.bronze.ident())
+                        .await?
+                        .is_some();
+                    sink.bronze_commits = 0;
+                }
             }
             if sink.silver_dirty || sink.silver_at.is_none() {
                 sink.silver.commit(&self.lake, position).await?;
                 sink.silver_at = Some(position);
                 sink.silver_dirty = false;
-                let compacted = sink
+                compacted |= sink
                     .silver
-                    .compact(&self.lake, self.compact_after_files, false)
-                    .await?;
-                if compacted.is_some() {
+                    .compact(&self.lake, self.compact_after_files)
+                    .await?
+                    .is_some();
+                if compacted {
                     m.compactions.fetch_add(1, Ordering::Relaxed);
                     m.last_compaction_micros
                         .store(now_micros(), Ordering::Relaxed);
                 }
                 sink.commits_since_expiry += 1;
-                if compacted.is_some() || sink.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
+                if compacted || sink.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
+                    // Housekeeping: a failure (another writer kept
+                    // committing) costs nothing but time and is tried again.
+                    let mut expired_all = true;
                     for ident in [sink.bronze.ident(), sink.silver.ident()] {
-                        let expired = expire_snapshots(&self.lake, ident, self.retention).await?;
-                        m.snapshots_expired
-                            .fetch_add(expired.snapshots as u64, Ordering::Relaxed);
+                        match expire_snapshots(&self.lake, ident, self.retention).await {
+                            Ok(expired) => {
+                                m.snapshots_expired
+                                    .fetch_add(expired.snapshots as u64, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                expired_all = false;
+                                tracing::warn!(table = %ident, error = %e, "snapshot expiry failed; it runs again later");
+                            }
+                        }
                     }
-                    m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
+                    if expired_all {
+                        m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
+                    }
                     sink.commits_since_expiry = 0;
                 }
                 let (data, deletes) = sink.silver.file_counts();

@@ -12,7 +12,7 @@
 
 use std::collections::HashSet;
 
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch, new_null_array};
+use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_select::filter::filter_record_batch;
 use iceberg::table::Table;
 
@@ -20,28 +20,12 @@ use super::{SilverTable, lake_error, planned_files, read_parquet, read_position_
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::catalog::Lake;
-use crate::lake::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
+use crate::lake::compaction::{Compacted, MAX_REWRITE_BYTES, SMALL_FILE_BYTES, align};
+use crate::lake::row_delta::{RowDelta, commit_rewrite, write_position_deletes};
 use crate::lake::writer::{DataFileSink, Position};
 
-/// A data file smaller than this is worth merging with others.
-pub const SMALL_FILE_BYTES: u64 = 32 << 20;
 /// A data file that lost at least this share of its rows is rewritten.
 pub const DELETE_RATIO: f64 = 0.2;
-/// At most this many bytes of data files are rewritten by one compaction;
-/// the rest waits for the next.
-pub const MAX_REWRITE_BYTES: u64 = 256 << 20;
-/// Default of `compact_after_files`.
-pub const DEFAULT_AFTER_FILES: usize = 16;
-
-/// What a compaction did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Compacted {
-    pub data_files_removed: usize,
-    pub data_files_added: usize,
-    pub delete_files_removed: usize,
-    pub delete_files_added: usize,
-    pub rows_rewritten: usize,
-}
 
 /// The live data files of the table and the delete files that apply to
 /// them, as the scan plans them.
@@ -52,20 +36,15 @@ struct Layout {
 }
 
 impl SilverTable {
-    /// Compacts when at least `after_files` data files were committed since
-    /// the last compaction (or the start), or when the table holds that
-    /// many delete files; with `force`, whenever there is anything to gain.
-    /// Call only right after [`Self::commit`].
-    pub async fn compact(
-        &mut self,
-        lake: &Lake,
-        after_files: usize,
-        force: bool,
-    ) -> Result<Option<Compacted>> {
+    /// Compacts when at least `after_files` (not 0) data files were
+    /// committed since the last compaction (or the start), or when the
+    /// table holds that many delete files. Call only right after
+    /// [`Self::commit`].
+    pub async fn compact(&mut self, lake: &Lake, after_files: usize) -> Result<Option<Compacted>> {
         let due = after_files > 0
             && (self.files.data >= self.files.baseline + after_files
                 || self.files.deletes >= after_files);
-        if !(force || due) {
+        if !due {
             return Ok(None);
         }
         if !(self.pending.is_empty() && self.written.is_empty() && self.deletes.is_empty()) {
@@ -109,12 +88,11 @@ impl SilverTable {
         let added = sink.close().await?;
         done.rows_rewritten = keys.len();
         let mut keys = keys.into_iter();
+        let mut moves = Vec::with_capacity(added.len());
         for file in &added {
             let rows = file.record_count() as usize;
             let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
-            self.index
-                .add_file(file.file_path().into(), keyed)
-                .map_err(|e| e.with_context("table", &self.ident))?;
+            moves.push((std::sync::Arc::<str>::from(file.file_path()), keyed));
         }
         if keys.next().is_some() {
             return Err(lake_error("fewer rows rewritten than read", &self.ident));
@@ -145,7 +123,19 @@ impl SilverTable {
                 .map(Position::summary)
                 .unwrap_or_default(),
         };
-        commit_row_delta(lake, &self.ident, &delta).await?;
+        if !commit_rewrite(lake, &table, &delta).await? {
+            // Another writer committed since the table was read: nothing
+            // changed, and the next compaction waits for more files.
+            tracing::warn!(table = %self.ident, "another writer committed during the compaction; it is left for later");
+            self.files.baseline = self.files.data;
+            return Ok(None);
+        }
+        // The rows moved: the index follows only once that is committed.
+        for (path, keyed) in moves {
+            self.index
+                .add_file(path, keyed)
+                .map_err(|e| e.with_context("table", &self.ident))?;
+        }
         self.files.data = layout.data.len() - done.data_files_removed + done.data_files_added;
         self.files.deletes = done.delete_files_added;
         self.files.baseline = self.files.data;
@@ -194,28 +184,9 @@ impl SilverTable {
             position += batch.num_rows() as i64;
             let filtered = filter_record_batch(&batch, &BooleanArray::from(keep))
                 .map_err(|e| arrow_error(e, path, &self.ident))?;
-            out.push((self.aligned(filtered, path)?, kept));
+            out.push((align(&filtered, &self.schema, path)?, kept));
         }
         Ok(out)
-    }
-
-    /// `batch`, read from an older file, in the table's current schema: a
-    /// column added since is null, a dropped one is left out, a narrower
-    /// type (another writer's) is cast.
-    fn aligned(&self, batch: RecordBatch, path: &str) -> Result<RecordBatch> {
-        let columns = self
-            .schema
-            .fields()
-            .iter()
-            .map(|field| match batch.column_by_name(field.name()) {
-                None => Ok(new_null_array(field.data_type(), batch.num_rows())),
-                Some(c) if c.data_type() == field.data_type() => Ok(c.clone()),
-                Some(c) => arrow_cast::cast(c, field.data_type())
-                    .map_err(|e| arrow_error(e, path, &self.ident)),
-            })
-            .collect::<Result<Vec<ArrayRef>>>()?;
-        RecordBatch::try_new(self.schema.clone(), columns)
-            .map_err(|e| arrow_error(e, path, &self.ident))
     }
 }
 
