@@ -37,6 +37,31 @@ pub struct Compacted {
     pub rows_rewritten: usize,
 }
 
+/// Which of the data files (path, bytes) to merge: those under
+/// [`SMALL_FILE_BYTES`], smallest first, each next one taken only while it
+/// is no larger than all taken before it together, up to
+/// [`MAX_REWRITE_BYTES`]; none when fewer than two qualify. The new files
+/// of a few commits are merged with each other, not into the whole table:
+/// a merged file joins a later merge once as much new data has come, so a
+/// row is rewritten a logarithmic number of times.
+pub fn small_files_to_merge(mut files: Vec<(String, u64)>) -> Vec<String> {
+    files.retain(|(_, bytes)| *bytes < SMALL_FILE_BYTES);
+    files.sort_by_key(|(path, bytes)| (*bytes, path.clone()));
+    let mut taken = Vec::new();
+    let mut total = 0u64;
+    for (path, bytes) in files {
+        if (taken.len() >= 2 && bytes > total) || total + bytes > MAX_REWRITE_BYTES {
+            break;
+        }
+        total += bytes;
+        taken.push(path);
+    }
+    if taken.len() < 2 {
+        taken.clear();
+    }
+    taken
+}
+
 /// `batch`, read from an older file, in `schema`: a column added since is
 /// null, a dropped one is left out, a narrower type (another writer's) is
 /// cast.
@@ -62,27 +87,22 @@ pub fn align(
     RecordBatch::try_new(schema.clone(), columns).map_err(bad)
 }
 
-/// Merges the small data files of an append-only table, oldest first, up
-/// to [`MAX_REWRITE_BYTES`], into new files in one rewrite snapshot that
-/// keeps the source position of the one before; `None` when fewer than two
-/// are small.
+/// Merges the small data files of an append-only table that
+/// [`small_files_to_merge`] picks, in commit order, into new files in one
+/// rewrite snapshot that keeps the source position of the one before;
+/// `None` when there is nothing to merge.
 pub async fn merge_small_files(lake: &Lake, ident: &TableIdent) -> Result<Option<Compacted>> {
     let table = lake.catalog_table(ident).await?;
-    let mut budget = MAX_REWRITE_BYTES;
-    let small: Vec<String> = data_files_in_commit_order(&table)
-        .await?
-        .into_iter()
-        .filter(|(_, bytes)| *bytes < SMALL_FILE_BYTES)
-        .take_while(|(_, bytes)| {
-            let fits = *bytes <= budget;
-            budget = budget.saturating_sub(*bytes);
-            fits
-        })
-        .map(|(path, _)| path)
-        .collect();
-    if small.len() < 2 {
+    let files = data_files_in_commit_order(&table).await?;
+    let chosen: HashSet<String> = small_files_to_merge(files.clone()).into_iter().collect();
+    if chosen.is_empty() {
         return Ok(None);
     }
+    let small: Vec<String> = files
+        .into_iter()
+        .map(|(path, _)| path)
+        .filter(|path| chosen.contains(path))
+        .collect();
     let schema = arrow_schema(&table)?;
     let mut sink = DataFileSink::open(&table).await?;
     let mut rows = 0;
@@ -159,4 +179,44 @@ async fn data_files_in_commit_order(table: &Table) -> Result<Vec<(String, u64)>>
         .into_iter()
         .map(|(_, path, bytes)| (path, bytes))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files(sizes: &[u64]) -> Vec<(String, u64)> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (format!("f{i}"), *b))
+            .collect()
+    }
+
+    #[test]
+    fn new_small_files_merge_with_each_other_and_not_into_a_large_one() {
+        // Sixteen fresh files beside an earlier merge of 30 MB.
+        let mut sizes = vec![50_000; 16];
+        sizes.push(30 << 20);
+        let picked = small_files_to_merge(files(&sizes));
+        assert_eq!(picked.len(), 16);
+        assert!(!picked.contains(&"f16".to_owned()));
+        // Once as much new data came, the earlier merge joins.
+        let picked = small_files_to_merge(files(&[1 << 20, 1 << 20, 2 << 20]));
+        assert_eq!(picked.len(), 3);
+        // Files of 32 MiB and more are left alone; one small file is not
+        // worth a merge.
+        assert!(small_files_to_merge(files(&[SMALL_FILE_BYTES, 10])).is_empty());
+        assert!(small_files_to_merge(files(&[10])).is_empty());
+    }
+
+    #[test]
+    fn a_merge_stays_within_its_budget() {
+        let picked = small_files_to_merge(files(&[30 << 20; 20]));
+        let total: u64 = picked.len() as u64 * (30 << 20);
+        assert!(
+            total <= MAX_REWRITE_BYTES && picked.len() >= 2,
+            "{picked:?}"
+        );
+    }
 }

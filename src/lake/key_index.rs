@@ -33,6 +33,9 @@ pub const MEMORY_ENTRIES: usize = (1 << 19) / 8 * 7;
 /// Runs kept before they are merged into one.
 const MAX_RUNS: usize = 4;
 
+/// A data file's path and its rows as (position, key).
+pub type FileRows = (Arc<str>, Vec<(usize, Key)>);
+
 pub struct KeyIndex {
     memory: HashMap<Key, Slot, foldhash::fast::RandomState>,
     memory_limit: usize,
@@ -91,21 +94,7 @@ impl KeyIndex {
             )
             .with_context("file", &path)
         };
-        let slot = FileSlot {
-            path: path.clone(),
-            live: 0,
-        };
-        let file = match self.free.pop() {
-            Some(id) => {
-                self.files[id as usize] = slot;
-                id
-            }
-            None => {
-                let id = u32::try_from(self.files.len()).map_err(|_| too_large())?;
-                self.files.push(slot);
-                id
-            }
-        };
+        let file = self.slot_for(path.clone())?;
         for (pos, key) in rows {
             let pos = u32::try_from(pos).map_err(|_| too_large())?;
             let old = self.lookup(&key)?;
@@ -118,6 +107,49 @@ impl KeyIndex {
         }
         if self.files[file as usize].live == 0 {
             self.free_slot(file);
+        }
+        Ok(())
+    }
+
+    /// Moves every live row of the files `from` to the files `to` (path,
+    /// then (position, key) of each row), as a compaction rewrote them: no
+    /// lookups, since each key's old place is known to be in `from`. The
+    /// rows given must be exactly the live rows of `from`.
+    pub fn move_files(&mut self, from: &[&str], to: Vec<FileRows>) -> Result<()> {
+        let mut leaving = 0usize;
+        for (id, slot) in self.files.iter_mut().enumerate() {
+            if slot.live > 0 && from.contains(&&*slot.path) {
+                leaving += slot.live as usize;
+                slot.live = 0;
+                slot.path = Arc::from("");
+                self.free.push(id as u32);
+            }
+        }
+        let arriving: usize = to.iter().map(|(_, rows)| rows.len()).sum();
+        if arriving != leaving {
+            return Err(Error::new(
+                ErrorKind::Lake,
+                "a compaction moved another number of rows than the index holds in its files",
+            )
+            .with_context("moved", arriving)
+            .with_context("held", leaving));
+        }
+        for (path, rows) in to {
+            let file = self.slot_for(path.clone())?;
+            for (pos, key) in rows {
+                let pos = u32::try_from(pos).map_err(|_| {
+                    Error::new(
+                        ErrorKind::Lake,
+                        "a data file is too large for the key index",
+                    )
+                    .with_context("file", &path)
+                })?;
+                self.files[file as usize].live += 1;
+                self.put(key, Slot::Live(Location { file, pos }))?;
+            }
+            if self.files[file as usize].live == 0 {
+                self.free_slot(file);
+            }
         }
         Ok(())
     }
@@ -166,6 +198,24 @@ impl KeyIndex {
             .filter(|f| f.live > 0)
             .map(|f| (&*f.path, f.live))
             .collect()
+    }
+
+    /// A file number for `path`: a free one, or a new one.
+    fn slot_for(&mut self, path: Arc<str>) -> Result<u32> {
+        let slot = FileSlot { path, live: 0 };
+        Ok(match self.free.pop() {
+            Some(id) => {
+                self.files[id as usize] = slot;
+                id
+            }
+            None => {
+                let id = u32::try_from(self.files.len()).map_err(|_| {
+                    Error::new(ErrorKind::Lake, "too many data files for the key index")
+                })?;
+                self.files.push(slot);
+                id
+            }
+        })
     }
 
     fn place(&self, l: Location) -> (Arc<str>, i64) {
@@ -341,6 +391,36 @@ mod tests {
         all.sort();
         assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
         assert_eq!(index.live_rows(), 0);
+    }
+
+    #[test]
+    fn moved_files_take_their_live_rows_and_only_those() {
+        let mut index = KeyIndex::with_memory_limit(2);
+        index
+            .add_file("a".into(), [(0, key(1)), (1, key(2))])
+            .unwrap();
+        index.add_file("b".into(), [(0, key(3))]).unwrap();
+        index.remove(&key(2)).unwrap();
+        assert!(!index.runs.is_empty(), "the rows went to runs");
+        let wrong = index.move_files(&["a", "b"], vec![("c".into(), vec![(0, key(1))])]);
+        assert!(wrong.is_err(), "b's row is missing from the move");
+        let mut index = KeyIndex::with_memory_limit(2);
+        index
+            .add_file("a".into(), [(0, key(1)), (1, key(2))])
+            .unwrap();
+        index.add_file("b".into(), [(0, key(3))]).unwrap();
+        index.remove(&key(2)).unwrap();
+        index
+            .move_files(
+                &["a", "b"],
+                vec![("c".into(), vec![(0, key(1)), (1, key(3))])],
+            )
+            .unwrap();
+        assert_eq!(index.get(&key(1)).unwrap(), Some(("c".into(), 0)));
+        assert_eq!(index.get(&key(3)).unwrap(), Some(("c".into(), 1)));
+        assert_eq!(index.get(&key(2)).unwrap(), None);
+        assert_eq!(index.live_rows(), 2);
+        assert_eq!(index.live_per_file(), HashMap::from([("c", 2)]));
     }
 
     #[derive(Debug, Clone)]

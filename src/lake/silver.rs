@@ -73,13 +73,15 @@ pub struct SilverTable {
     files: FileCounts,
 }
 
-/// Live data and delete files as last known, and the data files there
-/// were after the last compaction: what decides when to compact.
+/// Live data and delete files as last known, and the commits since the
+/// last compaction: what decides when to compact.
 #[derive(Default)]
 struct FileCounts {
     data: usize,
     deletes: usize,
-    baseline: usize,
+    /// Commits that wrote data files since the last compaction (or the
+    /// start).
+    commits: usize,
 }
 
 impl SilverTable {
@@ -156,7 +158,7 @@ impl SilverTable {
         self.files = FileCounts {
             data: tasks.len(),
             deletes: delete_files_read.len(),
-            baseline: 0,
+            commits: 0,
         };
         for task in tasks {
             let deleted: std::collections::HashSet<i64> = deletes_by_file
@@ -435,6 +437,7 @@ impl SilverTable {
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
         self.write_pending(lake).await?;
         self.files.data += self.written.len();
+        self.files.commits += usize::from(!self.written.is_empty());
         let mut delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties: position.summary(),

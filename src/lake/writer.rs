@@ -33,6 +33,10 @@ use crate::pg::lsn::Lsn;
 pub const STAGE_ROWS: usize = 50_000;
 pub const STAGE_BYTES: usize = 64 << 20;
 
+/// Rows per Parquet row group: what a writer holds in memory before it
+/// encodes them, so a large rewrite streams in bounded memory.
+const ROW_GROUP_ROWS: usize = 128 * 1024;
+
 /// Snapshot summary keys of the source position a snapshot covers.
 pub const SUMMARY_COMMIT_LSN: &str = "wal2iceberg.commit-lsn";
 pub const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
@@ -127,6 +131,7 @@ impl DataFileSink {
     pub async fn open(table: &Table) -> Result<DataFileSink> {
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
             .build();
         let parquet =
             ParquetWriterBuilder::new(properties, table.metadata().current_schema().clone());

@@ -10,17 +10,17 @@
 //! leaves the table as it was (the files it wrote are orphans) and the
 //! next run compacts again.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_select::filter::filter_record_batch;
 use iceberg::table::Table;
 
-use super::{SilverTable, lake_error, planned_files, read_parquet, read_position_deletes};
+use super::{Key, SilverTable, lake_error, planned_files, read_parquet, read_position_deletes};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::catalog::Lake;
-use crate::lake::compaction::{Compacted, MAX_REWRITE_BYTES, SMALL_FILE_BYTES, align};
+use crate::lake::compaction::{Compacted, MAX_REWRITE_BYTES, align, small_files_to_merge};
 use crate::lake::row_delta::{RowDelta, commit_rewrite, write_position_deletes};
 use crate::lake::writer::{DataFileSink, Position};
 
@@ -36,14 +36,13 @@ struct Layout {
 }
 
 impl SilverTable {
-    /// Compacts when at least `after_files` (not 0) data files were
-    /// committed since the last compaction (or the start), or when the
-    /// table holds that many delete files. Call only right after
+    /// Compacts when at least `after_files` (not 0) commits wrote data
+    /// files since the last compaction (or the start), or when the table
+    /// holds that many delete files. Call only right after
     /// [`Self::commit`].
     pub async fn compact(&mut self, lake: &Lake, after_files: usize) -> Result<Option<Compacted>> {
         let due = after_files > 0
-            && (self.files.data >= self.files.baseline + after_files
-                || self.files.deletes >= after_files);
+            && (self.files.commits >= after_files || self.files.deletes >= after_files);
         if !due {
             return Ok(None);
         }
@@ -56,37 +55,64 @@ impl SilverTable {
         let table = lake.catalog_table(&self.ident).await?;
         let layout = layout(&table).await?;
         let live = self.index.live_per_file();
+        let live_of = |path: &str| u64::from(live.get(path).copied().unwrap_or(0));
+        let small: HashSet<String> = small_files_to_merge(
+            layout
+                .data
+                .iter()
+                .map(|(p, _, bytes)| (p.clone(), *bytes))
+                .collect(),
+        )
+        .into_iter()
+        .collect();
         let mut budget = MAX_REWRITE_BYTES;
         let mut rewrite = Vec::new();
         for (path, rows, bytes) in &layout.data {
-            let live_rows = u64::from(live.get(path.as_str()).copied().unwrap_or(0));
+            let live_rows = live_of(path);
             let lost = rows.saturating_sub(live_rows) as f64;
-            let worth =
-                live_rows == 0 || lost >= DELETE_RATIO * *rows as f64 || *bytes < SMALL_FILE_BYTES;
-            if worth && (live_rows == 0 || *bytes <= budget) {
-                budget = budget.saturating_sub(*bytes);
+            let thinned = lost >= DELETE_RATIO * *rows as f64;
+            if live_rows == 0 || small.contains(path) || (thinned && *bytes <= budget) {
+                if !small.contains(path) {
+                    budget = budget.saturating_sub(*bytes);
+                }
                 rewrite.push((path.clone(), live_rows));
             }
         }
         let emptied = rewrite.iter().any(|(_, live)| *live == 0);
         if rewrite.len() < 2 && layout.deletes.len() < 2 && !emptied {
-            self.files.baseline = self.files.data;
+            self.files.commits = 0;
             return Ok(None);
         }
         let mut done = Compacted::default();
         let removed_data: HashSet<String> = rewrite.iter().map(|(p, _)| p.clone()).collect();
+        // What the delete files delete, by data file: the rows of a
+        // rewritten file left out, the rest merged into one delete file.
+        let mut deleted: HashMap<String, HashSet<i64>> = HashMap::new();
+        for delete in &layout.deletes {
+            for (file, pos) in read_position_deletes(&table, delete).await? {
+                deleted.entry(file).or_default().insert(pos);
+            }
+        }
         let mut sink = DataFileSink::open(&table).await?;
         let mut keys = Vec::new();
         for (path, live_rows) in &rewrite {
             if *live_rows > 0 {
-                for batch in self.live_rows(&table, path).await? {
-                    keys.extend(batch.1);
-                    sink.write(batch.0).await?;
+                let gone = deleted.remove(path).unwrap_or_default();
+                for (batch, batch_keys) in self.live_rows(&table, path, &gone).await? {
+                    keys.extend(batch_keys);
+                    sink.write(batch).await?;
                 }
             }
         }
         let added = sink.close().await?;
         done.rows_rewritten = keys.len();
+        let moved: u64 = rewrite.iter().map(|(_, live)| *live).sum();
+        if keys.len() as u64 != moved {
+            return Err(lake_error(
+                "the key index and the delete files disagree on a data file's live rows",
+                &self.ident,
+            ));
+        }
         let mut keys = keys.into_iter();
         let mut moves = Vec::with_capacity(added.len());
         for file in &added {
@@ -97,18 +123,14 @@ impl SilverTable {
         if keys.next().is_some() {
             return Err(lake_error("fewer rows rewritten than read", &self.ident));
         }
-        // Deletes that still apply: those naming a data file kept.
-        let mut still = HashSet::new();
-        for delete in &layout.deletes {
-            for (file, pos) in read_position_deletes(&table, delete).await? {
-                if !removed_data.contains(&file) {
-                    still.insert((file, pos));
-                }
-            }
-        }
+        let still: Vec<(String, i64)> = deleted
+            .into_iter()
+            .filter(|(file, _)| !removed_data.contains(file))
+            .flat_map(|(file, positions)| positions.into_iter().map(move |p| (file.clone(), p)))
+            .collect();
         let mut merged = Vec::new();
         if !still.is_empty() {
-            merged.push(write_position_deletes(&table, still.into_iter().collect()).await?);
+            merged.push(write_position_deletes(&table, still).await?);
         }
         failpoint::hit("compaction-written");
         done.data_files_removed = removed_data.len();
@@ -118,7 +140,7 @@ impl SilverTable {
         let delta = RowDelta {
             data_files: added,
             delete_files: merged,
-            removed: removed_data.into_iter().chain(layout.deletes).collect(),
+            removed: removed_data.iter().cloned().chain(layout.deletes).collect(),
             properties: Position::of(&table)?
                 .map(Position::summary)
                 .unwrap_or_default(),
@@ -127,18 +149,17 @@ impl SilverTable {
             // Another writer committed since the table was read: nothing
             // changed, and the next compaction waits for more files.
             tracing::warn!(table = %self.ident, "another writer committed during the compaction; it is left for later");
-            self.files.baseline = self.files.data;
+            self.files.commits = 0;
             return Ok(None);
         }
         // The rows moved: the index follows only once that is committed.
-        for (path, keyed) in moves {
-            self.index
-                .add_file(path, keyed)
-                .map_err(|e| e.with_context("table", &self.ident))?;
-        }
+        let old: Vec<&str> = removed_data.iter().map(String::as_str).collect();
+        self.index
+            .move_files(&old, moves)
+            .map_err(|e| e.with_context("table", &self.ident))?;
         self.files.data = layout.data.len() - done.data_files_removed + done.data_files_added;
         self.files.deletes = done.delete_files_added;
-        self.files.baseline = self.files.data;
+        self.files.commits = 0;
         tracing::info!(
             table = %self.ident,
             data_files_removed = done.data_files_removed,
@@ -150,41 +171,33 @@ impl SilverTable {
         Ok(Some(done))
     }
 
-    /// The rows of a data file the index still points at, in the table's
-    /// current schema, with their keys.
+    /// The rows of a data file but those at the `deleted` positions, in
+    /// the table's current schema, with their keys.
     async fn live_rows(
-        &mut self,
+        &self,
         table: &Table,
         path: &str,
-    ) -> Result<Vec<(RecordBatch, Vec<super::Key>)>> {
+        deleted: &HashSet<i64>,
+    ) -> Result<Vec<(RecordBatch, Vec<Key>)>> {
         let mut out = Vec::new();
         let mut position = 0i64;
         for batch in read_parquet(table, path, "cannot read a silver data file").await? {
+            let keep: Vec<bool> = (0..batch.num_rows() as i64)
+                .map(|i| !deleted.contains(&(position + i)))
+                .collect();
+            position += batch.num_rows() as i64;
+            let kept = filter_record_batch(&batch, &BooleanArray::from(keep))
+                .map_err(|e| arrow_error(e, path, &self.ident))?;
             let columns = self
                 .key_fields
                 .iter()
-                .map(|&i| column_of(&batch, self.schema.field(i).name(), path, &self.ident))
+                .map(|&i| column_of(&kept, self.schema.field(i).name(), path, &self.ident))
                 .collect::<Result<Vec<_>>>()?;
             let keys = self.codec.encode_columns(&columns).map_err(|e| {
                 e.with_context("table", &self.ident)
                     .with_context("file", path)
             })?;
-            let mut keep = Vec::with_capacity(keys.len());
-            let mut kept = Vec::new();
-            for (i, key) in keys.into_iter().enumerate() {
-                let here = self
-                    .index
-                    .get(&key)?
-                    .is_some_and(|(file, pos)| &*file == path && pos == position + i as i64);
-                keep.push(here);
-                if here {
-                    kept.push(key);
-                }
-            }
-            position += batch.num_rows() as i64;
-            let filtered = filter_record_batch(&batch, &BooleanArray::from(keep))
-                .map_err(|e| arrow_error(e, path, &self.ident))?;
-            out.push((align(&filtered, &self.schema, path)?, kept));
+            out.push((align(&kept, &self.schema, path)?, keys));
         }
         Ok(out)
     }
