@@ -79,8 +79,8 @@ pub struct SilverTable {
 struct FileCounts {
     data: usize,
     deletes: usize,
-    /// Commits that wrote data files since the last compaction (or the
-    /// start).
+    /// Commits that wrote data or delete files since the last compaction
+    /// (or the start).
     commits: usize,
 }
 
@@ -437,7 +437,7 @@ impl SilverTable {
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
         self.write_pending(lake).await?;
         self.files.data += self.written.len();
-        self.files.commits += usize::from(!self.written.is_empty());
+        self.files.commits += usize::from(!self.written.is_empty() || !self.deletes.is_empty());
         let mut delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties: position.summary(),

@@ -32,17 +32,16 @@ pub const DELETE_RATIO: f64 = 0.2;
 struct Layout {
     /// Path, rows, bytes.
     data: Vec<(String, u64, u64)>,
-    deletes: HashSet<String>,
+    /// Path, bytes.
+    deletes: HashMap<String, u64>,
 }
 
 impl SilverTable {
-    /// Compacts when at least `after_files` (not 0) commits wrote data
-    /// files since the last compaction (or the start), or when the table
-    /// holds that many delete files. Call only right after
+    /// Compacts when at least `after_files` (not 0) commits wrote files
+    /// since the last compaction (or the start). Call only right after
     /// [`Self::commit`].
     pub async fn compact(&mut self, lake: &Lake, after_files: usize) -> Result<Option<Compacted>> {
-        let due = after_files > 0
-            && (self.files.commits >= after_files || self.files.deletes >= after_files);
+        let due = after_files > 0 && self.files.commits >= after_files;
         if !due {
             return Ok(None);
         }
@@ -79,7 +78,18 @@ impl SilverTable {
             }
         }
         let emptied = rewrite.iter().any(|(_, live)| *live == 0);
-        if rewrite.len() < 2 && layout.deletes.len() < 2 && !emptied {
+        // Delete files are merged by the same size tiers as data files, so
+        // a large merged one is not rewritten for a few new positions.
+        let merging: HashSet<String> = small_files_to_merge(
+            layout
+                .deletes
+                .iter()
+                .map(|(p, b)| (p.clone(), *b))
+                .collect(),
+        )
+        .into_iter()
+        .collect();
+        if rewrite.len() < 2 && merging.is_empty() && !emptied {
             self.files.commits = 0;
             return Ok(None);
         }
@@ -88,11 +98,19 @@ impl SilverTable {
         // What the delete files delete, by data file: the rows of a
         // rewritten file left out, the rest merged into one delete file.
         let mut deleted: HashMap<String, HashSet<i64>> = HashMap::new();
-        for delete in &layout.deletes {
+        // Positions the merged delete file keeps: those of the delete
+        // files it replaces that name a data file kept.
+        let mut still = Vec::new();
+        for delete in layout.deletes.keys() {
             for (file, pos) in read_position_deletes(&table, delete).await? {
+                if merging.contains(delete) && !removed_data.contains(&file) {
+                    still.push((file.clone(), pos));
+                }
                 deleted.entry(file).or_default().insert(pos);
             }
         }
+        still.sort();
+        still.dedup();
         let mut sink = DataFileSink::open(&table).await?;
         let mut keys = Vec::new();
         for (path, live_rows) in &rewrite {
@@ -123,11 +141,6 @@ impl SilverTable {
         if keys.next().is_some() {
             return Err(lake_error("fewer rows rewritten than read", &self.ident));
         }
-        let still: Vec<(String, i64)> = deleted
-            .into_iter()
-            .filter(|(file, _)| !removed_data.contains(file))
-            .flat_map(|(file, positions)| positions.into_iter().map(move |p| (file.clone(), p)))
-            .collect();
         let mut merged = Vec::new();
         if !still.is_empty() {
             merged.push(write_position_deletes(&table, still).await?);
@@ -135,12 +148,12 @@ impl SilverTable {
         failpoint::hit("compaction-written");
         done.data_files_removed = removed_data.len();
         done.data_files_added = added.len();
-        done.delete_files_removed = layout.deletes.len();
+        done.delete_files_removed = merging.len();
         done.delete_files_added = merged.len();
         let delta = RowDelta {
             data_files: added,
             delete_files: merged,
-            removed: removed_data.iter().cloned().chain(layout.deletes).collect(),
+            removed: removed_data.iter().cloned().chain(merging).collect(),
             properties: Position::of(&table)?
                 .map(Position::summary)
                 .unwrap_or_default(),
@@ -158,7 +171,8 @@ impl SilverTable {
             .move_files(&old, moves)
             .map_err(|e| e.with_context("table", &self.ident))?;
         self.files.data = layout.data.len() - done.data_files_removed + done.data_files_added;
-        self.files.deletes = done.delete_files_added;
+        self.files.deletes =
+            layout.deletes.len() - done.delete_files_removed + done.delete_files_added;
         self.files.commits = 0;
         tracing::info!(
             table = %self.ident,
@@ -205,9 +219,13 @@ impl SilverTable {
 
 async fn layout(table: &Table) -> Result<Layout> {
     let mut data = Vec::new();
-    let mut deletes = HashSet::new();
+    let mut deletes = HashMap::new();
     for task in planned_files(table).await? {
-        deletes.extend(task.deletes.iter().map(|d| d.file_path.clone()));
+        deletes.extend(
+            task.deletes
+                .iter()
+                .map(|d| (d.file_path.clone(), d.file_size_in_bytes)),
+        );
         data.push((
             task.data_file_path,
             task.record_count.unwrap_or(0),
