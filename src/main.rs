@@ -180,16 +180,8 @@ enum Command {
     Show {
         /// The table: `customers`, `customers_changes`, or `shop.customers`.
         table: String,
-        /// Folder of the embedded lake.
-        #[arg(long, default_value = "./lake")]
-        lake: PathBuf,
-        /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
-        #[arg(long, value_name = "FILE")]
-        catalog: Option<PathBuf>,
-        /// Iceberg namespace, when the table name has none; by default the
-        /// lake's only namespace.
-        #[arg(long)]
-        namespace: Option<String>,
+        #[command(flatten)]
+        lake: LakeArgs,
         /// At most this many rows.
         #[arg(long)]
         limit: Option<usize>,
@@ -207,15 +199,8 @@ enum Command {
         /// Tables (`customers`, `customers_changes`, `shop.customers`)
         /// [default: every table of the namespace].
         tables: Vec<String>,
-        /// Folder of the embedded lake.
-        #[arg(long, default_value = "./lake")]
-        lake: PathBuf,
-        /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
-        #[arg(long, value_name = "FILE")]
-        catalog: Option<PathBuf>,
-        /// Iceberg namespace [default: the lake's only namespace].
-        #[arg(long)]
-        namespace: Option<String>,
+        #[command(flatten)]
+        lake: LakeArgs,
         /// Expire snapshots older than this (30m, 2h, 7d).
         #[arg(long, value_name = "DURATION")]
         older_than: String,
@@ -232,6 +217,32 @@ enum Command {
     /// Run the seed walkthrough against a throwaway local PostgreSQL
     /// (server binaries found as in docs/testing.md) and print each step.
     Demo,
+}
+
+/// An existing embedded lake, for the commands that only read or maintain
+/// it.
+#[derive(clap::Args)]
+struct LakeArgs {
+    /// Folder of the embedded lake.
+    #[arg(long, default_value = "./lake")]
+    lake: PathBuf,
+    /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
+    #[arg(long, value_name = "FILE")]
+    catalog: Option<PathBuf>,
+    /// Iceberg namespace, when a table name has none [default: the lake's
+    /// only namespace].
+    #[arg(long)]
+    namespace: Option<String>,
+}
+
+impl LakeArgs {
+    async fn open(&self) -> Result<Lake, Error> {
+        let mut location = LakeLocation::in_folder(&self.lake);
+        if let Some(catalog) = &self.catalog {
+            location.catalog = catalog.clone();
+        }
+        Lake::open_existing(&location).await
+    }
 }
 
 #[tokio::main]
@@ -364,20 +375,16 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Show {
             table,
-            lake,
-            catalog,
-            namespace,
+            lake: lake_args,
             limit,
             as_of,
             format,
         } => {
             init_logging(LogFormat::Text);
-            let mut location = LakeLocation::in_folder(&lake);
-            if let Some(catalog) = catalog {
-                location.catalog = catalog;
-            }
-            let lake = Lake::open_existing(&location).await?;
-            let ident = lake.resolve_table(&table, namespace.as_deref()).await?;
+            let lake = lake_args.open().await?;
+            let ident = lake
+                .resolve_table(&table, lake_args.namespace.as_deref())
+                .await?;
             let options = ShowOptions {
                 limit,
                 as_of,
@@ -392,9 +399,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::ExpireSnapshots {
             tables,
-            lake,
-            catalog,
-            namespace,
+            lake: lake_args,
             older_than,
             retain_last,
         } => {
@@ -407,17 +412,14 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     "--retain-last must be at least 1: the current snapshot is always kept",
                 ));
             }
-            let mut location = LakeLocation::in_folder(&lake);
-            if let Some(catalog) = catalog {
-                location.catalog = catalog;
-            }
-            let lake = Lake::open_existing(&location).await?;
+            let lake = lake_args.open().await?;
+            let namespace = lake_args.namespace.as_deref();
             let idents = if tables.is_empty() {
-                lake.tables(namespace.as_deref()).await?
+                lake.tables(namespace).await?
             } else {
                 let mut idents = Vec::new();
                 for table in &tables {
-                    idents.push(lake.resolve_table(table, namespace.as_deref()).await?);
+                    idents.push(lake.resolve_table(table, namespace).await?);
                 }
                 idents
             };

@@ -395,21 +395,20 @@ mod tests {
 
     #[test]
     fn moved_files_take_their_live_rows_and_only_those() {
-        let mut index = KeyIndex::with_memory_limit(2);
-        index
-            .add_file("a".into(), [(0, key(1)), (1, key(2))])
-            .unwrap();
-        index.add_file("b".into(), [(0, key(3))]).unwrap();
-        index.remove(&key(2)).unwrap();
-        assert!(!index.runs.is_empty(), "the rows went to runs");
-        let wrong = index.move_files(&["a", "b"], vec![("c".into(), vec![(0, key(1))])]);
+        // a holds 1 (2 was removed), b holds 3; most of it in runs.
+        let two_files = || {
+            let mut index = KeyIndex::with_memory_limit(2);
+            index
+                .add_file("a".into(), [(0, key(1)), (1, key(2))])
+                .unwrap();
+            index.add_file("b".into(), [(0, key(3))]).unwrap();
+            index.remove(&key(2)).unwrap();
+            assert!(!index.runs.is_empty(), "the rows went to runs");
+            index
+        };
+        let wrong = two_files().move_files(&["a", "b"], vec![("c".into(), vec![(0, key(1))])]);
         assert!(wrong.is_err(), "b's row is missing from the move");
-        let mut index = KeyIndex::with_memory_limit(2);
-        index
-            .add_file("a".into(), [(0, key(1)), (1, key(2))])
-            .unwrap();
-        index.add_file("b".into(), [(0, key(3))]).unwrap();
-        index.remove(&key(2)).unwrap();
+        let mut index = two_files();
         index
             .move_files(
                 &["a", "b"],
