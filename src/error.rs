@@ -160,14 +160,40 @@ impl From<std::io::Error> for Error {
 }
 
 /// Wraps a tokio-postgres error as a server error (or a connection error
-/// when the connection is gone), with the statement's purpose as message.
+/// when the connection is gone or could not be made: a closed connection,
+/// or any socket failure, a refused connect included), with the
+/// statement's purpose as message.
 pub fn postgres(err: tokio_postgres::Error, doing: &str) -> Error {
-    let kind = if err.is_closed()
-        || err.as_db_error().is_none() && err.to_string().contains("connection")
-    {
+    let socket_failed = std::error::Error::source(&err).is_some_and(|e| e.is::<std::io::Error>());
+    let kind = if err.is_closed() || socket_failed {
         ErrorKind::Connection
     } else {
         ErrorKind::Server
     };
     Error::new(kind, doing.to_owned()).with_source(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connect_is_retryable_and_a_server_error_is_not() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let refused = tokio_postgres::connect(
+            &format!("host=127.0.0.1 port={port} user=nobody connect_timeout=5"),
+            tokio_postgres::NoTls,
+        )
+        .await
+        .err()
+        .expect("nothing listens on a port just freed");
+        let err = postgres(refused, "cannot connect");
+        assert!(err.is_retryable(), "{err} is {:?}", err.kind());
+
+        let syntax = Error::new(ErrorKind::Server, "a statement failed");
+        assert!(!syntax.is_retryable());
+    }
 }

@@ -414,6 +414,7 @@ async fn swap_metadata_location(
     let db_error = |e: sqlx::Error| {
         Error::new(ErrorKind::Lake, "the catalog database refused the commit")
             .with_context("table", ident)
+            .with_context("catalog", lake.catalog_file().display())
             .with_source(e)
     };
     let url = format!("sqlite:{}", lake.catalog_file().display());
