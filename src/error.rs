@@ -34,6 +34,9 @@ pub enum ErrorKind {
     Io,
     /// The Iceberg catalog or table refused an operation.
     Lake,
+    /// A concurrent change at the source spoiled a consistent read (a
+    /// TRUNCATE after a snapshot was taken); a new attempt may succeed.
+    Concurrent,
 }
 
 pub struct Error {

@@ -208,6 +208,18 @@ enum Command {
         #[arg(long, value_name = "N", default_value_t = 1)]
         retain_last: usize,
     },
+    /// Compare the source, read in one snapshot while writers go on, with
+    /// bronze replayed to the same position, and silver with bronze at
+    /// silver's position: rows, checksums, differing keys (docs/operations.md).
+    /// Exit 1 when anything differs.
+    Verify {
+        #[command(flatten)]
+        settings: SettingsArgs,
+        /// How long to wait for the run to bring the lake to the source's
+        /// position (30s, 5m).
+        #[arg(long, value_name = "DURATION", default_value = "60s")]
+        wait: String,
+    },
     /// Print the decoded change stream as JSON lines (initial load first
     /// when the slot is new); each transaction is confirmed once printed.
     Tail {
@@ -435,6 +447,26 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 );
             }
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Verify {
+            settings: args,
+            wait,
+        } => {
+            let wait = wal2iceberg::config::parse_duration(&wait)
+                .map_err(|e| Error::new(ErrorKind::Config, format!("--wait: {e}")))?;
+            let settings = settings(args)?;
+            let options = RunOptions {
+                namespace: settings.namespace.clone(),
+                table_names: settings.table_names.clone(),
+                ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
+            };
+            let report = wal2iceberg::ops::verify::verify(&settings.source, &options, wait).await?;
+            print!("{}", report.to_text());
+            Ok(if report.equal() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
         }
         Command::Tail { settings: args } => {
             let settings = settings(args)?;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rand::Rng;
+use wal2iceberg::cdc::capture::{self, Capture};
 use wal2iceberg::cdc::event::{Datum, Event, Op};
 use wal2iceberg::pg::source::SourceClient;
 
@@ -272,4 +273,50 @@ async fn the_load_reports_its_progress_against_the_planners_estimate() {
     assert_eq!(seen[1000].0, "fresh");
     assert_eq!(seen[1000].2, None, "never analyzed: no estimate");
     drop(pending);
+}
+
+#[tokio::test]
+async fn a_truncate_after_the_snapshot_stops_the_load_instead_of_loading_an_empty_table() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE a(id int PRIMARY KEY); CREATE TABLE b(id int PRIMARY KEY);
+         INSERT INTO a VALUES (1); INSERT INTO b VALUES (1), (2);",
+    )
+    .await;
+    let Capture::Fresh { mut load, .. } =
+        capture::open(&db.config, &db.options(&["public.a", "public.b"]))
+            .await
+            .expect("open capture")
+    else {
+        panic!("expected a new slot");
+    };
+    // Table a is being read; b is not locked yet, so its TRUNCATE commits,
+    // and the snapshot would see b empty.
+    let first = loop {
+        if let Some(Event::Change(c)) = load.next_event().await.expect("load") {
+            break c;
+        }
+    };
+    assert_eq!(first.relation.name.to_string(), "public.a");
+    db.exec("TRUNCATE b").await;
+    let err = loop {
+        match load.next_event().await {
+            Ok(Some(Event::Change(c))) => {
+                assert_ne!(
+                    c.relation.name.to_string(),
+                    "public.b",
+                    "b loaded after its truncate"
+                )
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the load ended as if b were empty"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), wal2iceberg::ErrorKind::Concurrent, "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("public.b") && text.contains("truncated"),
+        "{text}"
+    );
 }

@@ -19,3 +19,4 @@ mod preflight;
 mod seed_walkthrough;
 mod streaming;
 mod types;
+mod verify;

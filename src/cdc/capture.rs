@@ -235,15 +235,14 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         let load = if missing.is_empty() {
             None
         } else {
-            let mut exporter = ReplicationConnection::connect(config).await?;
-            let name = load_slot_name(&options.slot);
-            let created = exporter.create_slot(&name, true).await?;
+            let names = missing.iter().map(ToString::to_string).collect::<Vec<_>>();
+            let load = read_now(config, &catalog, &options.slot, missing).await?;
             tracing::info!(
-                tables = ?missing.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                consistent_point = %created.consistent_point,
+                tables = ?names,
+                consistent_point = %load.consistent_point(),
                 "loading tables the lake lacks from a temporary slot's snapshot"
             );
-            Some(begin_load(config, &catalog, &created, missing, Some(exporter)).await?)
+            Some(load)
         };
         return Ok(Capture::Resume {
             load,
@@ -288,6 +287,20 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             tables: options.tables.clone(),
         },
     })
+}
+
+/// `tables` as they are now, read in the snapshot a new temporary slot
+/// (named after `slot`) exports; the slot goes when the load ends. Its
+/// consistent point is the position the read shows.
+pub async fn read_now(
+    config: &PgConfig,
+    catalog: &Catalog,
+    slot: &str,
+    tables: Vec<TableName>,
+) -> Result<SnapshotLoad> {
+    let mut exporter = ReplicationConnection::connect(config).await?;
+    let created = exporter.create_slot(&load_slot_name(slot), true).await?;
+    begin_load(config, catalog, &created, tables, Some(exporter)).await
 }
 
 /// A temporary slot's name: unique per run, within the 63 characters.

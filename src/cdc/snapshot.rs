@@ -9,6 +9,13 @@
 //! CREATE_REPLICATION_SLOT). The snapshot is only valid while the
 //! replication connection that exported it stays idle, so the whole load
 //! runs before START_REPLICATION is sent.
+//!
+//! TRUNCATE and the table-rewriting forms of ALTER TABLE are not MVCC-safe
+//! (<https://www.postgresql.org/docs/current/mvcc-caveats.html>): one that
+//! commits after the snapshot was taken leaves the table empty to it. So
+//! each table is locked (ACCESS SHARE, as pg_dump does) before its COPY,
+//! and a table whose storage changed since the snapshot stops the load
+//! with an [`ErrorKind::Concurrent`] error instead of loading nothing.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -89,6 +96,12 @@ impl SnapshotLoad {
             began: false,
             finished: false,
         })
+    }
+
+    /// Locks every table still to be read now rather than just before its
+    /// COPY, for a caller that keeps the snapshot open a while first.
+    pub async fn lock_tables(&self) -> Result<()> {
+        source::lock_unchanged_since_snapshot(&self.client, self.pending.as_slice()).await
     }
 
     /// The consistent point: confirm it once the load is durable.
@@ -174,6 +187,7 @@ impl SnapshotLoad {
 
     async fn start_copy(&mut self, table: &TableName) -> Result<TableCopy> {
         let described = source::describe_table(&self.client, table).await?;
+        source::lock_unchanged_since_snapshot(&self.client, std::slice::from_ref(table)).await?;
         let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
         let estimate: i64 = self
             .client

@@ -7,6 +7,7 @@
 //! keys go through Arrow's row format over the key columns' lake types.
 
 use arrow_array::{Array, ArrayRef, Int32Array, Int64Array, LargeStringArray, StringArray};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{DataType, Field};
 use smallvec::SmallVec;
@@ -129,6 +130,40 @@ impl KeyCodec {
     }
 }
 
+impl KeyCodec {
+    /// A key as people read it: `id=42`, or `a=1, b=x` for a composite
+    /// one; `fields` are the key columns in key order.
+    pub fn describe(&self, fields: &[&Field], key: &[u8]) -> String {
+        let values: Vec<String> = match self {
+            KeyCodec::Integer => match <[u8; 8]>::try_from(key) {
+                Ok(bytes) => vec![i64::from_le_bytes(bytes).to_string()],
+                Err(_) => vec![format!("{key:?}")],
+            },
+            KeyCodec::Text => vec![String::from_utf8_lossy(key).into_owned()],
+            KeyCodec::Rows(converter) => {
+                let parser = converter.parser();
+                match converter.convert_rows([parser.parse(key)]) {
+                    Ok(columns) => columns
+                        .iter()
+                        .map(|c| {
+                            let options = FormatOptions::default();
+                            ArrayFormatter::try_new(c.as_ref(), &options)
+                                .map_or_else(|e| e.to_string(), |f| f.value(0).to_string())
+                        })
+                        .collect(),
+                    Err(e) => vec![e.to_string()],
+                }
+            }
+        };
+        fields
+            .iter()
+            .zip(values)
+            .map(|(f, v)| format!("{}={v}", f.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
 fn rows(converter: &RowConverter, columns: &[ArrayRef]) -> Result<Vec<Key>> {
     let rows = converter
         .convert_columns(columns)
@@ -170,10 +205,30 @@ mod tests {
                 "{row:?}"
             );
         }
+        for (row, key) in rows.iter().zip(&from_columns) {
+            let described = codec.describe(&refs, key);
+            for (f, v) in fields.iter().zip(row) {
+                assert!(
+                    described.contains(&format!("{}={}", f.name(), plain(v))),
+                    "{described} for {row:?}"
+                );
+            }
+        }
         let distinct: std::collections::HashSet<_> = from_columns.iter().collect();
         let rows_distinct: std::collections::HashSet<_> =
             rows.iter().map(|r| format!("{r:?}")).collect();
         assert_eq!(distinct.len(), rows_distinct.len(), "keys collide");
+    }
+
+    /// A key value as `describe` prints it.
+    fn plain(v: &Value) -> String {
+        match v {
+            Value::Int2(i) => i.to_string(),
+            Value::Int4(i) => i.to_string(),
+            Value::Int8(i) => i.to_string(),
+            Value::Text(t) => t.clone(),
+            other => panic!("no key test uses {other:?}"),
+        }
     }
 
     proptest! {

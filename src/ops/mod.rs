@@ -9,6 +9,7 @@
 //! - `shutdown`: the stop request from SIGINT and SIGTERM.
 //! - `status`: the slot and each lake table's position and lag.
 //! - `teardown`: drops the slot, our publication and on request the tables.
+//! - `verify`: compares the source with bronze and silver at one position.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
 pub mod demo;
@@ -21,3 +22,4 @@ pub mod shutdown;
 pub mod status;
 pub mod tail;
 pub mod teardown;
+pub mod verify;

@@ -472,9 +472,25 @@ async fn run_once(
     Ok(())
 }
 
+/// Bronze and silver of `table`, named as `names` (from [`names`]) says.
+pub(crate) fn idents(
+    namespace: &iceberg::NamespaceIdent,
+    names: &HashMap<TableName, String>,
+    table: &TableName,
+) -> (TableIdent, TableIdent) {
+    let name = names
+        .get(table)
+        .cloned()
+        .unwrap_or_else(|| iceberg_name(table));
+    (
+        TableIdent::new(namespace.clone(), format!("{name}_changes")),
+        TableIdent::new(namespace.clone(), name),
+    )
+}
+
 /// The Iceberg name of each table; two source tables must never land in
 /// one Iceberg table.
-fn names(
+pub(crate) fn names(
     tables: &[TableName],
     chosen: &BTreeMap<TableName, String>,
 ) -> Result<HashMap<TableName, String>> {
@@ -613,15 +629,7 @@ impl Pipeline<'_> {
     }
 
     fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {
-        let name = self
-            .names
-            .get(table)
-            .cloned()
-            .unwrap_or_else(|| iceberg_name(table));
-        (
-            TableIdent::new(self.namespace.clone(), format!("{name}_changes")),
-            TableIdent::new(self.namespace.clone(), name),
-        )
+        idents(&self.namespace, &self.names, table)
     }
 
     /// The tables whose bronze and silver both hold their initial load.

@@ -607,6 +607,50 @@ pub async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> 
         })
 }
 
+/// Locks `tables` (ACCESS SHARE, until the transaction ends) so that no
+/// TRUNCATE or rewrite can commit while they are read, and checks that none
+/// did since the transaction's snapshot: the snapshot's `pg_class` row
+/// names the storage each table has now.
+pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]) -> Result<()> {
+    let Some(first) = tables.first() else {
+        return Ok(());
+    };
+    let list = tables
+        .iter()
+        .map(TableName::quoted)
+        .collect::<Vec<_>>()
+        .join(", ");
+    client
+        .batch_execute(&format!("LOCK TABLE {list} IN ACCESS SHARE MODE"))
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot lock the tables to read them").with_context("table", first)
+        })?;
+    for table in tables {
+        let unchanged: bool = client
+            .query_one(
+                "SELECT relfilenode = pg_relation_filenode(oid) FROM pg_class \
+                 WHERE oid = $1::text::regclass",
+                &[&table.quoted()],
+            )
+            .await
+            .map_err(|e| {
+                postgres(e, "cannot read the table's storage").with_context("table", table)
+            })?
+            .get(0);
+        if !unchanged {
+            return Err(Error::new(
+                ErrorKind::Concurrent,
+                "the table was truncated or rewritten after the snapshot was taken, which leaves \
+                 it empty to that snapshot (TRUNCATE and table-rewriting ALTER TABLE are not \
+                 MVCC-safe); run again for a new snapshot",
+            )
+            .with_context("table", table));
+        }
+    }
+    Ok(())
+}
+
 /// `COPY table (columns) TO STDOUT` in text format.
 pub async fn copy_out(client: &Client, table: &CatalogTable) -> Result<CopyOutStream> {
     let columns = table

@@ -1,0 +1,782 @@
+//! `wal2iceberg verify`: whether the lake holds what the source holds, while
+//! the source goes on being written.
+//!
+//! Two comparisons per table, each of row counts, an order-independent
+//! checksum (the wrapping sum of a hash of every row's columns) and the
+//! keys that differ:
+//!
+//! 1. **The source against bronze at one source position.** A temporary
+//!    slot exports a snapshot: the source exactly as of its consistent point
+//!    P, read without stopping writers. Bronze, the complete ledger, replayed
+//!    to P (each key's last change of a transaction committed before P, a
+//!    truncate clearing what came before it) is the lake's state at exactly
+//!    P. So that bronze holds every change before P, verify first waits
+//!    until the pipeline's slot has confirmed P; when no run holds the slot,
+//!    it peeks at the slot instead and stops if a change of a captured table
+//!    committed before P is still unapplied.
+//! 2. **Silver against bronze at silver's own position**: silver's current
+//!    snapshot records the last source transaction it holds, and bronze is
+//!    read after silver, so it holds that transaction too.
+//!
+//! Together: bronze holds the source's history up to P, and silver is the
+//! state that history gives at silver's position. Both sides go through
+//! the same value conversion to Arrow ([`build_array`]) the pipeline uses,
+//! so a value that conversion maps wrongly is wrong on both sides and not
+//! found here; the type tests cover that conversion against readers of
+//! their own (docs/testing.md).
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::fmt::Write;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_row::{RowConverter, SortField};
+use arrow_schema::{Field, Schema as ArrowSchema};
+use futures_util::TryStreamExt;
+use iceberg::table::Table;
+use tokio::time::Instant;
+
+use super::run::{RunOptions, idents, names};
+use crate::cdc::capture::read_now;
+use crate::cdc::event::{Change, Datum, Event};
+use crate::cdc::relation::{Catalog, RelationInfo};
+use crate::cdc::snapshot::SnapshotLoad;
+use crate::cdc::value::Value;
+use crate::error::{Error, ErrorKind, Result, postgres};
+use crate::lake::arrow::build_array;
+use crate::lake::catalog::{Lake, iceberg_error, namespace};
+use crate::lake::compaction::align;
+use crate::lake::key::{Key, KeyCodec};
+use crate::lake::schema::silver_schema;
+use crate::lake::writer::Position;
+use crate::pg::config::PgConfig;
+use crate::pg::lsn::Lsn;
+use crate::pg::pgoutput::{Decoder, Message};
+use crate::pg::replication::quote_ident;
+use crate::pg::source::{self, SourceClient, TableName};
+
+/// Source rows hashed at a time.
+const CHUNK_ROWS: usize = 8192;
+/// Differing keys kept to report; the count covers all of them.
+const KEPT_DIFFERENCES: usize = 100_000;
+/// Differing keys printed per comparison.
+const SHOWN_DIFFERENCES: usize = 5;
+
+/// Rows and their checksum.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub rows: u64,
+    pub checksum: u64,
+}
+
+impl Tally {
+    fn add(&mut self, hash: u64) {
+        self.rows += 1;
+        self.checksum = self.checksum.wrapping_add(hash);
+    }
+}
+
+/// Where a key differs: held by one side only, or by both with other values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    OnlyLeft,
+    OnlyRight,
+    Both,
+}
+
+/// One comparison: `left` (the source, or silver) against bronze replayed
+/// to `position`.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    pub left: &'static str,
+    pub position: Lsn,
+    pub left_tally: Tally,
+    pub bronze_tally: Tally,
+    /// Keys that differ, all of them.
+    pub differing: u64,
+    /// The smallest differing keys, described (`id=42`).
+    pub first: Vec<(String, Side)>,
+}
+
+impl Comparison {
+    pub fn equal(&self) -> bool {
+        self.differing == 0
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TableReport {
+    pub table: TableName,
+    pub source: Comparison,
+    pub silver: Comparison,
+}
+
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub tables: Vec<TableReport>,
+}
+
+impl Report {
+    pub fn equal(&self) -> bool {
+        self.tables
+            .iter()
+            .all(|t| t.source.equal() && t.silver.equal())
+    }
+
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for t in &self.tables {
+            let _ = writeln!(out, "{}", t.table);
+            for c in [&t.source, &t.silver] {
+                let verdict = if c.equal() {
+                    "equal".to_owned()
+                } else {
+                    format!("{} keys differ", c.differing)
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:<6} at {}: {} rows, checksum {:016x}; bronze {} rows, checksum {:016x}: {verdict}",
+                    c.left,
+                    c.position,
+                    c.left_tally.rows,
+                    c.left_tally.checksum,
+                    c.bronze_tally.rows,
+                    c.bronze_tally.checksum,
+                );
+                for (key, side) in &c.first {
+                    let what = match side {
+                        Side::OnlyLeft => format!("in {} only", c.left),
+                        Side::OnlyRight => "in bronze only".to_owned(),
+                        Side::Both => "values differ".to_owned(),
+                    };
+                    let _ = writeln!(out, "    {key}: {what}");
+                }
+            }
+        }
+        out.push_str(if self.equal() {
+            "the lake matches the source\n"
+        } else {
+            "the lake DIFFERS from the source\n"
+        });
+        out
+    }
+}
+
+/// Attempts at a consistent read of the source.
+const ATTEMPTS: usize = 3;
+
+/// Compares every captured table of `options` (see the module comment),
+/// waiting up to `wait` for the lake to reach the source's position. A
+/// read spoiled by a TRUNCATE after its snapshot (src/cdc/snapshot.rs) is
+/// tried again with a new snapshot.
+pub async fn verify(config: &PgConfig, options: &RunOptions, wait: Duration) -> Result<Report> {
+    let mut attempt = 1;
+    loop {
+        match verify_once(config, options, wait).await {
+            Err(e) if e.kind() == ErrorKind::Concurrent && attempt < ATTEMPTS => {
+                tracing::warn!(error = %e, "the source changed under the read; verifying again");
+                attempt += 1;
+            }
+            result => return result,
+        }
+    }
+}
+
+async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) -> Result<Report> {
+    let names = names(&options.capture.tables, &options.table_names)?;
+    let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
+    let client = Arc::new(SourceClient::connect(config).await?);
+    let catalog = Catalog::new(client.clone());
+    let mut load = read_now(
+        config,
+        &catalog,
+        &options.capture.slot,
+        options.capture.tables.clone(),
+    )
+    .await?;
+    // Before the wait: a TRUNCATE meanwhile would empty the tables to the
+    // snapshot. It waits for verify instead.
+    load.lock_tables().await?;
+    let position = load.consistent_point();
+    wait_for_lake(&client, options, position, wait).await?;
+    let lake = Lake::open_existing(&options.lake).await?;
+    let mut source = SourceRows {
+        load: &mut load,
+        pending: None,
+    };
+    let mut tables = Vec::new();
+    for table in &options.capture.tables {
+        let (bronze_ident, silver_ident) = idents(&namespace, &names, table);
+        let missing = |ident| {
+            Error::new(
+                ErrorKind::Lake,
+                "the lake lacks the table: run has not loaded it yet",
+            )
+            .with_context("table", ident)
+        };
+        // Silver before bronze: bronze then holds silver's position too.
+        let silver = lake
+            .table_if_exists(&silver_ident)
+            .await?
+            .ok_or_else(|| missing(&silver_ident))?;
+        let bronze = lake
+            .table_if_exists(&bronze_ident)
+            .await?
+            .ok_or_else(|| missing(&bronze_ident))?;
+        let silver_position = Position::of(&silver)?
+            .ok_or_else(|| missing(&silver_ident))?
+            .end_lsn;
+        let first = source.next(table).await?;
+        let relation = match &first {
+            Some(change) => change.relation.clone(),
+            None => source
+                .load
+                .relations()
+                .iter()
+                .find(|r| r.name == *table)
+                .cloned()
+                .ok_or_else(|| {
+                    Error::new(ErrorKind::Server, "the source table was not read")
+                        .with_context("table", table)
+                })?,
+        };
+        let shape = Shape::new(&relation, &silver_ident)?;
+
+        let mut against_source = Differences::new(replay(&bronze, &shape, position).await?);
+        let mut chunk: Vec<Change> = first.into_iter().collect();
+        loop {
+            let next = source.next(table).await?;
+            let end = next.is_none();
+            chunk.extend(next);
+            if chunk.len() >= CHUNK_ROWS || end && !chunk.is_empty() {
+                let batch = shape.source_batch(&relation, &chunk)?;
+                against_source.add(&shape.hash(&batch)?);
+                chunk.clear();
+            }
+            if end {
+                break;
+            }
+        }
+
+        let mut against_silver = Differences::new(replay(&bronze, &shape, silver_position).await?);
+        let mut rows = scan(&silver, &shape.columns()).await?.map_err(|e| {
+            iceberg_error(e, "cannot read the table").with_context("table", &silver_ident)
+        });
+        while let Some(batch) = rows.try_next().await? {
+            let batch = align(&batch, &shape.schema, &silver_ident.to_string())?;
+            against_silver.add(&shape.hash(&batch)?);
+        }
+        tables.push(TableReport {
+            table: table.clone(),
+            source: against_source.finish(&shape, "source", position),
+            silver: against_silver.finish(&shape, "silver", silver_position),
+        });
+    }
+    // Ends the snapshot and drops the temporary slot.
+    while load.next_event().await?.is_some() {}
+    Ok(Report { tables })
+}
+
+/// The source rows of the load, table by table.
+struct SourceRows<'a> {
+    load: &'a mut SnapshotLoad,
+    /// The first row of the next table.
+    pending: Option<Change>,
+}
+
+impl SourceRows<'_> {
+    /// The next row of `table`; `None` once the load is past it.
+    async fn next(&mut self, table: &TableName) -> Result<Option<Change>> {
+        let change = match self.pending.take() {
+            Some(change) => change,
+            None => loop {
+                match self.load.next_event().await? {
+                    Some(Event::Change(change)) => break change,
+                    Some(_) => {}
+                    None => return Ok(None),
+                }
+            },
+        };
+        if change.relation.name == *table {
+            Ok(Some(change))
+        } else {
+            self.pending = Some(change);
+            Ok(None)
+        }
+    }
+}
+
+/// The columns compared (the source table's, as the pipeline maps them)
+/// and how a row is hashed and keyed.
+struct Shape {
+    schema: Arc<ArrowSchema>,
+    /// Indices of the key columns in `schema`, in key order.
+    key_columns: Vec<usize>,
+    key: KeyCodec,
+    rows: RowConverter,
+}
+
+impl Shape {
+    fn new(relation: &RelationInfo, ident: &impl std::fmt::Display) -> Result<Shape> {
+        let bad = |e: &dyn std::fmt::Display| {
+            Error::new(
+                ErrorKind::Lake,
+                format!("cannot map the table's columns: {e}"),
+            )
+            .with_context("table", ident)
+        };
+        let silver = iceberg::arrow::schema_to_arrow_schema(&silver_schema(relation)?)
+            .map_err(|e| bad(&e))?;
+        let fields: Vec<Field> = relation
+            .columns
+            .iter()
+            .map(|c| silver.field_with_name(&c.name).cloned())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| bad(&e))?;
+        let schema = Arc::new(ArrowSchema::new(fields));
+        let key_columns: Vec<usize> = relation
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.is_primary_key)
+            .map(|(i, _)| i)
+            .collect();
+        if key_columns.is_empty() {
+            return Err(bad(&"it has no primary key"));
+        }
+        let key_fields: Vec<&Field> = key_columns.iter().map(|&i| schema.field(i)).collect();
+        let key = KeyCodec::new(&key_fields)?;
+        let rows = RowConverter::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| SortField::new(f.data_type().clone()))
+                .collect(),
+        )
+        .map_err(|e| bad(&e))?;
+        Ok(Shape {
+            schema,
+            key_columns,
+            key,
+            rows,
+        })
+    }
+
+    fn columns(&self) -> Vec<String> {
+        self.schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect()
+    }
+
+    fn key_fields(&self) -> Vec<&Field> {
+        self.key_columns
+            .iter()
+            .map(|&i| self.schema.field(i))
+            .collect()
+    }
+
+    fn keys(&self, columns: &[ArrayRef]) -> Result<Vec<Key>> {
+        self.key.encode_columns(columns)
+    }
+
+    /// Each row's key and the hash of all its compared columns.
+    fn hash(&self, batch: &RecordBatch) -> Result<Vec<(Key, u64)>> {
+        let key_columns: Vec<ArrayRef> = self
+            .key_columns
+            .iter()
+            .map(|&i| batch.column(i).clone())
+            .collect();
+        let keys = self.keys(&key_columns)?;
+        let rows = self.rows.convert_columns(batch.columns()).map_err(|e| {
+            Error::new(ErrorKind::Lake, "cannot encode rows to compare").with_source(e)
+        })?;
+        Ok(keys
+            .into_iter()
+            .zip(rows.iter())
+            .map(|(key, row)| {
+                let mut hasher = std::hash::DefaultHasher::new();
+                row.as_ref().hash(&mut hasher);
+                (key, hasher.finish())
+            })
+            .collect())
+    }
+
+    /// The load's rows of one table as a batch of the compared columns.
+    fn source_batch(&self, relation: &RelationInfo, changes: &[Change]) -> Result<RecordBatch> {
+        let columns = self
+            .schema
+            .fields()
+            .iter()
+            .enumerate()
+            .map(|(j, field)| {
+                let cells = changes
+                    .iter()
+                    .map(|c| match c.after.as_ref().and_then(|row| row.get(j)) {
+                        None | Some(Datum::Value(Value::Null)) => Ok(None),
+                        Some(Datum::Value(v)) => Ok(Some(v)),
+                        Some(Datum::UnchangedToast | Datum::NotSent) => {
+                            Err(c.unfilled(field.name()))
+                        }
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                build_array(field, &cells).map_err(|e| e.with_context("table", &relation.name))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| {
+            Error::new(ErrorKind::Lake, "cannot assemble the source rows")
+                .with_context("table", &relation.name)
+                .with_source(e)
+        })
+    }
+}
+
+/// The order of bronze's changes: by commit, a load before the
+/// transactions streamed at its own consistent point, then by sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Order {
+    commit_lsn: i64,
+    streamed: bool,
+    seq: i64,
+}
+
+/// Bronze's state at `to`: each live key's row hash.
+///
+/// A change is in it when its transaction committed before `to` (a load's
+/// rows, committed at their consistent point, when that is `to` itself):
+/// exactly what a snapshot exported at `to` sees, and what a table whose
+/// position ends at `to` holds (see [`Position`]).
+async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
+    let ident = bronze.identifier().to_string();
+    let context =
+        |e: iceberg::Error| iceberg_error(e, "cannot read the table").with_context("table", &ident);
+    let names = bronze
+        .metadata()
+        .current_schema()
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| f.name.clone())
+        .collect::<Vec<_>>();
+    let mut select: Vec<String> = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "_cdc_before"]
+        .map(String::from)
+        .to_vec();
+    select.extend(shape.columns().into_iter().filter(|c| names.contains(c)));
+    let mut latest: HashMap<Key, (Order, Option<u64>)> = HashMap::new();
+    let mut truncated: Option<Order> = None;
+    let mut batches = scan(bronze, &select).await?.map_err(context);
+    let to = to.0 as i64;
+    while let Some(batch) = batches.try_next().await? {
+        let malformed = || {
+            Error::new(ErrorKind::Lake, "a bronze column is not of bronze's type")
+                .with_context("table", &ident)
+        };
+        let long = |name: &str| {
+            batch
+                .column_by_name(name)
+                .and_then(|c| c.as_primitive_opt::<Int64Type>())
+                .ok_or_else(malformed)
+        };
+        let (commit_lsn, seq) = (long("_cdc_commit_lsn")?, long("_cdc_seq")?);
+        let op = batch
+            .column_by_name("_cdc_op")
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(malformed)?;
+        let orders: Vec<Option<(Order, &str)>> = (0..batch.num_rows())
+            .map(|i| {
+                let (lsn, op) = (commit_lsn.value(i), op.value(i));
+                let load = op == "r";
+                (lsn < to || load && lsn == to).then_some((
+                    Order {
+                        commit_lsn: lsn,
+                        streamed: !load,
+                        seq: seq.value(i),
+                    },
+                    op,
+                ))
+            })
+            .collect();
+        for (order, op) in orders.iter().flatten() {
+            if *op == "t" {
+                truncated = truncated.max(Some(*order));
+            }
+        }
+        // Row changes only: a truncate's row has no key.
+        let rows_mask = BooleanArray::from(
+            orders
+                .iter()
+                .map(|o| o.is_some_and(|(_, op)| op != "t"))
+                .collect::<Vec<_>>(),
+        );
+        let picked = arrow_select::filter::filter_record_batch(&batch, &rows_mask)
+            .map_err(|e| malformed().with_source(e))?;
+        let picked_orders: Vec<(Order, &str)> = orders
+            .iter()
+            .flatten()
+            .filter(|(_, op)| *op != "t")
+            .copied()
+            .collect();
+        let image = align(&picked, &shape.schema, &ident)?;
+        let hashed = shape.hash(&image)?;
+        let old_keys = old_keys(&picked, shape, &picked_orders, &ident)?;
+        let mut put = |key: Key, order: Order, hash: Option<u64>| {
+            let entry = latest.entry(key).or_insert((order, hash));
+            if order >= entry.0 {
+                *entry = (order, hash);
+            }
+        };
+        for (((order, op), (key, hash)), old) in picked_orders.iter().zip(hashed).zip(old_keys) {
+            if let Some(old) = old.filter(|old| *old != key) {
+                put(old, *order, None);
+            }
+            put(key, *order, (*op != "d").then_some(hash));
+        }
+    }
+    Ok(latest
+        .into_iter()
+        .filter(|(_, (order, _))| truncated.is_none_or(|t| *order > t))
+        .filter_map(|(key, (_, hash))| hash.map(|h| (key, h)))
+        .collect())
+}
+
+/// The key before an update, where bronze's before image holds one.
+fn old_keys(
+    batch: &RecordBatch,
+    shape: &Shape,
+    orders: &[(Order, &str)],
+    ident: &str,
+) -> Result<Vec<Option<Key>>> {
+    let mut old = vec![None; batch.num_rows()];
+    let Some(before) = batch
+        .column_by_name("_cdc_before")
+        .and_then(|c| c.as_struct_opt())
+    else {
+        return Ok(old);
+    };
+    let with_before: Vec<usize> = (0..batch.num_rows())
+        .filter(|&i| orders[i].1 == "u" && before.is_valid(i))
+        .collect();
+    if with_before.is_empty() {
+        return Ok(old);
+    }
+    let indices = arrow_array::UInt32Array::from_iter_values(with_before.iter().map(|&i| i as u32));
+    let columns = shape
+        .key_fields()
+        .iter()
+        .map(|f| {
+            let column = before.column_by_name(f.name()).ok_or_else(|| {
+                Error::new(ErrorKind::Lake, "bronze's before image lacks a key column")
+                    .with_context("table", ident)
+                    .with_context("column", f.name())
+            })?;
+            arrow_select::take::take(column, &indices, None)
+                .and_then(|c| arrow_cast::cast(&c, f.data_type()))
+                .map_err(|e| {
+                    Error::new(ErrorKind::Lake, "cannot read bronze's before image")
+                        .with_context("table", ident)
+                        .with_source(e)
+                })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (i, key) in with_before.into_iter().zip(shape.keys(&columns)?) {
+        old[i] = Some(key);
+    }
+    Ok(old)
+}
+
+/// A scan of `table`'s current snapshot, positional deletes applied.
+async fn scan(table: &Table, columns: &[String]) -> Result<iceberg::scan::ArrowRecordBatchStream> {
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot read the table").with_context("table", table.identifier())
+    };
+    table
+        .scan()
+        .select(columns.iter().map(String::as_str))
+        .build()
+        .map_err(context)?
+        .to_arrow()
+        .await
+        .map_err(context)
+}
+
+/// One side's rows checked off against bronze's.
+struct Differences {
+    bronze: HashMap<Key, u64>,
+    bronze_tally: Tally,
+    left: Tally,
+    differing: u64,
+    kept: Vec<(Key, Side)>,
+}
+
+impl Differences {
+    fn new(bronze: HashMap<Key, u64>) -> Differences {
+        let mut bronze_tally = Tally::default();
+        bronze.values().for_each(|&h| bronze_tally.add(h));
+        Differences {
+            bronze,
+            bronze_tally,
+            left: Tally::default(),
+            differing: 0,
+            kept: Vec::new(),
+        }
+    }
+
+    fn differ(&mut self, key: Key, side: Side) {
+        self.differing += 1;
+        if self.kept.len() < KEPT_DIFFERENCES {
+            self.kept.push((key, side));
+        }
+    }
+
+    fn add(&mut self, rows: &[(Key, u64)]) {
+        for (key, hash) in rows {
+            self.left.add(*hash);
+            match self.bronze.remove(key) {
+                None => self.differ(key.clone(), Side::OnlyLeft),
+                Some(h) if h != *hash => self.differ(key.clone(), Side::Both),
+                Some(_) => {}
+            }
+        }
+    }
+
+    fn finish(mut self, shape: &Shape, left: &'static str, position: Lsn) -> Comparison {
+        let rest: Vec<Key> = self.bronze.drain().map(|(key, _)| key).collect();
+        rest.into_iter()
+            .for_each(|key| self.differ(key, Side::OnlyRight));
+        self.kept
+            .sort_by(|(a, _), (b, _)| key_order(&shape.key, a, b));
+        let fields = shape.key_fields();
+        Comparison {
+            left,
+            position,
+            left_tally: self.left,
+            bronze_tally: self.bronze_tally,
+            differing: self.differing,
+            first: self
+                .kept
+                .iter()
+                .take(SHOWN_DIFFERENCES)
+                .map(|(key, side)| (shape.key.describe(&fields, key), *side))
+                .collect(),
+        }
+    }
+}
+
+/// Keys in the source's order: integers by value, others by their bytes
+/// (Arrow's row format sorts as the values do).
+fn key_order(codec: &KeyCodec, a: &[u8], b: &[u8]) -> Ordering {
+    let integer = |k: &[u8]| <[u8; 8]>::try_from(k).map(i64::from_le_bytes).ok();
+    match (codec, integer(a), integer(b)) {
+        (KeyCodec::Integer, Some(x), Some(y)) => x.cmp(&y),
+        _ => a.cmp(b),
+    }
+}
+
+/// Waits until the lake holds every change committed before `position`:
+/// the pipeline's slot has confirmed it, or, with no run on the slot, the
+/// slot holds no unapplied change of a captured table before it.
+async fn wait_for_lake(
+    client: &SourceClient,
+    options: &RunOptions,
+    position: Lsn,
+    wait: Duration,
+) -> Result<()> {
+    let slot = &options.capture.slot;
+    let deadline = Instant::now() + wait;
+    loop {
+        let info = source::slot_info(client, slot).await?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Slot,
+                "the replication slot does not exist, so nothing feeds the lake: start `wal2iceberg run`",
+            )
+            .with_context("slot", slot)
+        })?;
+        let confirmed = info.confirmed_flush_lsn.unwrap_or_default();
+        if confirmed >= position {
+            return Ok(());
+        }
+        if info.active_pid.is_none() {
+            match unapplied_changes(client, options, position).await? {
+                Some(0) => return Ok(()),
+                Some(n) => {
+                    return Err(Error::new(
+                        ErrorKind::Slot,
+                        format!(
+                            "the lake lacks {n} changes committed before the source position \
+                             verified, and no run is applying them: start `wal2iceberg run` and \
+                             verify again"
+                        ),
+                    )
+                    .with_context("slot", slot)
+                    .with_context("confirmed", confirmed)
+                    .with_context("position", position));
+                }
+                None => {}
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::new(
+                ErrorKind::Slot,
+                format!(
+                    "the run did not confirm the source position verified within {wait:?}: \
+                     it is behind; verify again later or with a longer --wait"
+                ),
+            )
+            .with_context("slot", slot)
+            .with_context("confirmed", confirmed)
+            .with_context("position", position));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Changes of the captured tables the idle slot holds in transactions
+/// committed before `position`; `None` when a run took the slot meanwhile.
+async fn unapplied_changes(
+    client: &SourceClient,
+    options: &RunOptions,
+    position: Lsn,
+) -> Result<Option<u64>> {
+    let rows = client
+        .query(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, \
+             'proto_version', '1', 'publication_names', $3)",
+            &[
+                &options.capture.slot,
+                &position.to_string(),
+                &quote_ident(&options.capture.publication),
+            ],
+        )
+        .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(e) if e.code().is_some_and(|c| c.code() == "55006") => return Ok(None),
+        Err(e) => {
+            return Err(postgres(e, "cannot peek at the replication slot")
+                .with_context("slot", &options.capture.slot));
+        }
+    };
+    let mut decoder = Decoder::new();
+    let mut before = false;
+    let mut count = 0;
+    for row in rows {
+        let data: Vec<u8> = row.get(0);
+        match decoder.decode(data.into()).map_err(Error::from)? {
+            Message::Begin(begin) => before = begin.final_lsn < position,
+            Message::Insert(..)
+            | Message::Update(..)
+            | Message::Delete(..)
+            | Message::Truncate(..) => {
+                count += u64::from(before);
+            }
+            _ => {}
+        }
+    }
+    Ok(Some(count))
+}

@@ -1,0 +1,150 @@
+//! `wal2iceberg verify`: equal while a writer and a run go on, a stop when
+//! the lake lacks changes no run applies, and the key named when silver is
+//! changed behind the tool's back.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::Command;
+
+use crate::support::oracle::{NAMESPACE, Oracle};
+use crate::support::*;
+
+/// `verify` with the oracle's settings: exit code, stdout, stderr.
+async fn verify(oracle: &Oracle) -> (i32, String, String) {
+    let mut args = oracle.run_args();
+    args[0] = "verify".to_owned();
+    let out = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(&args)
+        .args(["--wait", "60s"])
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+/// The rows of the report's line that starts with `side` (`source`,
+/// `silver`), and whether it ends equal.
+fn line<'a>(report: &'a str, side: &str) -> &'a str {
+    report
+        .lines()
+        .find(|l| l.trim_start().starts_with(&format!("{side} ")))
+        .unwrap_or_else(|| panic!("no {side} line in {report}"))
+}
+
+fn rows(line: &str) -> u64 {
+    let (_, after) = line.split_once(": ").unwrap();
+    after.split(' ').next().unwrap().parse().unwrap()
+}
+
+async fn tamper(oracle: &Oracle, args: &[&str]) {
+    let script = format!("{}/tests/support/tamper.py", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(oracle.lake.path())
+        .arg(format!("{NAMESPACE}.accounts"))
+        .args(args)
+        .output()
+        .await
+        .unwrap();
+    assert_success(&out);
+}
+
+#[tokio::test]
+async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() {
+    let mut oracle = Oracle::new(500).await;
+    // Snapshots stay an hour here: verify reads bronze and silver while
+    // the run commits, and a read needs its snapshot's files.
+    let mut args = oracle.run_args();
+    let at = args
+        .iter()
+        .position(|a| a == "--snapshot-retention")
+        .unwrap();
+    args[at + 1] = "1h".to_owned();
+    let mut run = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(&args)
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let (code, report, stderr) = verify(&oracle).await;
+    assert_eq!(code, 0, "{report}{stderr}");
+    assert!(report.contains("the lake matches the source"), "{report}");
+    let source = line(&report, "source");
+    assert!(source.ends_with(": equal"), "{report}");
+    assert!(line(&report, "silver").ends_with(": equal"), "{report}");
+    let busy = oracle.transactions();
+    assert!(busy > 0, "the writer committed nothing");
+
+    oracle.stop_workload().await;
+    run.kill().await.unwrap();
+    oracle.drain().await;
+    // Two rows no run applies: verify cannot vouch for the lake and says so.
+    let (gone, changed) = (1_000_000_000i64, 1_000_000_001i64);
+    oracle
+        .db
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO accounts VALUES ({gone}, 'to delete', 1, NULL), ({changed}, 'to change', 2, NULL)"
+        ))
+        .await
+        .unwrap();
+    let (code, report, stderr) = verify(&oracle).await;
+    assert_ne!(code, 0, "{report}");
+    assert!(
+        stderr.contains("the lake lacks 2 changes") && stderr.contains("wal2iceberg run"),
+        "{stderr}"
+    );
+
+    // Applied, and no run on the slot: the idle slot shows nothing is missing.
+    oracle.drain().await;
+    let (code, report, stderr) = verify(&oracle).await;
+    assert_eq!(code, 0, "{report}{stderr}");
+    let live: i64 = oracle
+        .db
+        .client
+        .query_one("SELECT count(*) FROM accounts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows(line(&report, "source")), live as u64, "{report}");
+    assert_eq!(rows(line(&report, "silver")), live as u64, "{report}");
+
+    // Silver changed behind the tool's back, each change hidden under the
+    // position silver had: bronze and the source still agree, silver not.
+    tamper(&oracle, &["delete", &gone.to_string()]).await;
+    tamper(
+        &oracle,
+        &["rewrite", &changed.to_string(), "owner", "tampered"],
+    )
+    .await;
+    let (code, report, stderr) = verify(&oracle).await;
+    assert_eq!(code, 1, "{report}{stderr}");
+    assert!(line(&report, "source").ends_with(": equal"), "{report}");
+    assert!(
+        line(&report, "silver").ends_with(": 2 keys differ"),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("id={gone}: in bronze only")),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("id={changed}: values differ")),
+        "{report}"
+    );
+    assert!(
+        report.contains("the lake DIFFERS from the source"),
+        "{report}"
+    );
+}
