@@ -69,7 +69,7 @@ fn parse_args() -> BenchResult<Args> {
             other => return Err(format!("unknown argument {other:?}").into()),
         }
     }
-    if args.rows < 1_000 || args.rows % 1_000 != 0 {
+    if args.rows < 1_000 || !args.rows.is_multiple_of(1_000) {
         return Err("--rows must be a multiple of 1,000".into());
     }
     Ok(args)
@@ -497,7 +497,8 @@ impl Bench {
         Ok(())
     }
 
-    /// A full scan of silver through pyiceberg, against the source count.
+    /// A full scan of silver through pyiceberg, against the source count
+    /// and against a scan of the same rows written as a fresh table.
     async fn read(&mut self) -> BenchResult<()> {
         println!("read: silver through pyiceberg");
         let expected: i64 = self
@@ -524,6 +525,16 @@ impl Bench {
             format!("{rows} in {:.1} s", scan["seconds"].as_f64().unwrap_or(0.0)),
             format!("{expected} (the source)"),
             rows == expected,
+        );
+        let (seconds, fresh) = (
+            scan["seconds"].as_f64().unwrap_or(f64::MAX),
+            scan["fresh_seconds"].as_f64().unwrap_or(0.0),
+        );
+        r.check(
+            "silver scan vs the same rows freshly written",
+            format!("{seconds:.2} s vs {fresh:.2} s: {:.2}x", seconds / fresh),
+            "<= 2x".to_owned(),
+            seconds <= 2.0 * fresh,
         );
         r.figure(
             "silver files",

@@ -81,10 +81,10 @@ impl Error {
             if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
                 return Some(db.code().code());
             }
-            if let Some(pg) = err.downcast_ref::<tokio_postgres::Error>() {
-                if let Some(db) = pg.as_db_error() {
-                    return Some(db.code().code());
-                }
+            if let Some(pg) = err.downcast_ref::<tokio_postgres::Error>()
+                && let Some(db) = pg.as_db_error()
+            {
+                return Some(db.code().code());
             }
             if let Some(server) = err.downcast_ref::<crate::pg::conn::ServerError>() {
                 return Some(&server.code);

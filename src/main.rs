@@ -4,10 +4,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use iceberg::TableIdent;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
 use wal2iceberg::lake::catalog::{Lake, LakeLocation, namespace};
-use wal2iceberg::lake::expire::{Retention, expire_snapshots};
+use wal2iceberg::lake::expire::{Retention, expire_snapshots, remove_orphan_files};
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::shutdown::Shutdown;
@@ -194,7 +195,8 @@ enum Command {
         format: Format,
     },
     /// Expire snapshots older than --older-than, keeping the newest
-    /// --retain-last however old, and delete the files only they read.
+    /// --retain-last however old, and delete the files only they read,
+    /// and files nothing refers to older than --older-than and one hour.
     ExpireSnapshots {
         /// Tables (`customers`, `customers_changes`, `shop.customers`)
         /// [default: every table of the namespace].
@@ -219,6 +221,16 @@ enum Command {
         /// position (30s, 5m).
         #[arg(long, value_name = "DURATION", default_value = "60s")]
         wait: String,
+    },
+    /// Compact tables now, as a run does by itself after commits: merge
+    /// small files, drop deleted rows, merge delete files; refused while a
+    /// run writes the namespace.
+    Compact {
+        /// Tables (`customers`, `customers_changes`, `shop.customers`)
+        /// [default: every table of the namespace].
+        tables: Vec<String>,
+        #[command(flatten)]
+        lake: LakeArgs,
     },
     /// Print the decoded change stream as JSON lines (initial load first
     /// when the slot is new); each transaction is confirmed once printed.
@@ -248,12 +260,29 @@ struct LakeArgs {
 }
 
 impl LakeArgs {
-    async fn open(&self) -> Result<Lake, Error> {
+    fn location(&self) -> LakeLocation {
         let mut location = LakeLocation::in_folder(&self.lake);
         if let Some(catalog) = &self.catalog {
             location.catalog = catalog.clone();
         }
-        Lake::open_existing(&location).await
+        location
+    }
+
+    async fn open(&self) -> Result<Lake, Error> {
+        Lake::open_existing(&self.location()).await
+    }
+
+    /// `tables` resolved in the lake, or every table of the namespace.
+    async fn idents(&self, lake: &Lake, tables: &[String]) -> Result<Vec<TableIdent>, Error> {
+        let namespace = self.namespace.as_deref();
+        if tables.is_empty() {
+            return lake.tables(namespace).await;
+        }
+        let mut idents = Vec::new();
+        for table in tables {
+            idents.push(lake.resolve_table(table, namespace).await?);
+        }
+        Ok(idents)
     }
 }
 
@@ -425,25 +454,41 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ));
             }
             let lake = lake_args.open().await?;
-            let namespace = lake_args.namespace.as_deref();
-            let idents = if tables.is_empty() {
-                lake.tables(namespace).await?
-            } else {
-                let mut idents = Vec::new();
-                for table in &tables {
-                    idents.push(lake.resolve_table(table, namespace).await?);
-                }
-                idents
-            };
+            let idents = lake_args.idents(&lake, &tables).await?;
             let retention = Retention {
                 older_than,
                 retain_last,
             };
             for ident in idents {
-                let expired = expire_snapshots(&lake, &ident, retention).await?;
+                let mut expired = expire_snapshots(&lake, &ident, retention).await?;
+                if expired.snapshots == 0 {
+                    expired.orphans_deleted =
+                        remove_orphan_files(&lake, &ident, older_than).await?;
+                }
                 println!(
-                    "{ident}: {} snapshots expired, {} files deleted",
-                    expired.snapshots, expired.files_deleted
+                    "{ident}: {} snapshots expired, {} files deleted, {} orphan files deleted",
+                    expired.snapshots, expired.files_deleted, expired.orphans_deleted
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Compact {
+            tables,
+            lake: lake_args,
+        } => {
+            init_logging(LogFormat::Text);
+            let lake = lake_args.open().await?;
+            let idents = lake_args.idents(&lake, &tables).await?;
+            let done =
+                wal2iceberg::ops::compact::compact(&lake, &lake_args.location(), &idents).await?;
+            for (ident, c) in done {
+                println!(
+                    "{ident}: {} data files merged into {}, {} delete files into {}, {} rows rewritten",
+                    c.data_files_removed,
+                    c.data_files_added,
+                    c.delete_files_removed,
+                    c.delete_files_added,
+                    c.rows_rewritten
                 );
             }
             Ok(ExitCode::SUCCESS)

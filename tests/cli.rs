@@ -453,6 +453,7 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
         assert_eq!(t["data_files"], 2, "{t}");
         assert_eq!(t["delete_files"], u64::from(silver), "{t}");
         assert_eq!(t["last_compaction"], Value::Null, "{t}");
+        assert_eq!(t["last_expiry"], Value::Null, "{t}");
         let name = t["table"].as_str().unwrap().split('.').nth(1).unwrap();
         let data = lake
             .path()
@@ -859,10 +860,10 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
     let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let addr = tokio::time::timeout(std::time::Duration::from_secs(60), async {
         while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("address=").nth(1) {
-                if line.contains("serving /metrics") {
-                    return rest.split_whitespace().next().unwrap().to_owned();
-                }
+            if let Some(rest) = line.split("address=").nth(1)
+                && line.contains("serving /metrics")
+            {
+                return rest.split_whitespace().next().unwrap().to_owned();
             }
         }
         panic!("the run ended before serving metrics");

@@ -13,6 +13,7 @@ mod faults;
 mod feedback;
 mod initial_load;
 mod lake;
+mod maintenance;
 mod packaging;
 mod pipeline;
 mod preflight;

@@ -2,7 +2,6 @@
 //! the lake lacks changes no run applies, and the key named when silver is
 //! changed behind the tool's back.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::process::Command;
@@ -60,19 +59,8 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
     let mut oracle = Oracle::new(500).await;
     // Snapshots stay an hour here: verify reads bronze and silver while
     // the run commits, and a read needs its snapshot's files.
-    let mut args = oracle.run_args();
-    let at = args
-        .iter()
-        .position(|a| a == "--snapshot-retention")
-        .unwrap();
-    args[at + 1] = "1h".to_owned();
-    let mut run = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(&args)
-        .env("RUST_LOG", "wal2iceberg=warn")
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    oracle.set("--snapshot-retention", "1h");
+    let mut run = oracle.spawn();
     oracle.wait_loaded().await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -40,20 +40,42 @@ pub struct Compacted {
     pub rows_rewritten: usize,
 }
 
+impl std::ops::AddAssign for Compacted {
+    fn add_assign(&mut self, other: Compacted) {
+        self.data_files_removed += other.data_files_removed;
+        self.data_files_added += other.data_files_added;
+        self.delete_files_removed += other.delete_files_removed;
+        self.delete_files_added += other.delete_files_added;
+        self.rows_rewritten += other.rows_rewritten;
+    }
+}
+
+/// How small files are picked for a merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merge {
+    /// By size tiers (see [`small_files_to_merge`]): what a run does after
+    /// its commits, so that a compaction costs what came since the last.
+    Tiered,
+    /// Every small file, up to [`MAX_REWRITE_BYTES`]: `wal2iceberg compact`.
+    All,
+}
+
 /// Which of the data files (path, bytes) to merge: those under
 /// [`SMALL_FILE_BYTES`], smallest first, each next one taken only while it
 /// is no larger than all taken before it together, up to
 /// [`MAX_REWRITE_BYTES`]; none when fewer than two qualify. The new files
 /// of a few commits are merged with each other, not into the whole table:
 /// a merged file joins a later merge once as much new data has come, so a
-/// row is rewritten a logarithmic number of times.
-pub fn small_files_to_merge(mut files: Vec<(String, u64)>) -> Vec<String> {
+/// row is rewritten a logarithmic number of times. [`Merge::All`] takes
+/// every small file instead, up to the same byte limit.
+pub fn small_files_to_merge(mut files: Vec<(String, u64)>, merge: Merge) -> Vec<String> {
     files.retain(|(_, bytes)| *bytes < SMALL_FILE_BYTES);
     files.sort_by_key(|(path, bytes)| (*bytes, path.clone()));
     let mut taken = Vec::new();
     let mut total = 0u64;
     for (path, bytes) in files {
-        if (taken.len() >= 2 && bytes > total) || total + bytes > MAX_REWRITE_BYTES {
+        let next_tier = merge == Merge::Tiered && taken.len() >= 2 && bytes > total;
+        if next_tier || total + bytes > MAX_REWRITE_BYTES {
             break;
         }
         total += bytes;
@@ -116,10 +138,16 @@ fn align_array(
 /// [`small_files_to_merge`] picks, in commit order, into new files in one
 /// rewrite snapshot that keeps the source position of the one before;
 /// `None` when there is nothing to merge.
-pub async fn merge_small_files(lake: &Lake, ident: &TableIdent) -> Result<Option<Compacted>> {
+pub async fn merge_small_files(
+    lake: &Lake,
+    ident: &TableIdent,
+    merge: Merge,
+) -> Result<Option<Compacted>> {
     let table = lake.catalog_table(ident).await?;
     let files = data_files_in_commit_order(&table).await?;
-    let chosen: HashSet<String> = small_files_to_merge(files.clone()).into_iter().collect();
+    let chosen: HashSet<String> = small_files_to_merge(files.clone(), merge)
+        .into_iter()
+        .collect();
     if chosen.is_empty() {
         return Ok(None);
     }
@@ -223,16 +251,21 @@ mod tests {
         // Sixteen fresh files beside an earlier merge of 30 MB.
         let mut sizes = vec![50_000; 16];
         sizes.push(30 << 20);
-        let picked = small_files_to_merge(files(&sizes));
+        let picked = small_files_to_merge(files(&sizes), Merge::Tiered);
         assert_eq!(picked.len(), 16);
         assert!(!picked.contains(&"f16".to_owned()));
         // Once as much new data came, the earlier merge joins.
-        let picked = small_files_to_merge(files(&[1 << 20, 1 << 20, 2 << 20]));
+        let picked = small_files_to_merge(files(&[1 << 20, 1 << 20, 2 << 20]), Merge::Tiered);
         assert_eq!(picked.len(), 3);
         // Files of 32 MiB and more are left alone; one small file is not
         // worth a merge.
-        assert!(small_files_to_merge(files(&[SMALL_FILE_BYTES, 10])).is_empty());
-        assert!(small_files_to_merge(files(&[10])).is_empty());
+        assert!(small_files_to_merge(files(&[SMALL_FILE_BYTES, 10]), Merge::Tiered).is_empty());
+        assert!(small_files_to_merge(files(&[10]), Merge::Tiered).is_empty());
+        // On demand, every small file merges, up to the byte limit.
+        assert_eq!(small_files_to_merge(files(&sizes), Merge::All).len(), 17);
+        let big = vec![30 << 20; 12];
+        let picked = small_files_to_merge(files(&big), Merge::All);
+        assert_eq!(picked.len() as u64, MAX_REWRITE_BYTES / (30 << 20));
     }
 
     #[test]
@@ -275,7 +308,7 @@ mod tests {
 
     #[test]
     fn a_merge_stays_within_its_budget() {
-        let picked = small_files_to_merge(files(&[30 << 20; 20]));
+        let picked = small_files_to_merge(files(&[30 << 20; 20]), Merge::Tiered);
         let total: u64 = picked.len() as u64 * (30 << 20);
         assert!(
             total <= MAX_REWRITE_BYTES && picked.len() >= 2,

@@ -10,7 +10,7 @@
 //! crash in between leaves unreferenced files, never a reference to a
 //! missing one.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use iceberg::TableIdent;
@@ -36,12 +36,24 @@ pub const DEFAULT_RETENTION: Retention = Retention {
     retain_last: 10,
 };
 
+/// The table property recording when an expiry last removed snapshots,
+/// milliseconds since the Unix epoch (`wal2iceberg status` shows it).
+pub const LAST_EXPIRY_PROPERTY: &str = "wal2iceberg.last-expiry-ms";
+
 /// What an expiry did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Expired {
     pub snapshots: usize,
     pub files_deleted: usize,
+    /// Files nothing referred to (see [`remove_orphan_files`]).
+    pub orphans_deleted: usize,
 }
+
+/// A file nothing refers to is deleted only once it is this old, or as
+/// old as the retention if that is longer: a writer between writing a file
+/// and committing it (another process, on another namespace's lock or none)
+/// must never lose it.
+pub const ORPHAN_MIN_AGE: Duration = Duration::from_secs(3600);
 
 /// How often an expiry is worked out again when another commit won the
 /// race.
@@ -102,12 +114,18 @@ async fn try_expire(
         .filter(|path| !needed.contains(path))
         .collect();
     let ids: Vec<i64> = expired.iter().map(|(_, s)| s.snapshot_id()).collect();
+    let failed = |e| iceberg_error(e, "cannot expire snapshots").with_context("table", ident);
     let built = metadata
         .clone()
         .into_builder(Some(current_location(&table)?))
         .remove_snapshots(&ids)
+        .set_properties(HashMap::from([(
+            LAST_EXPIRY_PROPERTY.to_owned(),
+            now_ms.to_string(),
+        )]))
+        .map_err(failed)?
         .build()
-        .map_err(|e| iceberg_error(e, "cannot expire snapshots").with_context("table", ident))?;
+        .map_err(failed)?;
     if !commit_metadata(lake, &table, built).await? {
         return Ok(None);
     }
@@ -120,11 +138,106 @@ async fn try_expire(
             }
         }
     }
-    tracing::info!(table = %ident, snapshots = ids.len(), files = deleted, "snapshots expired");
+    let orphans = sweep(lake, ident, needed, retention.older_than).await?;
+    tracing::info!(table = %ident, snapshots = ids.len(), files = deleted, orphans, "snapshots expired");
     Ok(Some(Expired {
         snapshots: ids.len(),
         files_deleted: deleted,
+        orphans_deleted: orphans,
     }))
+}
+
+/// Deletes the files in the table's `data` and `metadata` folders that no
+/// snapshot and no metadata file of the table refers to, once they are
+/// older than `older_than` (and at least [`ORPHAN_MIN_AGE`]): what a crash
+/// between writing files and committing them left, or a commit that lost
+/// its race. [`expire_snapshots`] does it whenever it expired something;
+/// this is the same on its own. Local warehouses only; elsewhere it
+/// deletes nothing.
+pub async fn remove_orphan_files(
+    lake: &Lake,
+    ident: &TableIdent,
+    older_than: Duration,
+) -> Result<usize> {
+    let table = lake.catalog_table(ident).await?;
+    let referenced = reachable(&table, table.metadata().snapshots()).await?;
+    sweep(lake, ident, referenced, older_than).await
+}
+
+async fn sweep(
+    lake: &Lake,
+    ident: &TableIdent,
+    mut referenced: HashSet<String>,
+    older_than: Duration,
+) -> Result<usize> {
+    // The table as it is now: its current metadata file and those the
+    // metadata log still lists are referred to as well.
+    let table = lake.catalog_table(ident).await?;
+    referenced.extend(table.metadata_location().map(str::to_owned));
+    referenced.extend(
+        table
+            .metadata()
+            .metadata_log()
+            .iter()
+            .map(|m| m.metadata_file.clone()),
+    );
+    let referenced: HashSet<&str> = referenced.iter().map(|p| local_path(p)).collect();
+    let Some(root) = table.metadata().location().strip_prefix("file://") else {
+        return Ok(0);
+    };
+    let cutoff = std::time::SystemTime::now() - older_than.max(ORPHAN_MIN_AGE);
+    let mut deleted = 0;
+    for folder in ["data", "metadata"] {
+        for (path, modified) in files_in(&std::path::Path::new(root).join(folder))? {
+            let Some(name) = path.to_str() else { continue };
+            if referenced.contains(name) || modified > cutoff {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => deleted += 1,
+                Err(e) => {
+                    tracing::warn!(table = %ident, file = %path.display(), error = %e, "cannot delete an orphan file")
+                }
+            }
+        }
+    }
+    Ok(deleted)
+}
+
+/// The local path of a `file://` location (the location itself otherwise).
+fn local_path(location: &str) -> &str {
+    location.strip_prefix("file://").unwrap_or(location)
+}
+
+/// Every file under `folder`, recursively, with its modification time;
+/// nothing when the folder does not exist.
+fn files_in(folder: &std::path::Path) -> Result<Vec<(std::path::PathBuf, std::time::SystemTime)>> {
+    let mut out = Vec::new();
+    let mut pending = vec![folder.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(listing_error(&dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| listing_error(&dir, e))?;
+            let meta = entry.metadata().map_err(|e| listing_error(&dir, e))?;
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else {
+                let modified = meta.modified().map_err(|e| listing_error(&dir, e))?;
+                out.push((entry.path(), modified));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn listing_error(dir: &std::path::Path, e: std::io::Error) -> Error {
+    Error::new(ErrorKind::Io, "cannot list the table's files")
+        .with_context("folder", dir.display())
+        .with_source(e)
 }
 
 /// The snapshots a branch or tag points at (someone else's tags

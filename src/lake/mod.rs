@@ -10,6 +10,7 @@
 //! - `expire`: snapshot expiry and the files only expired snapshots read.
 //! - `key`: primary keys as bytes for silver's index.
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
+//! - `lock`: one writing process per namespace of a lake.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
 //! - `silver`: the current-state table, its key index and staged batch.
 //! - `schema`: the bronze and silver schemas and the type mapping.
@@ -24,6 +25,7 @@ pub mod evolve;
 pub mod expire;
 pub mod key;
 pub mod key_index;
+pub mod lock;
 pub mod row_delta;
 pub mod schema;
 pub mod silver;

@@ -92,8 +92,18 @@ impl SilverTable {
         relation: &RelationInfo,
     ) -> Result<SilverTable> {
         let table = lake.ensure_table(&ident, silver_schema(relation)?).await?;
+        SilverTable::over(ident, table).await
+    }
+
+    /// An existing silver table, for maintenance outside a run.
+    pub async fn open_existing(lake: &Lake, ident: TableIdent) -> Result<SilverTable> {
+        let table = lake.catalog_table(&ident).await?;
+        SilverTable::over(ident, table).await
+    }
+
+    async fn over(ident: TableIdent, table: Table) -> Result<SilverTable> {
         let schema = arrow_schema(&table)?;
-        let key_fields = key_fields(&schema, relation, &ident)?;
+        let key_fields = key_fields(&table, &schema)?;
         let fields: Vec<&Field> = key_fields.iter().map(|&i| schema.field(i)).collect();
         let codec = KeyCodec::new(&fields).map_err(|e| e.with_context("table", &ident))?;
         let mut silver = SilverTable {
@@ -119,10 +129,10 @@ impl SilverTable {
     }
 
     /// Takes up the table's current schema after columns were added.
-    pub async fn refresh_schema(&mut self, lake: &Lake, relation: &RelationInfo) -> Result<()> {
+    pub async fn refresh_schema(&mut self, lake: &Lake) -> Result<()> {
         let table = lake.catalog_table(&self.ident).await?;
         self.schema = arrow_schema(&table)?;
-        self.key_fields = key_fields(&self.schema, relation, &self.ident)?;
+        self.key_fields = key_fields(&table, &self.schema)?;
         Ok(())
     }
 
@@ -286,10 +296,10 @@ impl SilverTable {
         column: usize,
     ) -> Result<Value> {
         let name = &change.relation.columns[column].name;
-        if let Some(before) = change.before.as_ref().filter(|b| b.kind == ImageKind::Full) {
-            if let Some(Datum::Value(v)) = before.row.get(column) {
-                return Ok(v.clone());
-            }
+        if let Some(before) = change.before.as_ref().filter(|b| b.kind == ImageKind::Full)
+            && let Some(Datum::Value(v)) = before.row.get(column)
+        {
+            return Ok(v.clone());
         }
         match self.pending.get(key) {
             Some(Pending::Upsert(previous)) => {
@@ -510,19 +520,27 @@ fn after_cell<'a>(change: &'a Change, at: Option<usize>, name: &str) -> Result<O
     }
 }
 
-/// Arrow schema indices of the primary-key columns, in key order.
-fn key_fields(
-    schema: &ArrowSchema,
-    relation: &RelationInfo,
-    ident: &TableIdent,
-) -> Result<Vec<usize>> {
-    relation
-        .columns
-        .iter()
-        .filter(|c| c.is_primary_key)
-        .map(|c| schema.index_of(&c.name))
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| lake_error("the primary key is not in the silver table", ident).with_source(e))
+/// Arrow schema indices of the primary-key columns (silver's identifier
+/// fields), in column order: the order the source's key has.
+fn key_fields(table: &Table, schema: &ArrowSchema) -> Result<Vec<usize>> {
+    let iceberg = table.metadata().current_schema();
+    let mut fields = iceberg
+        .identifier_field_ids()
+        .map(|id| {
+            iceberg
+                .field_by_id(id)
+                .and_then(|f| schema.index_of(&f.name).ok())
+        })
+        .collect::<Option<Vec<usize>>>()
+        .filter(|fields| !fields.is_empty())
+        .ok_or_else(|| {
+            lake_error(
+                "the silver table has no primary key (identifier fields); wal2iceberg did not make it",
+                table.identifier(),
+            )
+        })?;
+    fields.sort_unstable();
+    Ok(fields)
 }
 
 fn missing_image(change: &Change) -> Error {

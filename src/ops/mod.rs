@@ -1,5 +1,6 @@
 //! What operators run.
 //!
+//! - `compact`: compaction on demand, under the lake's writer lock.
 //! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `monitor`: the slot's lag and retained WAL while a run streams.
@@ -12,6 +13,7 @@
 //! - `verify`: compares the source with bronze and silver at one position.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
+pub mod compact;
 pub mod demo;
 pub mod monitor;
 pub mod run;

@@ -51,17 +51,15 @@ async fn watch(client: SourceClient, options: MonitorOptions) {
         if let Err(err) = look(&client, &options, &mut over).await {
             tracing::warn!(error = %err, "cannot read the slot's state; trying again");
         }
-        if let (Some(at), Some(every)) = (next_heartbeat, options.heartbeat) {
-            if tokio::time::Instant::now() >= at {
-                next_heartbeat = Some(at + every);
-                if let Err(err) = client
-                    .batch_execute(
-                        "SELECT pg_logical_emit_message(false, 'wal2iceberg', 'heartbeat')",
-                    )
-                    .await
-                {
-                    tracing::warn!(error = %postgres(err, "heartbeat failed"), "heartbeat failed");
-                }
+        if let (Some(at), Some(every)) = (next_heartbeat, options.heartbeat)
+            && tokio::time::Instant::now() >= at
+        {
+            next_heartbeat = Some(at + every);
+            if let Err(err) = client
+                .batch_execute("SELECT pg_logical_emit_message(false, 'wal2iceberg', 'heartbeat')")
+                .await
+            {
+                tracing::warn!(error = %postgres(err, "heartbeat failed"), "heartbeat failed");
             }
         }
     }

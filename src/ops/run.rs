@@ -28,9 +28,10 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
-use crate::lake::compaction::{DEFAULT_AFTER_FILES, merge_small_files};
+use crate::lake::compaction::{DEFAULT_AFTER_FILES, Merge, merge_small_files};
 use crate::lake::evolve;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
+use crate::lake::lock::WriterLock;
 use crate::lake::schema::{bronze_schema, silver_schema};
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::Position;
@@ -153,7 +154,7 @@ impl TableSink {
         let bronze = lake.catalog_table(self.bronze.ident()).await?;
         let silver = lake.catalog_table(self.silver.ident()).await?;
         if evolve::follow(lake, &bronze, &silver, relation).await? {
-            self.silver.refresh_schema(lake, relation).await?;
+            self.silver.refresh_schema(lake).await?;
         }
         self.relation = Some(relation.clone());
         Ok(())
@@ -420,6 +421,9 @@ async fn run_once(
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
     };
+    // Taken once the slot is ours: a second run on the same slot is told
+    // about the slot, one on another slot about the lake.
+    let _writer = WriterLock::acquire(&options.lake, &pipeline.namespace)?;
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
     if let Some(mut load) = load {
         let mut progress = ProgressLog::new();
@@ -699,7 +703,7 @@ impl Pipeline<'_> {
                 failpoint::hit("between-bronze-and-silver");
                 sink.bronze_commits += 1;
                 if self.compact_after_files > 0 && sink.bronze_commits >= self.compact_after_files {
-                    compacted |= merge_small_files(&self.lake, sink.bronze.ident())
+                    compacted |= merge_small_files(&self.lake, sink.bronze.ident(), Merge::Tiered)
                         .await?
                         .is_some();
                     sink.bronze_commits = 0;

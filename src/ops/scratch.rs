@@ -268,10 +268,10 @@ pub fn find_bin_dir() -> Result<PathBuf> {
             return Ok(dir);
         }
     }
-    if let Some(path) = std::env::var_os("PATH") {
-        if let Some(dir) = std::env::split_paths(&path).find(|d| has_server(d)) {
-            return Ok(dir);
-        }
+    if let Some(path) = std::env::var_os("PATH")
+        && let Some(dir) = std::env::split_paths(&path).find(|d| has_server(d))
+    {
+        return Ok(dir);
     }
     let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()

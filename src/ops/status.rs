@@ -18,6 +18,7 @@ use serde::Serialize;
 use crate::cdc::temporal::format_timestamp_utc;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
+use crate::lake::expire::LAST_EXPIRY_PROPERTY;
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::source::SourceClient;
@@ -55,6 +56,8 @@ pub struct TableStatus {
     pub snapshots: usize,
     /// When the newest compaction kept in the metadata committed.
     pub last_compaction: Option<String>,
+    /// When an expiry last removed snapshots.
+    pub last_expiry: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -153,6 +156,12 @@ async fn table_statuses(
             file_bytes: total("total-files-size"),
             snapshots: table.metadata().snapshots().len(),
             last_compaction,
+            last_expiry: table
+                .metadata()
+                .properties()
+                .get(LAST_EXPIRY_PROPERTY)
+                .and_then(|ms| ms.parse::<i64>().ok())
+                .map(|ms| format_timestamp_utc(ms * 1000)),
             table: ident.to_string(),
             commit_lsn: position.commit_lsn.to_string(),
             source_commit_time: format_timestamp_utc(position.commit_ts),
@@ -222,19 +231,20 @@ impl Status {
         }
         let _ = writeln!(
             out,
-            "{:<32} {:>10} {:>12} {:>14} {:>9}  last compaction",
-            "table", "data files", "delete files", "bytes", "snapshots"
+            "{:<32} {:>10} {:>12} {:>14} {:>9}  {:<28} last expiry",
+            "table", "data files", "delete files", "bytes", "snapshots", "last compaction"
         );
         for t in &self.tables {
             let _ = writeln!(
                 out,
-                "{:<32} {:>10} {:>12} {:>14} {:>9}  {}",
+                "{:<32} {:>10} {:>12} {:>14} {:>9}  {:<28} {}",
                 t.table,
                 t.data_files,
                 t.delete_files,
                 t.file_bytes,
                 t.snapshots,
-                t.last_compaction.as_deref().unwrap_or("-")
+                t.last_compaction.as_deref().unwrap_or("-"),
+                t.last_expiry.as_deref().unwrap_or("-")
             );
         }
         out

@@ -153,6 +153,8 @@ pub struct Oracle {
     next_id: i64,
     seed: u64,
     commits: Arc<AtomicU64>,
+    /// Values that replace those of [`Self::run_args`], by flag.
+    settings: Vec<(&'static str, String)>,
 }
 
 impl Oracle {
@@ -178,6 +180,7 @@ impl Oracle {
             next_id: i64::try_from(initial_rows).unwrap() + 1_000,
             seed: 42,
             commits: Arc::new(AtomicU64::new(0)),
+            settings: Vec::new(),
         }
     }
 
@@ -191,7 +194,7 @@ impl Oracle {
     /// the last three snapshots, so every scenario crosses compactions and
     /// expiries.
     pub fn run_args(&self) -> Vec<String> {
-        [
+        let mut args = [
             "run",
             "--source",
             &self.db.config_url(),
@@ -213,7 +216,21 @@ impl Oracle {
             "3",
         ]
         .map(str::to_owned)
-        .to_vec()
+        .to_vec();
+        for (flag, value) in &self.settings {
+            let at = args
+                .iter()
+                .position(|a| a == flag)
+                .expect("a flag run_args gives");
+            args[at + 1] = value.clone();
+        }
+        args
+    }
+
+    /// Runs from now on use `value` for `flag`, one of [`Self::run_args`].
+    pub fn set(&mut self, flag: &'static str, value: &str) {
+        self.settings.retain(|(f, _)| *f != flag);
+        self.settings.push((flag, value.to_owned()));
     }
 
     /// The binary with [`Self::run_args`] and `extra`; warnings and errors

@@ -20,7 +20,7 @@ use super::{Key, SilverTable, lake_error, planned_files, read_parquet, read_posi
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::catalog::Lake;
-use crate::lake::compaction::{Compacted, MAX_REWRITE_BYTES, align, small_files_to_merge};
+use crate::lake::compaction::{Compacted, MAX_REWRITE_BYTES, Merge, align, small_files_to_merge};
 use crate::lake::row_delta::{RowDelta, commit_rewrite, write_position_deletes};
 use crate::lake::writer::{DataFileSink, Position};
 
@@ -45,6 +45,13 @@ impl SilverTable {
         if !due {
             return Ok(None);
         }
+        self.compact_now(lake, Merge::Tiered).await
+    }
+
+    /// Compacts what the policy picks now, however few commits came since
+    /// the last compaction (`wal2iceberg compact`); `None` when nothing
+    /// is worth rewriting.
+    pub async fn compact_now(&mut self, lake: &Lake, merge: Merge) -> Result<Option<Compacted>> {
         if !(self.pending.is_empty() && self.written.is_empty() && self.deletes.is_empty()) {
             return Err(lake_error(
                 "compaction asked for while changes are staged",
@@ -61,6 +68,7 @@ impl SilverTable {
                 .iter()
                 .map(|(p, _, bytes)| (p.clone(), *bytes))
                 .collect(),
+            merge,
         )
         .into_iter()
         .collect();
@@ -86,6 +94,7 @@ impl SilverTable {
                 .iter()
                 .map(|(p, b)| (p.clone(), *b))
                 .collect(),
+            merge,
         )
         .into_iter()
         .collect();

@@ -1,0 +1,163 @@
+//! Table maintenance on demand: `wal2iceberg compact` refused beside a run,
+//! then compacting a lake a run left uncompacted without changing what it
+//! reads, and runs going on correctly after it.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+use wal2iceberg::cdc::temporal::format_timestamp_utc;
+
+use crate::support::oracle::{NAMESPACE, Oracle};
+use crate::support::*;
+
+async fn compact(oracle: &Oracle) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .arg("compact")
+        .arg("--lake")
+        .arg(oracle.lake.path())
+        .args(["--namespace", NAMESPACE])
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .unwrap()
+}
+
+/// Live data and delete files of a table, from its snapshot summary.
+async fn files(oracle: &Oracle, table: &str) -> (u64, u64) {
+    let summary = pyiceberg(
+        oracle.lake.path(),
+        &format!("{NAMESPACE}.{table}"),
+        "summary",
+    )
+    .await;
+    let count = |key: &str| -> u64 {
+        summary[key]
+            .as_str()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {summary}"))
+    };
+    (count("total-data-files"), count("total-delete-files"))
+}
+
+fn rows(value: &Value) -> usize {
+    value.as_array().map_or(0, Vec::len)
+}
+
+#[tokio::test]
+async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
+    let mut oracle = Oracle::new(500).await;
+    oracle.set("--compact-after-files", "0");
+    let mut run = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let beside = compact(&oracle).await;
+    let stderr = String::from_utf8_lossy(&beside.stderr);
+    assert!(!beside.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("another wal2iceberg process") && stderr.contains("namespace=shop"),
+        "{stderr}"
+    );
+    assert!(run.try_wait().unwrap().is_none(), "the run goes on");
+
+    oracle.stop_workload().await;
+    run.kill().await.unwrap();
+    oracle.drain().await;
+    let (silver_data, silver_deletes) = files(&oracle, "accounts").await;
+    let (bronze_data, _) = files(&oracle, "accounts_changes").await;
+    assert!(
+        silver_data > 5 && bronze_data > 5,
+        "no compaction left many files: silver {silver_data}, bronze {bronze_data}"
+    );
+    let bronze_rows = rows(
+        &pyiceberg(
+            oracle.lake.path(),
+            &format!("{NAMESPACE}.accounts_changes"),
+            "rows",
+        )
+        .await,
+    );
+
+    let out = compact(&oracle).await;
+    assert_success(&out);
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains(&format!("{NAMESPACE}.accounts:")),
+        "{printed}"
+    );
+    let (data, deletes) = files(&oracle, "accounts").await;
+    let (bronze_after, _) = files(&oracle, "accounts_changes").await;
+    assert!(
+        data <= 2 && deletes <= 1 && bronze_after <= 2,
+        "silver {silver_data} data and {silver_deletes} delete files became {data} and {deletes}, \
+         bronze {bronze_data} became {bronze_after}: {printed}"
+    );
+    assert_eq!(
+        rows(
+            &pyiceberg(
+                oracle.lake.path(),
+                &format!("{NAMESPACE}.accounts_changes"),
+                "rows"
+            )
+            .await
+        ),
+        bronze_rows
+    );
+    oracle.check().await;
+
+    // status tells when each table was last compacted and expired.
+    let lake = oracle.lake.path().display().to_string();
+    let expire = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([
+            "expire-snapshots",
+            "--lake",
+            &lake,
+            "--namespace",
+            NAMESPACE,
+        ])
+        .args(["--older-than", "0s", "--retain-last", "1"])
+        .output()
+        .await
+        .unwrap();
+    assert_success(&expire);
+    let status = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(["status", "--json", "--source", &oracle.db.config_url()])
+        .args([
+            "--slot",
+            &oracle.slot,
+            "--lake",
+            &lake,
+            "--namespace",
+            NAMESPACE,
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_success(&status);
+    let status: Value = serde_json::from_slice(&status.stdout).unwrap();
+    // Timestamps in one format compare as text.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64;
+    let (since, until) = (
+        format_timestamp_utc(now - 600_000_000),
+        format_timestamp_utc(now + 1_000_000),
+    );
+    for t in status["tables"].as_array().unwrap() {
+        for when in ["last_compaction", "last_expiry"] {
+            let at = t[when].as_str().unwrap_or_else(|| panic!("{when} of {t}"));
+            assert!(
+                since.as_str() < at && at < until.as_str(),
+                "{when} {at} not in the last minutes"
+            );
+        }
+        assert_eq!(t["snapshots"], 1, "{t}");
+    }
+
+    // A run after it rebuilds its index on the compacted files.
+    oracle.start_workload();
+    oracle.finish().await;
+}
