@@ -474,8 +474,22 @@ impl Bench {
         // Let the last batch land before reading the histogram.
         tokio::time::sleep(FLUSH_INTERVAL * 3).await;
         let scrape = http_get(&metrics.to_string(), "/metrics").await?;
+        // Then quiet: the run compacts silver fully (no delete file left)
+        // before the read phase scans it.
+        let quiet = Instant::now();
+        let deletes = "wal2iceberg_silver_files{table=\"public.orders\",content=\"delete\"}";
+        while gauge(&http_get(&metrics.to_string(), "/metrics").await?, deletes) != Some(0.0)
+            && quiet.elapsed() < Duration::from_secs(300)
+        {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let settled = quiet.elapsed().as_secs_f64();
         let _ = Command::new("kill").arg(run.id().to_string()).status();
         run.wait()?;
+        self.report.figure(
+            "quiet until silver holds no delete file",
+            format!("{settled:.1} s"),
+        );
         let buckets = histogram(&scrape, "wal2iceberg_commit_to_visible_seconds_bucket");
         let flush = FLUSH_INTERVAL.as_secs_f64();
         let p50 = quantile(&buckets, 0.5);
@@ -547,6 +561,13 @@ impl Bench {
         );
         Ok(())
     }
+}
+
+/// The value of a gauge series in a Prometheus scrape.
+fn gauge(scrape: &str, series: &str) -> Option<f64> {
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
 
 async fn http_get(addr: &str, path: &str) -> BenchResult<String> {

@@ -68,9 +68,9 @@ struct SettingsArgs {
     /// Commit once a batch holds about this many bytes [default: 134217728].
     #[arg(long)]
     max_batch_bytes: Option<i64>,
-    /// Compact silver once this many data files were committed since its
-    /// last compaction, or it holds this many delete files, and bronze
-    /// every this many commits; 0 never [default: 16].
+    /// Compact silver once this many commits wrote files since its last
+    /// compaction, and bronze every this many commits; fully once the
+    /// stream is quiet; 0 never [default: 16].
     #[arg(long, value_name = "FILES")]
     compact_after_files: Option<i64>,
     /// Expire snapshots older than this (2h, 7d), keeping the newest

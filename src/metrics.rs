@@ -17,7 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// Latency buckets, in seconds.
 const BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 10.0, 30.0, 60.0, 300.0,
 ];
 
 pub struct Histogram {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
 
 use crate::support::oracle::{NAMESPACE, Oracle};
-use crate::support::{TestDb, assert_reconciled, assert_success, pyiceberg};
+use crate::support::{TestDb, assert_reconciled, assert_success, cli, pyiceberg};
 
 /// A crash at the `n`th pass through `point` while the workload runs, then
 /// a run that picks up, and the check.
@@ -282,20 +282,23 @@ async fn an_invalidated_slot_stops_the_run_and_the_documented_recovery_reloads()
         .await;
     oracle.db.exec("SELECT pg_reload_conf()").await;
     let lake = oracle.lake.path().display().to_string();
-    let teardown = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(["teardown", "--source", &oracle.db.config_url()])
-        .args([
-            "--slot",
-            &oracle.slot,
-            "--lake",
-            &lake,
-            "--namespace",
-            NAMESPACE,
-        ])
-        .args(["--tables", "public.accounts", "--drop-tables", "--yes"])
-        .output()
-        .await
-        .unwrap();
+    let url = oracle.db.config_url();
+    let teardown = cli(&[
+        "teardown",
+        "--source",
+        &url,
+        "--slot",
+        &oracle.slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        NAMESPACE,
+        "--tables",
+        "public.accounts",
+        "--drop-tables",
+        "--yes",
+    ])
+    .await;
     assert!(
         teardown.status.success(),
         "{}",

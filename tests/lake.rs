@@ -559,7 +559,10 @@ mod silver {
         let scan: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(scan["rows"], run.expected.len());
         println!(
-            "pyiceberg scan of silver after {batches} batches: {:.3} s, of the same rows freshly written: {:.3} s",
+            "pyiceberg scan of silver after {batches} batches ({} data, {} delete files): {:.3} s, \
+             of the same rows freshly written: {:.3} s",
+            scan["data_files"],
+            scan["delete_files"],
             scan["seconds"].as_f64().unwrap(),
             scan["fresh_seconds"].as_f64().unwrap()
         );
@@ -647,6 +650,25 @@ mod silver {
             .map(|s| s["rows"].as_u64().unwrap() as usize)
             .collect();
         assert_eq!(rows, run.rows_per_snapshot[expired..]);
+        // Time travel reaches each of them.
+        for snapshot in snapshots {
+            let lsn: u64 = snapshot["commit_lsn"].as_str().unwrap().parse().unwrap();
+            let lsn = wal2iceberg::pg::lsn::Lsn(lsn).to_string();
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+                .args([
+                    "show", "accounts", "--format", "json", "--as-of", &lsn, "--lake",
+                ])
+                .arg(dir)
+                .output()
+                .unwrap();
+            assert_success(&out);
+            let shown: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(
+                shown.as_array().unwrap().len(),
+                snapshot["rows"].as_u64().unwrap() as usize,
+                "as of {lsn}"
+            );
+        }
         let read: std::collections::BTreeSet<String> = snapshots
             .iter()
             .flat_map(|s| s["paths"].as_array().unwrap())

@@ -5,22 +5,14 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::process::Command;
 use wal2iceberg::cdc::temporal::format_timestamp_utc;
 
 use crate::support::oracle::{NAMESPACE, Oracle};
 use crate::support::*;
 
 async fn compact(oracle: &Oracle) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .arg("compact")
-        .arg("--lake")
-        .arg(oracle.lake.path())
-        .args(["--namespace", NAMESPACE])
-        .env("RUST_LOG", "wal2iceberg=warn")
-        .output()
-        .await
-        .unwrap()
+    let lake = oracle.lake.path().display().to_string();
+    cli(&["compact", "--lake", &lake, "--namespace", NAMESPACE]).await
 }
 
 /// Live data and delete files of a table, from its snapshot summary.
@@ -109,32 +101,33 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
 
     // status tells when each table was last compacted and expired.
     let lake = oracle.lake.path().display().to_string();
-    let expire = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args([
-            "expire-snapshots",
-            "--lake",
-            &lake,
-            "--namespace",
-            NAMESPACE,
-        ])
-        .args(["--older-than", "0s", "--retain-last", "1"])
-        .output()
-        .await
-        .unwrap();
+    let expire = cli(&[
+        "expire-snapshots",
+        "--lake",
+        &lake,
+        "--namespace",
+        NAMESPACE,
+        "--older-than",
+        "0s",
+        "--retain-last",
+        "1",
+    ])
+    .await;
     assert_success(&expire);
-    let status = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(["status", "--json", "--source", &oracle.db.config_url()])
-        .args([
-            "--slot",
-            &oracle.slot,
-            "--lake",
-            &lake,
-            "--namespace",
-            NAMESPACE,
-        ])
-        .output()
-        .await
-        .unwrap();
+    let url = oracle.db.config_url();
+    let status = cli(&[
+        "status",
+        "--json",
+        "--source",
+        &url,
+        "--slot",
+        &oracle.slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        NAMESPACE,
+    ])
+    .await;
     assert_success(&status);
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     // Timestamps in one format compare as text.
@@ -160,4 +153,34 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
     // A run after it rebuilds its index on the compacted files.
     oracle.start_workload();
     oracle.finish().await;
+}
+
+#[tokio::test]
+async fn a_quiet_stream_gets_a_full_compaction_and_reads_the_same() {
+    let mut oracle = Oracle::new(500).await;
+    let mut run = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    oracle.stop_workload().await;
+    // Five flush intervals (1 s here) after the last change, the run
+    // compacts fully: no delete file left, small files merged.
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    let (data, bronze) = loop {
+        let (data, deletes) = files(&oracle, "accounts").await;
+        let (bronze, _) = files(&oracle, "accounts_changes").await;
+        if deletes == 0 && data <= 1 && bronze <= 1 {
+            break (data, bronze);
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "still {data} data and {deletes} delete files in silver, {bronze} in bronze"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert!(run.try_wait().unwrap().is_none(), "the run goes on");
+    run.kill().await.unwrap();
+    assert!(data <= 1 && bronze <= 1);
+    oracle.drain().await;
+    oracle.check().await;
 }

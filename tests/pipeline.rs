@@ -361,6 +361,8 @@ async fn a_large_transaction_is_spread_over_files_and_committed_as_one_snapshot(
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options_for(&db, &["big"], &unique("big"), dir.path());
     opts.max_batch_rows = 1;
+    // The snapshot read below is the transaction's, not a compaction's.
+    opts.compact_after_files = 0;
     run(&db.config, &opts).await.unwrap();
     db.exec(
         "BEGIN;

@@ -13,13 +13,8 @@ use crate::support::*;
 async fn verify(oracle: &Oracle) -> (i32, String, String) {
     let mut args = oracle.run_args();
     args[0] = "verify".to_owned();
-    let out = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(&args)
-        .args(["--wait", "60s"])
-        .env("RUST_LOG", "wal2iceberg=warn")
-        .output()
-        .await
-        .unwrap();
+    args.extend(["--wait", "60s"].map(String::from));
+    let out = cli(&args).await;
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).unwrap(),

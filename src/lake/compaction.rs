@@ -56,7 +56,9 @@ pub enum Merge {
     /// By size tiers (see [`small_files_to_merge`]): what a run does after
     /// its commits, so that a compaction costs what came since the last.
     Tiered,
-    /// Every small file, up to [`MAX_REWRITE_BYTES`]: `wal2iceberg compact`.
+    /// Every small file, up to [`MAX_REWRITE_BYTES`], and in silver every
+    /// data file that lost any row: `wal2iceberg compact`, and a run whose
+    /// stream is quiet.
     All,
 }
 
@@ -144,7 +146,7 @@ pub async fn merge_small_files(
     merge: Merge,
 ) -> Result<Option<Compacted>> {
     let table = lake.catalog_table(ident).await?;
-    let files = data_files_in_commit_order(&table).await?;
+    let files = live_files_in_commit_order(&table, ManifestContentType::Data).await?;
     let chosen: HashSet<String> = small_files_to_merge(files.clone(), merge)
         .into_iter()
         .collect();
@@ -195,9 +197,12 @@ pub async fn merge_small_files(
     Ok(Some(done))
 }
 
-/// The live data files of the current snapshot with their sizes, in the
-/// order they were committed.
-async fn data_files_in_commit_order(table: &Table) -> Result<Vec<(String, u64)>> {
+/// The live data or delete files (`content`) of the current snapshot with
+/// their sizes, in the order they were committed.
+pub async fn live_files_in_commit_order(
+    table: &Table,
+    content: ManifestContentType,
+) -> Result<Vec<(String, u64)>> {
     let context = |e: iceberg::Error| {
         iceberg_error(e, "cannot read the table's manifests")
             .with_context("table", table.identifier())
@@ -212,7 +217,7 @@ async fn data_files_in_commit_order(table: &Table) -> Result<Vec<(String, u64)>>
         .map_err(context)?;
     let mut files = Vec::new();
     for manifest in list.entries() {
-        if manifest.content != ManifestContentType::Data {
+        if manifest.content != content {
             continue;
         }
         let loaded = manifest

@@ -237,6 +237,10 @@ enum Step {
 /// How often a stop request is looked at while the stream is quiet.
 const SHUTDOWN_POLL: Duration = Duration::from_millis(250);
 
+/// A stream quiet for this many flush intervals, with nothing staged, gets
+/// a full compaction (see `Pipeline::compact_idle`).
+const IDLE_COMPACTION_FLUSHES: u32 = 5;
+
 /// When to commit the open batch and when to stop: a batch is committed
 /// at a transaction's end once it reached a limit or its interval, or when
 /// the stream goes quiet between transactions; never inside a transaction,
@@ -492,6 +496,49 @@ pub(crate) fn idents(
     )
 }
 
+impl TableSink {
+    /// After a commit or an idle compaction: the metrics, and snapshot
+    /// expiry for both tables once silver compacted or
+    /// [`EXPIRE_EVERY_COMMITS`] commits went by. An expiry that fails
+    /// (another writer kept committing) costs nothing but time and runs
+    /// again later.
+    async fn housekeeping(
+        &mut self,
+        lake: &Lake,
+        table: &TableName,
+        compacted: bool,
+        retention: Retention,
+    ) {
+        let m = metrics();
+        if compacted {
+            m.compactions.fetch_add(1, Ordering::Relaxed);
+            m.last_compaction_micros
+                .store(now_micros(), Ordering::Relaxed);
+        }
+        if compacted || self.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
+            let mut expired_all = true;
+            for ident in [self.bronze.ident(), self.silver.ident()] {
+                match expire_snapshots(lake, ident, retention).await {
+                    Ok(expired) => {
+                        m.snapshots_expired
+                            .fetch_add(expired.snapshots as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        expired_all = false;
+                        tracing::warn!(table = %ident, error = %e, "snapshot expiry failed; it runs again later");
+                    }
+                }
+            }
+            if expired_all {
+                m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
+            }
+            self.commits_since_expiry = 0;
+        }
+        let (data, deletes) = self.silver.file_counts();
+        m.set_silver_files(&table.to_string(), data, deletes);
+    }
+}
+
 /// The Iceberg name of each table; two source tables must never land in
 /// one Iceberg table.
 pub(crate) fn names(
@@ -524,6 +571,9 @@ pub(crate) fn names(
 impl Pipeline<'_> {
     async fn stream(&mut self, stream: &mut ChangeStream, options: &RunOptions) -> Result<()> {
         let mut policy = FlushPolicy::new(options, Instant::now());
+        // Whether a full compaction found nothing left to do since the
+        // last change.
+        let mut settled = false;
         loop {
             let step = match stream
                 .next_before(Some(policy.deadline(Instant::now())))
@@ -531,6 +581,7 @@ impl Pipeline<'_> {
             {
                 Next::Event(event) => {
                     let now = Instant::now();
+                    settled &= !matches!(event, Event::Change(_));
                     policy.saw(&event, now);
                     self.take(event).await?;
                     policy.after_event(
@@ -540,7 +591,19 @@ impl Pipeline<'_> {
                         self.batch_bytes,
                     )
                 }
-                Next::Idle => policy.on_idle(Instant::now(), self.batch_end.is_some()),
+                Next::Idle => {
+                    let now = Instant::now();
+                    let quiet = self.compact_after_files > 0
+                        && !settled
+                        && self.batch_changes == 0
+                        && self.batch_end.is_none()
+                        && now
+                            >= policy.last_event + options.flush_interval * IDLE_COMPACTION_FLUSHES;
+                    if quiet {
+                        settled = !self.compact_idle().await?;
+                    }
+                    policy.on_idle(now, self.batch_end.is_some())
+                }
                 Next::Closed => {
                     return Err(Error::new(
                         ErrorKind::Connection,
@@ -573,6 +636,35 @@ impl Pipeline<'_> {
                 }
             }
         }
+    }
+
+    /// One round of full compaction of each table, as `wal2iceberg
+    /// compact` does, while the stream is quiet and nothing is staged:
+    /// every small file merged and every deleted row dropped, so readers
+    /// of a table that stopped changing scan no delete at all. True when
+    /// a table was compacted (another round may follow).
+    async fn compact_idle(&mut self) -> Result<bool> {
+        let mut any = false;
+        for (table, sink) in &mut self.sinks {
+            if sink.silver_at.is_none() || sink.bronze_at.is_none() {
+                continue;
+            }
+            let mut compacted = merge_small_files(&self.lake, sink.bronze.ident(), Merge::All)
+                .await?
+                .is_some();
+            compacted |= sink
+                .silver
+                .compact_now(&self.lake, Merge::All)
+                .await?
+                .is_some();
+            if compacted {
+                tracing::info!(table = %table, "compacted while the stream is quiet");
+                sink.housekeeping(&self.lake, table, true, self.retention)
+                    .await;
+            }
+            any |= compacted;
+        }
+        Ok(any)
     }
 
     /// Adds an event to the batch. Batches end at transaction boundaries:
@@ -680,7 +772,10 @@ impl Pipeline<'_> {
             silver_dirty: false,
             ops: HashMap::new(),
             commits_since_expiry: 0,
-            bronze_commits: 0,
+            // Half a cycle ahead of silver's count, so that the two
+            // compactions fall on different flushes and the stream waits
+            // for one at a time.
+            bronze_commits: self.compact_after_files / 2,
         };
         self.sinks.insert(relation.name.clone(), sink);
         Ok(())
@@ -718,35 +813,9 @@ impl Pipeline<'_> {
                     .compact(&self.lake, self.compact_after_files)
                     .await?
                     .is_some();
-                if compacted {
-                    m.compactions.fetch_add(1, Ordering::Relaxed);
-                    m.last_compaction_micros
-                        .store(now_micros(), Ordering::Relaxed);
-                }
                 sink.commits_since_expiry += 1;
-                if compacted || sink.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
-                    // Housekeeping: a failure (another writer kept
-                    // committing) costs nothing but time and is tried again.
-                    let mut expired_all = true;
-                    for ident in [sink.bronze.ident(), sink.silver.ident()] {
-                        match expire_snapshots(&self.lake, ident, self.retention).await {
-                            Ok(expired) => {
-                                m.snapshots_expired
-                                    .fetch_add(expired.snapshots as u64, Ordering::Relaxed);
-                            }
-                            Err(e) => {
-                                expired_all = false;
-                                tracing::warn!(table = %ident, error = %e, "snapshot expiry failed; it runs again later");
-                            }
-                        }
-                    }
-                    if expired_all {
-                        m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
-                    }
-                    sink.commits_since_expiry = 0;
-                }
-                let (data, deletes) = sink.silver.file_counts();
-                m.set_silver_files(&table.to_string(), data, deletes);
+                sink.housekeeping(&self.lake, table, compacted, self.retention)
+                    .await;
             }
         }
         let now = now_micros();

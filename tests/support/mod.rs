@@ -121,6 +121,16 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// Asserts that a finished command succeeded, showing its stderr if not.
+/// `wal2iceberg` with `args` (warnings and errors on stderr), to the end.
+pub async fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(args)
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .expect("start wal2iceberg")
+}
+
 pub fn assert_success(out: &std::process::Output) {
     assert!(
         out.status.success(),

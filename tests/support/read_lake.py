@@ -86,8 +86,8 @@ elif mode == "summary":
     print(json.dumps(snapshot.summary.additional_properties if snapshot else None))
 elif mode == "snapshots":
     # Every snapshot, oldest first, scanned in full (the identifier columns,
-    # deletes applied): its operation, row count and the data and delete
-    # files its scan plans.
+    # deletes applied): its operation, source position, row count and the
+    # data and delete files its scan plans.
     key = [table.schema().find_column_name(i) for i in table.schema().identifier_field_ids]
     out = []
     for snapshot in sorted(table.snapshots(), key=lambda s: s.sequence_number):
@@ -95,6 +95,7 @@ elif mode == "snapshots":
         tasks = list(scan.plan_files())
         out.append({
             "operation": str(snapshot.summary.operation.value),
+            "commit_lsn": snapshot.summary.additional_properties.get("wal2iceberg.commit-lsn"),
             "rows": scan.to_arrow().num_rows,
             "data_files": len(tasks),
             "delete_files": len({d.file_path for t in tasks for d in t.delete_files}),

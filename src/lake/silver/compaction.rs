@@ -14,21 +14,32 @@ use std::collections::{HashMap, HashSet};
 
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_select::filter::filter_record_batch;
+use iceberg::spec::ManifestContentType;
 use iceberg::table::Table;
 
 use super::{Key, SilverTable, lake_error, planned_files, read_parquet, read_position_deletes};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::catalog::Lake;
-use crate::lake::compaction::{Compacted, MAX_REWRITE_BYTES, Merge, align, small_files_to_merge};
+use crate::lake::compaction::{
+    Compacted, MAX_REWRITE_BYTES, Merge, align, live_files_in_commit_order, small_files_to_merge,
+};
 use crate::lake::row_delta::{RowDelta, commit_rewrite, write_position_deletes};
 use crate::lake::writer::{DataFileSink, Position};
 
-/// A data file that lost at least this share of its rows is rewritten.
-pub const DELETE_RATIO: f64 = 0.2;
+/// A data file that lost at least this share of its rows is rewritten:
+/// a reader then scans at most 1 / (1 - 0.4) = 1.7 times the live rows of
+/// a file, within the two times a freshly written table's scan that
+/// docs/benchmarks.md allows, and a file is not rewritten again and again
+/// while random updates thin it.
+pub const DELETE_RATIO: f64 = 0.4;
+/// Live rows of thinned files one compaction rewrites at most (but always
+/// one such file), so that no compaction holds up the stream for long;
+/// the rest waits for the next.
+pub const MAX_THINNED_ROWS: u64 = 1 << 19;
 
-/// The live data files of the table and the delete files that apply to
-/// them, as the scan plans them.
+/// The live data files of the table, as the scan plans them, and its live
+/// delete files.
 struct Layout {
     /// Path, rows, bytes.
     data: Vec<(String, u64, u64)>,
@@ -73,32 +84,49 @@ impl SilverTable {
         .into_iter()
         .collect();
         let mut budget = MAX_REWRITE_BYTES;
+        let mut rows_budget = MAX_THINNED_ROWS;
         let mut rewrite = Vec::new();
         for (path, rows, bytes) in &layout.data {
             let live_rows = live_of(path);
             let lost = rows.saturating_sub(live_rows) as f64;
-            let thinned = lost >= DELETE_RATIO * *rows as f64;
-            if live_rows == 0 || small.contains(path) || (thinned && *bytes <= budget) {
+            let (thinned, affordable) = match merge {
+                Merge::Tiered => (
+                    lost >= DELETE_RATIO * *rows as f64,
+                    live_rows <= rows_budget || rows_budget == MAX_THINNED_ROWS,
+                ),
+                Merge::All => (lost > 0.0, true),
+            };
+            let affordable = affordable && *bytes <= budget;
+            if live_rows == 0 || small.contains(path) || (thinned && affordable) {
                 if !small.contains(path) {
                     budget = budget.saturating_sub(*bytes);
+                    rows_budget = rows_budget.saturating_sub(live_rows);
                 }
                 rewrite.push((path.clone(), live_rows));
             }
         }
         let emptied = rewrite.iter().any(|(_, live)| *live == 0);
         // Delete files are merged by the same size tiers as data files, so
-        // a large merged one is not rewritten for a few new positions.
-        let merging: HashSet<String> = small_files_to_merge(
-            layout
-                .deletes
-                .iter()
-                .map(|(p, b)| (p.clone(), *b))
-                .collect(),
-            merge,
-        )
-        .into_iter()
-        .collect();
-        if rewrite.len() < 2 && merging.is_empty() && !emptied {
+        // a large merged one is not rewritten for a few new positions; a
+        // full compaction takes them all, as it drops every deleted row.
+        let merging: HashSet<String> = match merge {
+            Merge::Tiered => small_files_to_merge(
+                layout
+                    .deletes
+                    .iter()
+                    .map(|(p, b)| (p.clone(), *b))
+                    .collect(),
+                merge,
+            )
+            .into_iter()
+            .collect(),
+            Merge::All => layout.deletes.keys().cloned().collect(),
+        };
+        let worth = rewrite.len() >= 2
+            || emptied
+            || merging.len() >= 2
+            || (merge == Merge::All && !(rewrite.is_empty() && merging.is_empty()));
+        if !worth {
             self.files.commits = 0;
             return Ok(None);
         }
@@ -108,18 +136,36 @@ impl SilverTable {
         // rewritten file left out, the rest merged into one delete file.
         let mut deleted: HashMap<String, HashSet<i64>> = HashMap::new();
         // Positions the merged delete file keeps: those of the delete
-        // files it replaces that name a data file kept.
+        // files it replaces that name a live data file kept (a file an
+        // earlier compaction removed needs its positions no more).
+        let kept: HashSet<&str> = layout
+            .data
+            .iter()
+            .map(|(p, _, _)| p.as_str())
+            .filter(|p| !removed_data.contains(*p))
+            .collect();
         let mut still = Vec::new();
+        let mut merged_positions = 0;
         for delete in layout.deletes.keys() {
             for (file, pos) in read_position_deletes(&table, delete).await? {
-                if merging.contains(delete) && !removed_data.contains(&file) {
-                    still.push((file.clone(), pos));
+                if merging.contains(delete) {
+                    merged_positions += 1;
+                    if kept.contains(file.as_str()) {
+                        still.push((file.clone(), pos));
+                    }
                 }
                 deleted.entry(file).or_default().insert(pos);
             }
         }
         still.sort();
         still.dedup();
+        // One delete file alone, all of whose positions still apply (to a
+        // file too large for this round), would only be written again: a
+        // full compaction would do so at every quiet moment.
+        if rewrite.is_empty() && merging.len() == 1 && still.len() == merged_positions {
+            self.files.commits = 0;
+            return Ok(None);
+        }
         let mut sink = DataFileSink::open(&table).await?;
         let mut keys = Vec::new();
         for (path, live_rows) in &rewrite {
@@ -228,13 +274,14 @@ impl SilverTable {
 
 async fn layout(table: &Table) -> Result<Layout> {
     let mut data = Vec::new();
-    let mut deletes = HashMap::new();
+    // Every live delete file, not only those the scan plans: one whose data
+    // files were all rewritten since (by a compaction that did not merge
+    // it) applies to nothing, and is retired by the next full compaction.
+    let deletes = live_files_in_commit_order(table, ManifestContentType::Deletes)
+        .await?
+        .into_iter()
+        .collect();
     for task in planned_files(table).await? {
-        deletes.extend(
-            task.deletes
-                .iter()
-                .map(|d| (d.file_path.clone(), d.file_size_in_bytes)),
-        );
         data.push((
             task.data_file_path,
             task.record_count.unwrap_or(0),
