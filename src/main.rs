@@ -229,6 +229,9 @@ enum Command {
         /// Tables (`customers`, `customers_changes`, `shop.customers`)
         /// [default: every table of the namespace].
         tables: Vec<String>,
+        /// A table, as the positional ones; may be repeated.
+        #[arg(long = "table", value_name = "TABLE")]
+        table: Vec<String>,
         #[command(flatten)]
         lake: LakeArgs,
     },
@@ -473,10 +476,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Compact {
-            tables,
+            mut tables,
+            table,
             lake: lake_args,
         } => {
             init_logging(LogFormat::Text);
+            tables.extend(table);
             let lake = lake_args.open().await?;
             let idents = lake_args.idents(&lake, &tables).await?;
             let done =

@@ -88,6 +88,9 @@ pub struct Metrics {
     changes: Mutex<BTreeMap<(String, &'static str), u64>>,
     /// Live files of each silver table, by (source table, content).
     silver_files: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// Per lake table (bronze and silver): live data files, delete files
+    /// and their bytes, from its current snapshot's summary.
+    lake_tables: Mutex<BTreeMap<String, [u64; 3]>>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
@@ -108,6 +111,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     last_expiry_micros: AtomicI64::new(0),
     changes: Mutex::new(BTreeMap::new()),
     silver_files: Mutex::new(BTreeMap::new()),
+    lake_tables: Mutex::new(BTreeMap::new()),
 });
 
 /// This process's metrics.
@@ -126,6 +130,11 @@ impl Metrics {
         let mut files = self.silver_files.lock().unwrap_or_else(|e| e.into_inner());
         files.insert((table.to_owned(), "data"), data as u64);
         files.insert((table.to_owned(), "delete"), deletes as u64);
+    }
+
+    pub fn set_lake_table(&self, table: &str, data_files: u64, delete_files: u64, bytes: u64) {
+        let mut tables = self.lake_tables.lock().unwrap_or_else(|e| e.into_inner());
+        tables.insert(table.to_owned(), [data_files, delete_files, bytes]);
     }
 
     /// The text exposition format.
@@ -239,6 +248,28 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{table=\"{table}\",content=\"{content}\"}} {n}");
         }
         drop(files);
+        let tables = self.lake_tables.lock().unwrap_or_else(|e| e.into_inner());
+        let name = "wal2iceberg_lake_table_files";
+        let _ = writeln!(
+            out,
+            "# HELP {name} live files of each lake table (bronze and silver), by content, as of its last compaction or expiry\n# TYPE {name} gauge"
+        );
+        for (table, [data, deletes, _]) in tables.iter() {
+            let _ = writeln!(out, "{name}{{table=\"{table}\",content=\"data\"}} {data}");
+            let _ = writeln!(
+                out,
+                "{name}{{table=\"{table}\",content=\"delete\"}} {deletes}"
+            );
+        }
+        let name = "wal2iceberg_lake_table_bytes";
+        let _ = writeln!(
+            out,
+            "# HELP {name} bytes of the live files of each lake table, as of its last compaction or expiry\n# TYPE {name} gauge"
+        );
+        for (table, [_, _, bytes]) in tables.iter() {
+            let _ = writeln!(out, "{name}{{table=\"{table}\"}} {bytes}");
+        }
+        drop(tables);
         let name = "wal2iceberg_changes_applied_total";
         let _ = writeln!(
             out,

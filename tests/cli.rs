@@ -933,6 +933,22 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         (1.0..=3.0).contains(&data_files),
         "at most two files since the last compaction, and its own: {data_files}"
     );
+    // Both lake tables, as their last compaction or expiry left them.
+    for table in ["events", "events_changes"] {
+        let table = format!("{}.{table}", db.config.dbname);
+        let bytes = sample(
+            &scrape,
+            &format!("wal2iceberg_lake_table_bytes{{table=\"{table}\"}}"),
+        );
+        let files = sample(
+            &scrape,
+            &format!("wal2iceberg_lake_table_files{{table=\"{table}\",content=\"data\"}}"),
+        );
+        assert!(
+            bytes > 0.0 && files >= 1.0,
+            "{table}: {files} files, {bytes} bytes"
+        );
+    }
 
     db.exec("INSERT INTO events VALUES (-1, 'one more')").await;
     let before = sample(&scrape, applied);

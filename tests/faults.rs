@@ -281,24 +281,10 @@ async fn an_invalidated_slot_stops_the_run_and_the_documented_recovery_reloads()
         .exec("ALTER SYSTEM SET max_slot_wal_keep_size = -1")
         .await;
     oracle.db.exec("SELECT pg_reload_conf()").await;
-    let lake = oracle.lake.path().display().to_string();
-    let url = oracle.db.config_url();
-    let teardown = cli(&[
-        "teardown",
-        "--source",
-        &url,
-        "--slot",
-        &oracle.slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        NAMESPACE,
-        "--tables",
-        "public.accounts",
-        "--drop-tables",
-        "--yes",
-    ])
-    .await;
+    let mut args = vec!["teardown".to_owned()];
+    args.extend(oracle.place_args());
+    args.extend(["--tables", "public.accounts", "--drop-tables", "--yes"].map(String::from));
+    let teardown = cli(&args).await;
     assert!(
         teardown.status.success(),
         "{}",

@@ -10,9 +10,20 @@ use wal2iceberg::cdc::temporal::format_timestamp_utc;
 use crate::support::oracle::{NAMESPACE, Oracle};
 use crate::support::*;
 
+/// `compact` of both tables, named one way and the other.
 async fn compact(oracle: &Oracle) -> std::process::Output {
     let lake = oracle.lake.path().display().to_string();
-    cli(&["compact", "--lake", &lake, "--namespace", NAMESPACE]).await
+    cli(&[
+        "compact",
+        "accounts",
+        "--table",
+        "accounts_changes",
+        "--lake",
+        &lake,
+        "--namespace",
+        NAMESPACE,
+    ])
+    .await
 }
 
 /// Live data and delete files of a table, from its snapshot summary.
@@ -114,20 +125,9 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
     ])
     .await;
     assert_success(&expire);
-    let url = oracle.db.config_url();
-    let status = cli(&[
-        "status",
-        "--json",
-        "--source",
-        &url,
-        "--slot",
-        &oracle.slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        NAMESPACE,
-    ])
-    .await;
+    let mut args = vec!["status".to_owned(), "--json".to_owned()];
+    args.extend(oracle.place_args());
+    let status = cli(&args).await;
     assert_success(&status);
     let status: Value = serde_json::from_slice(&status.stdout).unwrap();
     // Timestamps in one format compare as text.

@@ -112,6 +112,16 @@ impl Position {
     }
 }
 
+/// A `total-*` figure of the current snapshot's summary (`total-data-files`,
+/// `total-files-size`, ...); 0 without a snapshot or the figure.
+pub fn summary_total(table: &Table, key: &str) -> u64 {
+    table
+        .metadata()
+        .current_snapshot()
+        .and_then(|s| s.summary().additional_properties.get(key)?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Writes `batch` as one or more Parquet data files of `table`.
 pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<DataFile>> {
     let mut sink = DataFileSink::open(table).await?;

@@ -34,7 +34,7 @@ use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
 use crate::lake::lock::WriterLock;
 use crate::lake::schema::{bronze_schema, silver_schema};
 use crate::lake::silver::SilverTable;
-use crate::lake::writer::Position;
+use crate::lake::writer::{Position, summary_total};
 use crate::metrics::{metrics, now_micros};
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
@@ -533,6 +533,22 @@ impl TableSink {
                 m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
             }
             self.commits_since_expiry = 0;
+            for ident in [self.bronze.ident(), self.silver.ident()] {
+                match lake.catalog_table(ident).await {
+                    Ok(t) => {
+                        let total = |key: &str| summary_total(&t, key);
+                        m.set_lake_table(
+                            &ident.to_string(),
+                            total("total-data-files"),
+                            total("total-delete-files"),
+                            total("total-files-size"),
+                        );
+                    }
+                    Err(e) => {
+                        tracing::warn!(table = %ident, error = %e, "cannot read the table's file counts for the metrics")
+                    }
+                }
+            }
         }
         let (data, deletes) = self.silver.file_counts();
         m.set_silver_files(&table.to_string(), data, deletes);

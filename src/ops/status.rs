@@ -19,7 +19,7 @@ use crate::cdc::temporal::format_timestamp_utc;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::lake::expire::LAST_EXPIRY_PROPERTY;
-use crate::lake::writer::Position;
+use crate::lake::writer::{Position, summary_total};
 use crate::pg::config::PgConfig;
 use crate::pg::source::SourceClient;
 
@@ -135,14 +135,7 @@ async fn table_statuses(
             continue;
         };
         let visible_micros = snapshot.timestamp_ms() * 1000;
-        let total = |key: &str| -> u64 {
-            snapshot
-                .summary()
-                .additional_properties
-                .get(key)
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
+        let total = |key: &str| summary_total(&table, key);
         let last_compaction = table
             .metadata()
             .snapshots()

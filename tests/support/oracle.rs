@@ -194,29 +194,23 @@ impl Oracle {
     /// the last three snapshots, so every scenario crosses compactions and
     /// expiries.
     pub fn run_args(&self) -> Vec<String> {
-        let mut args = [
-            "run",
-            "--source",
-            &self.db.config_url(),
-            "--tables",
-            "public.accounts",
-            "--slot",
-            &self.slot,
-            "--lake",
-            &self.lake.path().display().to_string(),
-            "--namespace",
-            NAMESPACE,
-            "--flush-interval",
-            "200ms",
-            "--compact-after-files",
-            "3",
-            "--snapshot-retention",
-            "0s",
-            "--retain-snapshots",
-            "3",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args = vec!["run".to_owned()];
+        args.extend(self.place_args());
+        args.extend(
+            [
+                "--tables",
+                "public.accounts",
+                "--flush-interval",
+                "200ms",
+                "--compact-after-files",
+                "3",
+                "--snapshot-retention",
+                "0s",
+                "--retain-snapshots",
+                "3",
+            ]
+            .map(str::to_owned),
+        );
         for (flag, value) in &self.settings {
             let at = args
                 .iter()
@@ -225,6 +219,22 @@ impl Oracle {
             args[at + 1] = value.clone();
         }
         args
+    }
+
+    /// Where the scenario's source, slot and lake are, as flags.
+    pub fn place_args(&self) -> Vec<String> {
+        [
+            "--source",
+            &self.db.config_url(),
+            "--slot",
+            &self.slot,
+            "--lake",
+            &self.lake.path().display().to_string(),
+            "--namespace",
+            NAMESPACE,
+        ]
+        .map(str::to_owned)
+        .to_vec()
     }
 
     /// Runs from now on use `value` for `flag`, one of [`Self::run_args`].
