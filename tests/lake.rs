@@ -509,6 +509,18 @@ mod silver {
         }
     }
 
+    /// Every snapshot of silver as pyiceberg reads it (read_lake.py's
+    /// `snapshots` mode), and the row count of each.
+    async fn snapshots_and_rows(dir: &std::path::Path) -> (Vec<serde_json::Value>, Vec<usize>) {
+        let snapshots = pyiceberg(dir, "shop.accounts", "snapshots").await;
+        let snapshots = snapshots.as_array().unwrap().clone();
+        let rows = snapshots
+            .iter()
+            .map(|s| s["rows"].as_u64().unwrap() as usize)
+            .collect();
+        (snapshots, rows)
+    }
+
     /// Prints how long pyiceberg takes to scan silver against the same
     /// rows freshly written (`benches/scan_silver.py`).
     async fn print_scan_ratio(dir: &std::path::Path, when: &str, rows: usize) {
@@ -551,12 +563,7 @@ mod silver {
             id_plan_pairs(&duckdb(dir, "shop.accounts").await),
             run.expected
         );
-        let snapshots = pyiceberg(dir, "shop.accounts", "snapshots").await;
-        let snapshots = snapshots.as_array().unwrap();
-        let rows: Vec<usize> = snapshots
-            .iter()
-            .map(|s| s["rows"].as_u64().unwrap() as usize)
-            .collect();
+        let (snapshots, rows) = snapshots_and_rows(dir).await;
         assert_eq!(
             rows, run.rows_per_snapshot,
             "every snapshot reads as it was"
@@ -662,15 +669,10 @@ mod silver {
 
         // The five kept snapshots scan in full, as they were, and the data
         // folder holds exactly the files they read.
-        let snapshots = pyiceberg(dir, "shop.accounts", "snapshots").await;
-        let snapshots = snapshots.as_array().unwrap();
-        let rows: Vec<usize> = snapshots
-            .iter()
-            .map(|s| s["rows"].as_u64().unwrap() as usize)
-            .collect();
+        let (snapshots, rows) = snapshots_and_rows(dir).await;
         assert_eq!(rows, run.rows_per_snapshot[expired..]);
         // Time travel reaches each of them.
-        for snapshot in snapshots {
+        for snapshot in &snapshots {
             let lsn: u64 = snapshot["commit_lsn"].as_str().unwrap().parse().unwrap();
             let lsn = wal2iceberg::pg::lsn::Lsn(lsn).to_string();
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
