@@ -509,7 +509,11 @@ impl SilverTable {
 
 /// The value of column `name`, at position `at` of the change's relation,
 /// in its after image; null when the relation no longer has the column.
-fn after_cell<'a>(change: &'a Change, at: Option<usize>, name: &str) -> Result<Option<&'a Value>> {
+pub(crate) fn after_cell<'a>(
+    change: &'a Change,
+    at: Option<usize>,
+    name: &str,
+) -> Result<Option<&'a Value>> {
     let Some(j) = at else {
         return Ok(None);
     };

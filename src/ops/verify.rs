@@ -43,16 +43,16 @@ use tokio::time::Instant;
 
 use super::run::{RunOptions, idents, names};
 use crate::cdc::capture::read_now;
-use crate::cdc::event::{Change, Datum, Event};
+use crate::cdc::event::{Change, Event};
 use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::SnapshotLoad;
-use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::arrow::build_array;
 use crate::lake::catalog::{Lake, iceberg_error, namespace};
 use crate::lake::compaction::align;
 use crate::lake::key::{Key, KeyCodec};
 use crate::lake::schema::silver_schema;
+use crate::lake::silver::after_cell;
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
@@ -418,13 +418,7 @@ impl Shape {
             .map(|(j, field)| {
                 let cells = changes
                     .iter()
-                    .map(|c| match c.after.as_ref().and_then(|row| row.get(j)) {
-                        None | Some(Datum::Value(Value::Null)) => Ok(None),
-                        Some(Datum::Value(v)) => Ok(Some(v)),
-                        Some(Datum::UnchangedToast | Datum::NotSent) => {
-                            Err(c.unfilled(field.name()))
-                        }
-                    })
+                    .map(|c| after_cell(c, Some(j), field.name()))
                     .collect::<Result<Vec<_>>>()?;
                 build_array(field, &cells).map_err(|e| e.with_context("table", &relation.name))
             })
