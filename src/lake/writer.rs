@@ -37,6 +37,14 @@ pub const STAGE_BYTES: usize = 64 << 20;
 /// encodes them, so a large rewrite streams in bounded memory.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
 
+/// A column chunk's dictionary stops growing at this size and the rest of
+/// the chunk is written plain. Parquet's default (1 MiB) lets a column of
+/// distinct values (keys, notes, timestamps) hash a large dictionary in
+/// every row group before giving up: measured on the benchmark's `orders`,
+/// 64 KiB encodes twice as fast and the files come out smaller, while a
+/// column of few values (a status) keeps its dictionary.
+const DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
+
 /// Snapshot summary keys of the source position a snapshot covers.
 pub const SUMMARY_COMMIT_LSN: &str = "wal2iceberg.commit-lsn";
 pub const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
@@ -142,6 +150,7 @@ impl DataFileSink {
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+            .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES)
             .build();
         let parquet =
             ParquetWriterBuilder::new(properties, table.metadata().current_schema().clone());
