@@ -69,10 +69,10 @@ async fn a_crash_between_the_schema_changes_of_bronze_and_silver_is_finished_by_
 
 #[tokio::test]
 async fn a_crash_during_the_initial_load_shows_readers_nothing_and_the_restart_loads_once() {
-    // More rows than one staged file holds, so the crash comes after
-    // data files were written.
-    let mut oracle = Oracle::new(60_000).await;
-    let crashing = oracle.spawn_crashing_at("initial-load", 55_000);
+    // The crash comes after the second run of rows (64 Ki rows each), once
+    // the first ones went to the data file writers.
+    let mut oracle = Oracle::new(150_000).await;
+    let crashing = oracle.spawn_crashing_at("initial-load", 2);
     oracle.expect_crash(crashing, "initial-load").await;
     assert_eq!(oracle.positions().await, [None, None]);
     for table in ["accounts", "accounts_changes"] {

@@ -9,12 +9,11 @@
 //! entry is then replaced, and changes already emitted keep the `Arc` of the
 //! definition they were decoded with.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::event::Datum;
-use super::value::PgType;
+use super::value::{PgType, ValueError};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{self, TupleValue};
@@ -94,27 +93,17 @@ impl RelationInfo {
             .collect()
     }
 
-    /// Decodes one field of the initial load (`None` is NULL).
-    pub fn decode_copy_row(
-        &self,
-        fields: Vec<Option<Cow<'_, str>>>,
-        lsn: Lsn,
-    ) -> Result<Vec<Datum>> {
-        fields
-            .into_iter()
-            .zip(&self.columns)
-            .map(|(field, column)| match field {
-                None => Ok(Datum::Value(super::value::Value::Null)),
-                Some(text) => self.parse_text(column, &text, lsn).map(Datum::Value),
-            })
-            .collect()
+    fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<super::value::Value> {
+        column
+            .pg_type
+            .parse(text)
+            .map_err(|e| self.value_error(column, lsn, e))
     }
 
-    fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<super::value::Value> {
-        column.pg_type.parse(text).map_err(|e| {
-            self.decode_error(column, lsn, "cannot decode a value")
-                .with_source(e)
-        })
+    /// A value of `column` that did not decode, with its context.
+    pub fn value_error(&self, column: &ColumnInfo, lsn: Lsn, e: ValueError) -> Error {
+        self.decode_error(column, lsn, "cannot decode a value")
+            .with_source(e)
     }
 
     fn decode_error(&self, column: &ColumnInfo, lsn: Lsn, message: &str) -> Error {

@@ -1,8 +1,11 @@
-//! Typed column values, decoded from PostgreSQL's text output.
+//! Typed column values, decoded from PostgreSQL's text output, or for the
+//! initial load from the binary send format of the types where that is
+//! plain ([`Wire`]).
 //!
-//! The stream (pgoutput sends text) and the initial load (COPY in text
-//! format) both go through [`PgType::parse`], so a row reads the same
-//! whichever way it arrived.
+//! The stream (pgoutput sends text) goes through [`PgType::parse`]; the
+//! load (binary COPY) decodes the plain types from their binary form and
+//! casts every other column to text in its query, so that it goes through
+//! the same parser. Either way a row reads the same.
 //!
 //! Rules for values with no ordinary number:
 //! - `numeric` keeps its exact decimal text; `NaN`, `Infinity` and
@@ -10,6 +13,8 @@
 //! - `float4`/`float8` keep NaN and the infinities as IEEE values.
 //! - `date`, `timestamp` and `timestamptz` may be [`MaybeInfinite`].
 //! - A type we do not model is carried as its text, never as an error.
+
+use std::fmt::Write as _;
 
 use serde_json::json;
 
@@ -104,12 +109,10 @@ impl PgType {
     pub fn parse(&self, text: &str) -> Result<Value, ValueError> {
         let bad = || ValueError {
             type_name: self.name(),
+            form: "text output",
             len: text.len(),
             hint: match self {
-                PgType::Timestamp | PgType::TimestampTz => {
-                    "; a timestamp after 294247-01-10 04:00:54.775807 UTC does not fit in \
-                     microseconds since 1970, the form Iceberg stores"
-                }
+                PgType::Timestamp | PgType::TimestampTz => TIMESTAMP_HINT,
                 _ => "",
             },
         };
@@ -185,15 +188,126 @@ impl PgType {
     }
 }
 
-/// A text value did not have the shape of its type's output. Carries the
-/// type and length only: row values never go into errors or logs.
+/// A value did not have the shape of its type's text output (or binary
+/// send format). Carries the type and length only: row values never go
+/// into errors or logs.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("cannot decode {type_name} from its text output ({len} bytes){hint}")]
+#[error("cannot decode {type_name} from its {form} ({len} bytes){hint}")]
 pub struct ValueError {
     pub type_name: &'static str,
+    /// `text output` or `binary format`.
+    pub form: &'static str,
     pub len: usize,
     /// What may be wrong, when the type has a known limit.
     pub hint: &'static str,
+}
+
+const TIMESTAMP_HINT: &str = "; a timestamp after 294247-01-10 04:00:54.775807 UTC does not fit \
+                              in microseconds since 1970, the form Iceberg stores";
+
+/// How the initial load's binary COPY carries a column: the binary send
+/// format of a built-in type whose format is plain, or [`Wire::Text`], the
+/// type's text output (binary text types send exactly that; every other
+/// column is cast to text in the COPY query).
+/// (<https://www.postgresql.org/docs/current/sql-copy.html>, Binary Format;
+/// the send functions are in PostgreSQL's `src/backend/utils/adt`.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    Bool,
+    Int2,
+    Int4,
+    Int8,
+    Float4,
+    Float8,
+    /// [`BinaryNumeric`].
+    Numeric,
+    Bytea,
+    /// int4 days since 2000-01-01; `i32::MAX`/`MIN` are the infinities.
+    Date,
+    /// int8 microseconds since midnight.
+    Time,
+    /// int8 microseconds since 2000-01-01; `i64::MAX`/`MIN` are the
+    /// infinities.
+    Timestamp,
+    TimestampTz,
+    Uuid,
+    Text,
+}
+
+impl Wire {
+    /// The form a column of type `type_oid` comes in, and whether the COPY
+    /// query must cast it to text for that.
+    pub fn of(type_oid: u32) -> (Wire, bool) {
+        let binary = match type_oid {
+            16 => Wire::Bool,
+            17 => Wire::Bytea,
+            19 | 25 | 1042 | 1043 => Wire::Text,
+            20 => Wire::Int8,
+            21 => Wire::Int2,
+            23 => Wire::Int4,
+            700 => Wire::Float4,
+            701 => Wire::Float8,
+            1700 => Wire::Numeric,
+            1082 => Wire::Date,
+            1083 => Wire::Time,
+            1114 => Wire::Timestamp,
+            1184 => Wire::TimestampTz,
+            2950 => Wire::Uuid,
+            _ => return (Wire::Text, true),
+        };
+        (binary, false)
+    }
+
+    /// Decodes one field as a value of `pg_type`, the column's decoding.
+    pub fn decode(self, pg_type: &PgType, bytes: &[u8]) -> Result<Value, ValueError> {
+        let bad = |hint| ValueError {
+            type_name: pg_type.name(),
+            form: "binary format",
+            len: bytes.len(),
+            hint,
+        };
+        let fixed = |n: usize| bytes.get(..n).filter(|_| bytes.len() == n).ok_or(bad(""));
+        let be8 = || fixed(8).map(|b| <[u8; 8]>::try_from(b).unwrap_or_default());
+        let be4 = || fixed(4).map(|b| <[u8; 4]>::try_from(b).unwrap_or_default());
+        let pg_timestamp = |micros: i64| match micros {
+            i64::MAX => Ok(MaybeInfinite::Infinity),
+            i64::MIN => Ok(MaybeInfinite::NegInfinity),
+            m => m
+                .checked_add(temporal::PG_EPOCH_DAYS * temporal::MICROS_PER_DAY)
+                .map(MaybeInfinite::Finite)
+                .ok_or(bad(TIMESTAMP_HINT)),
+        };
+        Ok(match self {
+            Wire::Bool => match bytes {
+                [0] => Value::Bool(false),
+                [1] => Value::Bool(true),
+                _ => return Err(bad("")),
+            },
+            Wire::Int2 => Value::Int2(i16::from_be_bytes(fixed(2)?.try_into().unwrap_or_default())),
+            Wire::Int4 => Value::Int4(i32::from_be_bytes(be4()?)),
+            Wire::Int8 => Value::Int8(i64::from_be_bytes(be8()?)),
+            Wire::Float4 => Value::Float4(f32::from_be_bytes(be4()?)),
+            Wire::Float8 => Value::Float8(f64::from_be_bytes(be8()?)),
+            Wire::Numeric => Value::Numeric(BinaryNumeric::parse(bytes).ok_or(bad(""))?.numeric()),
+            Wire::Bytea => Value::Bytea(bytes.to_vec()),
+            Wire::Date => Value::Date(match i32::from_be_bytes(be4()?) {
+                i32::MAX => MaybeInfinite::Infinity,
+                i32::MIN => MaybeInfinite::NegInfinity,
+                d => MaybeInfinite::Finite(
+                    d.checked_add(temporal::PG_EPOCH_DAYS as i32)
+                        .ok_or(bad(""))?,
+                ),
+            }),
+            Wire::Time => Value::Time(i64::from_be_bytes(be8()?)),
+            Wire::Timestamp => Value::Timestamp(pg_timestamp(i64::from_be_bytes(be8()?))?),
+            Wire::TimestampTz => Value::TimestampTz(pg_timestamp(i64::from_be_bytes(be8()?))?),
+            Wire::Uuid => Value::Uuid(fixed(16)?.try_into().unwrap_or_default()),
+            Wire::Text => {
+                let text = std::str::from_utf8(bytes).map_err(|_| bad(": not valid UTF-8"))?;
+                return pg_type.parse(text);
+            }
+        })
+    }
 }
 
 /// An exact `numeric`.
@@ -204,6 +318,129 @@ pub enum Numeric {
     NaN,
     Infinity,
     NegInfinity,
+}
+
+/// A `numeric` in its binary send format: the digit count, the weight
+/// (power of 10000) of the first digit, the sign, the display scale, then
+/// the base-10000 digits, each an int16 (`numeric_send` in PostgreSQL's
+/// `src/backend/utils/adt/numeric.c`).
+pub struct BinaryNumeric<'a> {
+    weight: i16,
+    sign: u16,
+    dscale: u16,
+    digits: &'a [u8],
+}
+
+impl<'a> BinaryNumeric<'a> {
+    const POSITIVE: u16 = 0x0000;
+    const NEGATIVE: u16 = 0x4000;
+    const NAN: u16 = 0xC000;
+    const INFINITY: u16 = 0xD000;
+    const NEG_INFINITY: u16 = 0xF000;
+
+    /// `None` when the bytes are not a well-formed numeric.
+    pub fn parse(bytes: &'a [u8]) -> Option<BinaryNumeric<'a>> {
+        let word = |i: usize| Some(u16::from_be_bytes([*bytes.get(i)?, *bytes.get(i + 1)?]));
+        let ndigits = usize::from(word(0)?);
+        let n = BinaryNumeric {
+            weight: word(2)? as i16,
+            sign: word(4)?,
+            dscale: word(6)?,
+            digits: bytes.get(8..)?,
+        };
+        let digits_ok = n.digits.len() == 2 * ndigits
+            && n.digits
+                .chunks_exact(2)
+                .all(|d| u16::from_be_bytes([d[0], d[1]]) < 10_000);
+        let sign_ok = matches!(
+            n.sign,
+            Self::POSITIVE | Self::NEGATIVE | Self::NAN | Self::INFINITY | Self::NEG_INFINITY
+        );
+        (digits_ok && sign_ok && n.dscale <= 0x3FFF).then_some(n)
+    }
+
+    /// The digit at `i` (weight `weight - i`); 0 outside the digits held.
+    fn digit(&self, i: i32) -> u16 {
+        usize::try_from(i)
+            .ok()
+            .and_then(|i| self.digits.get(2 * i..2 * i + 2))
+            .map_or(0, |d| u16::from_be_bytes([d[0], d[1]]))
+    }
+
+    /// The value, its text as `numeric_out` prints it.
+    pub fn numeric(&self) -> Numeric {
+        match self.sign {
+            Self::NAN => return Numeric::NaN,
+            Self::INFINITY => return Numeric::Infinity,
+            Self::NEG_INFINITY => return Numeric::NegInfinity,
+            _ => {}
+        }
+        let mut text = String::new();
+        if self.sign == Self::NEGATIVE {
+            text.push('-');
+        }
+        let weight = i32::from(self.weight);
+        if weight < 0 {
+            text.push('0');
+        }
+        for i in 0..=weight {
+            let d = self.digit(i);
+            if i == 0 {
+                let _ = write!(text, "{d}");
+            } else {
+                let _ = write!(text, "{d:04}");
+            }
+        }
+        let dscale = usize::from(self.dscale);
+        if dscale > 0 {
+            text.push('.');
+            let start = text.len();
+            let mut i = weight + 1;
+            while text.len() - start < dscale {
+                let _ = write!(text, "{:04}", self.digit(i));
+                i += 1;
+            }
+            text.truncate(start + dscale);
+        }
+        Numeric::Finite(text)
+    }
+
+    /// The value as an unscaled integer at `scale`, when it is finite and
+    /// holds no more fractional digits than `scale` and no more digits
+    /// than `precision`.
+    pub fn unscaled(&self, scale: u32, precision: u32) -> Option<i128> {
+        if !matches!(self.sign, Self::POSITIVE | Self::NEGATIVE) {
+            return None;
+        }
+        let weight = i32::from(self.weight);
+        let scale = i32::try_from(scale).ok()?;
+        let mut unscaled: i128 = 0;
+        for i in 0..(self.digits.len() / 2) as i32 {
+            let d = i128::from(self.digit(i));
+            let exponent = 4 * (weight - i) + scale;
+            if exponent >= 0 {
+                let power = 10i128.checked_pow(u32::try_from(exponent).ok()?)?;
+                unscaled = unscaled.checked_add(d.checked_mul(power)?)?;
+            } else {
+                // Digits below the scale must be zeros.
+                let power = 10i128
+                    .checked_pow(exponent.unsigned_abs())
+                    .unwrap_or(i128::MAX);
+                if d % power != 0 {
+                    return None;
+                }
+                unscaled = unscaled.checked_add(d / power)?;
+            }
+        }
+        if unscaled >= 10i128.checked_pow(precision)? {
+            return None;
+        }
+        Some(if self.sign == Self::NEGATIVE {
+            -unscaled
+        } else {
+            unscaled
+        })
+    }
 }
 
 /// One decoded column value.

@@ -26,11 +26,13 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, ListArray};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
-use arrow_schema::{DataType, Field, TimeUnit};
+use arrow_schema::{DataType, Field, FieldRef, TimeUnit};
 
+use crate::cdc::snapshot::LoadRows;
 use crate::cdc::temporal::{self, MaybeInfinite};
-use crate::cdc::value::{Numeric, Value};
+use crate::cdc::value::{BinaryNumeric, Numeric, PgType, Value, Wire};
 use crate::error::{Error, ErrorKind, Result};
+use crate::pg::lsn::Lsn;
 
 /// Iceberg's time ends at 23:59:59.999999; PostgreSQL's at 24:00:00.
 const MICROS_PER_DAY: i64 = 86_400_000_000;
@@ -40,169 +42,88 @@ pub type Cells<'a> = [Option<&'a Value>];
 
 /// Builds the array of `field`'s type from the column's values.
 pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
-    let mismatch = |v: &Value| {
-        Error::new(
-            ErrorKind::Decode,
-            format!(
-                "a {} value does not fit the column's type {}",
-                value_kind(v),
-                field.data_type()
-            ),
-        )
-        .with_context("column", field.name())
-    };
-    macro_rules! primitive {
-        ($builder:expr, $convert:expr) => {{
-            let mut builder = $builder;
-            for cell in cells {
-                match cell {
-                    None | Some(Value::Null) => builder.append_null(),
-                    Some(v) => {
-                        let converted: Option<_> = $convert(*v);
-                        builder.append_value(converted.ok_or_else(|| mismatch(v))?);
-                    }
-                }
-            }
-            Arc::new(builder.finish()) as ArrayRef
-        }};
+    let mut builder = ColumnBuilder::new(field, cells.len())?;
+    for cell in cells {
+        builder.append(*cell)?;
     }
-    let array =
-        match field.data_type() {
-            DataType::Boolean => primitive!(
-                BooleanBuilder::with_capacity(cells.len()),
-                |v: &Value| match v {
-                    Value::Bool(b) => Some(*b),
-                    _ => None,
-                }
-            ),
-            DataType::Int32 => {
-                primitive!(
-                    Int32Builder::with_capacity(cells.len()),
-                    |v: &Value| match v {
-                        Value::Int2(i) => Some(i32::from(*i)),
-                        Value::Int4(i) => Some(*i),
-                        _ => None,
-                    }
-                )
-            }
-            DataType::Int64 => {
-                primitive!(Int64Builder::with_capacity(cells.len()), integer_form)
-            }
-            DataType::Float32 => primitive!(
-                Float32Builder::with_capacity(cells.len()),
-                |v: &Value| match v {
-                    Value::Float4(f) => Some(*f),
-                    _ => None,
-                }
-            ),
-            DataType::Float64 => primitive!(
-                Float64Builder::with_capacity(cells.len()),
-                |v: &Value| match v {
-                    Value::Float4(f) => Some(f64::from(*f)),
-                    Value::Float8(f) => Some(*f),
-                    _ => None,
-                }
-            ),
-            DataType::Decimal128(precision, scale) => {
-                let builder = Decimal128Builder::with_capacity(cells.len())
+    builder.finish()
+}
+
+/// An array of a field's type being built value by value.
+pub struct ColumnBuilder {
+    field: FieldRef,
+    kind: Kind,
+}
+
+enum Kind {
+    Bool(BooleanBuilder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Decimal {
+        builder: Decimal128Builder,
+        precision: u32,
+        scale: u32,
+    },
+    Utf8(StringBuilder),
+    Binary(LargeBinaryBuilder),
+    Date(Date32Builder),
+    Time(Time64MicrosecondBuilder),
+    Timestamp {
+        builder: TimestampMicrosecondBuilder,
+        with_zone: bool,
+    },
+    Uuid(FixedSizeBinaryBuilder),
+    List {
+        element: FieldRef,
+        child: Box<ColumnBuilder>,
+        offsets: Vec<i32>,
+        valid: Vec<bool>,
+    },
+}
+
+impl ColumnBuilder {
+    /// A builder for `field`'s type with room for `capacity` values.
+    pub fn new(field: &Field, capacity: usize) -> Result<ColumnBuilder> {
+        let kind = match field.data_type() {
+            DataType::Boolean => Kind::Bool(BooleanBuilder::with_capacity(capacity)),
+            DataType::Int32 => Kind::Int32(Int32Builder::with_capacity(capacity)),
+            DataType::Int64 => Kind::Int64(Int64Builder::with_capacity(capacity)),
+            DataType::Float32 => Kind::Float32(Float32Builder::with_capacity(capacity)),
+            DataType::Float64 => Kind::Float64(Float64Builder::with_capacity(capacity)),
+            DataType::Decimal128(precision, scale) => Kind::Decimal {
+                builder: Decimal128Builder::with_capacity(capacity)
                     .with_precision_and_scale(*precision, *scale)
                     .map_err(|e| {
                         Error::new(ErrorKind::Lake, "invalid decimal type").with_source(e)
-                    })?;
-                primitive!(builder, |v: &Value| match v {
-                    Value::Numeric(Numeric::Finite(text)) =>
-                        decimal_to_i128(text, *scale as u32, *precision as u32),
-                    _ => None,
-                })
-            }
-            DataType::Utf8 => primitive!(StringBuilder::with_capacity(cells.len(), 0), text_form),
-            DataType::LargeBinary => primitive!(
-                LargeBinaryBuilder::with_capacity(cells.len(), 0),
-                |v: &Value| match v {
-                    Value::Bytea(b) => Some(b.clone()),
-                    _ => None,
-                }
-            ),
-            DataType::Date32 => primitive!(
-                Date32Builder::with_capacity(cells.len()),
-                |v: &Value| match v {
-                    Value::Date(d) => Some(encode_infinite(d, i32::MAX)),
-                    _ => None,
-                }
-            ),
-            DataType::Time64(TimeUnit::Microsecond) => {
-                primitive!(
-                    Time64MicrosecondBuilder::with_capacity(cells.len()),
-                    |v: &Value| match v {
-                        Value::Time(t) if *t < MICROS_PER_DAY => Some(*t),
-                        _ => None,
-                    }
-                )
-            }
-            DataType::Timestamp(TimeUnit::Microsecond, zone) => {
-                let builder = TimestampMicrosecondBuilder::with_capacity(cells.len())
-                    .with_timezone_opt(zone.clone());
-                let with_zone = zone.is_some();
-                primitive!(builder, |v: &Value| match v {
-                    Value::Timestamp(t) if !with_zone => Some(encode_infinite(t, i64::MAX)),
-                    Value::TimestampTz(t) if with_zone => Some(encode_infinite(t, i64::MAX)),
-                    _ => None,
-                })
-            }
-            DataType::FixedSizeBinary(16) => {
-                let mut builder = FixedSizeBinaryBuilder::with_capacity(cells.len(), 16);
-                for cell in cells {
-                    match cell {
-                        None | Some(Value::Null) => builder.append_null(),
-                        Some(Value::Uuid(u)) => builder.append_value(u).map_err(|e| {
-                            Error::new(ErrorKind::Lake, "cannot build a uuid array").with_source(e)
-                        })?,
-                        Some(v) => return Err(mismatch(v)),
-                    }
-                }
-                Arc::new(builder.finish())
-            }
-            DataType::List(element) => {
-                let mut offsets = Vec::with_capacity(cells.len() + 1);
-                let mut children: Vec<Option<&Value>> = Vec::new();
-                let mut valid = Vec::with_capacity(cells.len());
-                offsets.push(0i32);
-                for cell in cells {
-                    match cell {
-                        None | Some(Value::Null) => valid.push(false),
-                        Some(Value::Array(items)) => {
-                            let nested = !matches!(element.data_type(), DataType::List(_));
-                            if nested && items.iter().any(|i| matches!(i, Value::Array(_))) {
-                                return Err(Error::new(
-                                    ErrorKind::Decode,
-                                    "a multi-dimensional array value does not fit the column's \
-                                     list type (arrays map to one-dimensional lists)",
-                                )
-                                .with_context("column", field.name()));
-                            }
-                            valid.push(true);
-                            children.extend(items.iter().map(Some));
-                        }
-                        Some(v) => return Err(mismatch(v)),
-                    }
-                    let end = i32::try_from(children.len()).map_err(|_| {
-                        Error::new(ErrorKind::Lake, "a list column exceeds 2^31 elements")
-                    })?;
-                    offsets.push(end);
-                }
-                let child = build_array(element, &children)?;
-                Arc::new(
-                    ListArray::try_new(
-                        element.clone(),
-                        OffsetBuffer::new(offsets.into()),
-                        child,
-                        Some(NullBuffer::from(valid)),
-                    )
-                    .map_err(|e| {
-                        Error::new(ErrorKind::Lake, "cannot build a list array").with_source(e)
                     })?,
-                )
+                precision: u32::from(*precision),
+                scale: u32::try_from(*scale).map_err(|_| {
+                    Error::new(ErrorKind::Lake, "negative decimal scale")
+                        .with_context("column", field.name())
+                })?,
+            },
+            DataType::Utf8 => Kind::Utf8(StringBuilder::with_capacity(capacity, 0)),
+            DataType::LargeBinary => Kind::Binary(LargeBinaryBuilder::with_capacity(capacity, 0)),
+            DataType::Date32 => Kind::Date(Date32Builder::with_capacity(capacity)),
+            DataType::Time64(TimeUnit::Microsecond) => {
+                Kind::Time(Time64MicrosecondBuilder::with_capacity(capacity))
             }
+            DataType::Timestamp(TimeUnit::Microsecond, zone) => Kind::Timestamp {
+                builder: TimestampMicrosecondBuilder::with_capacity(capacity)
+                    .with_timezone_opt(zone.clone()),
+                with_zone: zone.is_some(),
+            },
+            DataType::FixedSizeBinary(16) => {
+                Kind::Uuid(FixedSizeBinaryBuilder::with_capacity(capacity, 16))
+            }
+            DataType::List(element) => Kind::List {
+                element: element.clone(),
+                child: Box::new(ColumnBuilder::new(element, capacity)?),
+                offsets: vec![0],
+                valid: Vec::with_capacity(capacity),
+            },
             other => {
                 return Err(Error::new(
                     ErrorKind::Lake,
@@ -211,7 +132,324 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
                 .with_context("column", field.name()));
             }
         };
-    Ok(array)
+        Ok(ColumnBuilder {
+            field: Arc::new(field.clone()),
+            kind,
+        })
+    }
+
+    /// Appends a value, `None` or [`Value::Null`] as null. A value the
+    /// type cannot hold exactly is an error naming the column.
+    pub fn append(&mut self, cell: Option<&Value>) -> Result<()> {
+        let Some(v) = cell.filter(|v| !matches!(v, Value::Null)) else {
+            self.append_null();
+            return Ok(());
+        };
+        // Appends the converted value, if the value converts.
+        macro_rules! put {
+            ($builder:expr, $converted:expr) => {
+                match $converted {
+                    Some(x) => {
+                        $builder.append_value(x);
+                        true
+                    }
+                    None => false,
+                }
+            };
+        }
+        let fits = match &mut self.kind {
+            Kind::Bool(b) => put!(
+                b,
+                match v {
+                    Value::Bool(x) => Some(*x),
+                    _ => None,
+                }
+            ),
+            Kind::Int32(b) => put!(
+                b,
+                match v {
+                    Value::Int2(i) => Some(i32::from(*i)),
+                    Value::Int4(i) => Some(*i),
+                    _ => None,
+                }
+            ),
+            Kind::Int64(b) => put!(b, integer_form(v)),
+            Kind::Float32(b) => put!(
+                b,
+                match v {
+                    Value::Float4(f) => Some(*f),
+                    _ => None,
+                }
+            ),
+            Kind::Float64(b) => put!(
+                b,
+                match v {
+                    Value::Float4(f) => Some(f64::from(*f)),
+                    Value::Float8(f) => Some(*f),
+                    _ => None,
+                }
+            ),
+            Kind::Decimal {
+                builder,
+                precision,
+                scale,
+            } => put!(
+                builder,
+                match v {
+                    Value::Numeric(Numeric::Finite(text)) =>
+                        decimal_to_i128(text, *scale, *precision),
+                    _ => None,
+                }
+            ),
+            Kind::Utf8(b) => put!(b, text_form(v)),
+            Kind::Binary(b) => put!(
+                b,
+                match v {
+                    Value::Bytea(x) => Some(x),
+                    _ => None,
+                }
+            ),
+            Kind::Date(b) => put!(
+                b,
+                match v {
+                    Value::Date(d) => Some(encode_infinite(d, i32::MAX)),
+                    _ => None,
+                }
+            ),
+            Kind::Time(b) => put!(
+                b,
+                match v {
+                    Value::Time(t) if *t < MICROS_PER_DAY => Some(*t),
+                    _ => None,
+                }
+            ),
+            Kind::Timestamp { builder, with_zone } => put!(
+                builder,
+                match (v, *with_zone) {
+                    (Value::Timestamp(t), false) | (Value::TimestampTz(t), true) =>
+                        Some(encode_infinite(t, i64::MAX)),
+                    _ => None,
+                }
+            ),
+            Kind::Uuid(b) => match v {
+                Value::Uuid(u) => {
+                    b.append_value(u).map_err(|e| {
+                        Error::new(ErrorKind::Lake, "cannot build a uuid array").with_source(e)
+                    })?;
+                    true
+                }
+                _ => false,
+            },
+            Kind::List {
+                element,
+                child,
+                offsets,
+                valid,
+            } => match v {
+                Value::Array(items) => {
+                    let nested = !matches!(element.data_type(), DataType::List(_));
+                    if nested && items.iter().any(|i| matches!(i, Value::Array(_))) {
+                        return Err(Error::new(
+                            ErrorKind::Decode,
+                            "a multi-dimensional array value does not fit the column's \
+                             list type (arrays map to one-dimensional lists)",
+                        )
+                        .with_context("column", self.field.name()));
+                    }
+                    for item in items {
+                        child.append(Some(item))?;
+                    }
+                    let end = offsets.last().copied().unwrap_or(0) as usize + items.len();
+                    offsets.push(i32::try_from(end).map_err(|_| {
+                        Error::new(ErrorKind::Lake, "a list column exceeds 2^31 elements")
+                    })?);
+                    valid.push(true);
+                    true
+                }
+                _ => false,
+            },
+        };
+        if fits { Ok(()) } else { Err(self.mismatch(v)) }
+    }
+
+    /// Appends a string to a string column; the text output of a column of
+    /// any other type goes through [`Self::append`] as its value.
+    pub fn append_str(&mut self, text: &str) -> bool {
+        match &mut self.kind {
+            Kind::Utf8(b) => {
+                b.append_value(text);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends a `numeric` in its binary format to a decimal column;
+    /// false when the column is not a decimal one, or the value is not a
+    /// finite number it holds exactly (then [`Self::append`] its value for
+    /// the error).
+    pub fn append_numeric(&mut self, numeric: &BinaryNumeric<'_>) -> bool {
+        match &mut self.kind {
+            Kind::Decimal {
+                builder,
+                precision,
+                scale,
+            } => match numeric.unscaled(*scale, *precision) {
+                Some(d) => {
+                    builder.append_value(d);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    pub fn append_null(&mut self) {
+        match &mut self.kind {
+            Kind::Bool(b) => b.append_null(),
+            Kind::Int32(b) => b.append_null(),
+            Kind::Int64(b) => b.append_null(),
+            Kind::Float32(b) => b.append_null(),
+            Kind::Float64(b) => b.append_null(),
+            Kind::Decimal { builder, .. } => builder.append_null(),
+            Kind::Utf8(b) => b.append_null(),
+            Kind::Binary(b) => b.append_null(),
+            Kind::Date(b) => b.append_null(),
+            Kind::Time(b) => b.append_null(),
+            Kind::Timestamp { builder, .. } => builder.append_null(),
+            Kind::Uuid(b) => b.append_null(),
+            Kind::List { offsets, valid, .. } => {
+                offsets.push(offsets.last().copied().unwrap_or(0));
+                valid.push(false);
+            }
+        }
+    }
+
+    /// The array of the values appended so far; the builder starts over.
+    pub fn finish(&mut self) -> Result<ArrayRef> {
+        Ok(match &mut self.kind {
+            Kind::Bool(b) => Arc::new(b.finish()),
+            Kind::Int32(b) => Arc::new(b.finish()),
+            Kind::Int64(b) => Arc::new(b.finish()),
+            Kind::Float32(b) => Arc::new(b.finish()),
+            Kind::Float64(b) => Arc::new(b.finish()),
+            Kind::Decimal { builder, .. } => Arc::new(builder.finish()),
+            Kind::Utf8(b) => Arc::new(b.finish()),
+            Kind::Binary(b) => Arc::new(b.finish()),
+            Kind::Date(b) => Arc::new(b.finish()),
+            Kind::Time(b) => Arc::new(b.finish()),
+            Kind::Timestamp { builder, .. } => Arc::new(builder.finish()),
+            Kind::Uuid(b) => Arc::new(b.finish()),
+            Kind::List {
+                element,
+                child,
+                offsets,
+                valid,
+            } => {
+                let offsets = std::mem::replace(offsets, vec![0]);
+                Arc::new(
+                    ListArray::try_new(
+                        element.clone(),
+                        OffsetBuffer::new(offsets.into()),
+                        child.finish()?,
+                        Some(NullBuffer::from(std::mem::take(valid))),
+                    )
+                    .map_err(|e| {
+                        Error::new(ErrorKind::Lake, "cannot build a list array").with_source(e)
+                    })?,
+                )
+            }
+        })
+    }
+
+    fn mismatch(&self, v: &Value) -> Error {
+        Error::new(
+            ErrorKind::Decode,
+            format!(
+                "a {} value does not fit the column's type {}",
+                value_kind(v),
+                self.field.data_type()
+            ),
+        )
+        .with_context("column", self.field.name())
+    }
+}
+
+/// The initial load's rows as arrays of `fields`, the relation's columns
+/// as the tables map them. Text reaches string columns, and a `numeric`
+/// its decimal column, without a [`Value`] between.
+pub fn load_columns(fields: &[FieldRef], rows: &LoadRows, lsn: Lsn) -> Result<Vec<ArrayRef>> {
+    let relation = &rows.relation;
+    let mut builders = fields
+        .iter()
+        .map(|f| ColumnBuilder::new(f, rows.rows.len()))
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| e.with_context("table", &relation.name))?;
+    rows.rows.for_each(|cells| {
+        for (((cell, builder), wire), column) in cells
+            .zip(&mut builders)
+            .zip(rows.wires.iter())
+            .zip(&relation.columns)
+        {
+            let Some(bytes) = cell else {
+                builder.append_null();
+                continue;
+            };
+            let done = match wire {
+                Wire::Text => {
+                    matches!(
+                        column.pg_type,
+                        PgType::Text
+                            | PgType::Json
+                            | PgType::Jsonb
+                            | PgType::Inet
+                            | PgType::Cidr
+                            | PgType::Enum
+                            | PgType::Unknown
+                    ) && std::str::from_utf8(bytes).is_ok_and(|text| builder.append_str(text))
+                }
+                Wire::Numeric => {
+                    BinaryNumeric::parse(bytes).is_some_and(|n| builder.append_numeric(&n))
+                }
+                _ => false,
+            };
+            if done {
+                continue;
+            }
+            let value = wire
+                .decode(&column.pg_type, bytes)
+                .map_err(|e| relation.value_error(column, lsn, e))?;
+            builder
+                .append(Some(&value))
+                .map_err(|e| e.with_context("table", &relation.name))?;
+        }
+        Ok::<(), Error>(())
+    })?;
+    builders.iter_mut().map(ColumnBuilder::finish).collect()
+}
+
+/// `array` as `to`, a type that differs at most in the field metadata of
+/// list elements (the field ids of bronze and silver differ).
+pub fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == to {
+        return Ok(array.clone());
+    }
+    match (array.as_list_opt::<i32>(), to) {
+        (Some(list), DataType::List(element)) => Ok(Arc::new(
+            ListArray::try_new(
+                element.clone(),
+                list.offsets().clone(),
+                retype(list.values(), element.data_type())?,
+                list.nulls().cloned(),
+            )
+            .map_err(|e| Error::new(ErrorKind::Lake, "cannot build a list array").with_source(e))?,
+        )),
+        _ => Err(Error::new(
+            ErrorKind::Lake,
+            format!("cannot use a {} array as {to}", array.data_type()),
+        )),
+    }
 }
 
 /// `max` for infinity, `-max` for -infinity.

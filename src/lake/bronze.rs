@@ -15,21 +15,26 @@
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder, TimestampMicrosecondBuilder};
-use arrow_array::{ArrayRef, RecordBatch, StructArray};
+use arrow_array::{
+    ArrayRef, Int64Array, RecordBatch, StringArray, StructArray, TimestampMicrosecondArray,
+    new_null_array,
+};
 use arrow_buffer::NullBuffer;
-use arrow_schema::{DataType, Fields, Schema as ArrowSchema};
+use arrow_schema::{DataType, FieldRef, Fields, Schema as ArrowSchema};
 
 use iceberg::TableIdent;
 use iceberg::spec::DataFile;
 
-use super::arrow::build_array;
+use super::arrow::{build_array, retype};
 use super::catalog::Lake;
 use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
 };
-use super::writer::{Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
-use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op};
+use super::writer::{
+    BackgroundSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files,
+};
+use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -39,6 +44,8 @@ pub struct BronzeTable {
     buffer: Vec<Arc<Change>>,
     buffer_bytes: usize,
     written: Vec<DataFile>,
+    /// The initial load's file writer, while a load is staged.
+    load: Option<BackgroundSink>,
 }
 
 impl BronzeTable {
@@ -48,6 +55,7 @@ impl BronzeTable {
             buffer: Vec::new(),
             buffer_bytes: 0,
             written: Vec::new(),
+            load: None,
         }
     }
 
@@ -80,9 +88,36 @@ impl BronzeTable {
         Ok(())
     }
 
+    /// Adds rows of the initial load of transaction `tx`, numbered from
+    /// `first_seq`: `columns` are the source columns (silver's types, in
+    /// the relation's order, named by `fields`). They are encoded on a
+    /// task of their own into the files of the open batch.
+    pub async fn stage_load(
+        &mut self,
+        lake: &Lake,
+        tx: TxInfo,
+        first_seq: u64,
+        fields: &[FieldRef],
+        columns: &[ArrayRef],
+    ) -> Result<()> {
+        let table = lake.catalog_table(&self.ident).await?;
+        if self.load.is_none() {
+            self.load = Some(BackgroundSink::open(&table).await?);
+        }
+        let batch = load_batch(&arrow_schema(&table)?, tx, first_seq, fields, columns)
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        if let Some(sink) = self.load.as_mut() {
+            sink.write(batch).await?;
+        }
+        Ok(())
+    }
+
     /// Commits the open batch as one snapshot recording `position` (an
     /// empty one when nothing was staged).
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+        if let Some(load) = self.load.take() {
+            self.written.extend(load.close().await?);
+        }
         self.write_buffer(lake).await?;
         let delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
@@ -130,6 +165,50 @@ pub fn bronze_batch(schema: &Arc<ArrowSchema>, changes: &[&Change]) -> Result<Re
         columns.push(array);
     }
     RecordBatch::try_new(schema.clone(), columns)
+        .map_err(|e| Error::new(ErrorKind::Lake, "cannot assemble the bronze batch").with_source(e))
+}
+
+/// The bronze batch of load rows: every one a read (`r`) of transaction
+/// `tx` without a before image.
+fn load_batch(
+    schema: &Arc<ArrowSchema>,
+    tx: TxInfo,
+    first_seq: u64,
+    fields: &[FieldRef],
+    columns: &[ArrayRef],
+) -> Result<RecordBatch> {
+    let rows = columns.first().map_or(0, |c| c.len());
+    let constant = |v: i64| Arc::new(Int64Array::from_value(v, rows)) as ArrayRef;
+    let mut out: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    for field in schema.fields() {
+        let array: ArrayRef = match field.name().as_str() {
+            COMMIT_LSN | LSN => constant(tx.commit_lsn.0 as i64),
+            SEQ => Arc::new(Int64Array::from_iter_values(
+                (first_seq..first_seq + rows as u64).map(|s| s as i64),
+            )),
+            XID => constant(i64::from(tx.xid)),
+            COMMIT_TS => {
+                let DataType::Timestamp(_, zone) = field.data_type() else {
+                    return Err(schema_error(COMMIT_TS));
+                };
+                Arc::new(
+                    TimestampMicrosecondArray::from_value(tx.commit_ts, rows)
+                        .with_timezone_opt(zone.clone()),
+                )
+            }
+            OP => Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                Op::Read.code(),
+                rows,
+            ))),
+            BEFORE => no_before_column(field.data_type(), rows)?,
+            name => match fields.iter().position(|f| f.name() == name) {
+                Some(i) => retype(&columns[i], field.data_type())?,
+                None => new_null_array(field.data_type(), rows),
+            },
+        };
+        out.push(array);
+    }
+    RecordBatch::try_new(schema.clone(), out)
         .map_err(|e| Error::new(ErrorKind::Lake, "cannot assemble the bronze batch").with_source(e))
 }
 
@@ -218,6 +297,37 @@ fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> 
         StructArray::try_new(fields, arrays, Some(NullBuffer::from(valid))).map_err(|e| {
             Error::new(ErrorKind::Lake, "cannot build the before-image column").with_source(e)
         })?,
+    ))
+}
+
+/// A before-image column of `rows` nulls, its required fields filled with
+/// placeholders that the null hides, as [`before_column`] does.
+fn no_before_column(data_type: &DataType, rows: usize) -> Result<ArrayRef> {
+    let DataType::Struct(fields) = data_type else {
+        return Err(schema_error(BEFORE));
+    };
+    let arrays = fields
+        .iter()
+        .map(|field| {
+            Ok(match field.name().as_str() {
+                BEFORE_IMAGE => {
+                    Arc::new(StringArray::from_iter_values(std::iter::repeat_n("", rows)))
+                        as ArrayRef
+                }
+                BEFORE_NOT_SENT => {
+                    let mut b = ListBuilder::new(StringBuilder::new())
+                        .with_field(list_element(field.data_type())?);
+                    (0..rows).for_each(|_| b.append(true));
+                    Arc::new(b.finish())
+                }
+                _ => new_null_array(field.data_type(), rows),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Arc::new(
+        StructArray::try_new(fields.clone(), arrays, Some(NullBuffer::new_null(rows))).map_err(
+            |e| Error::new(ErrorKind::Lake, "cannot build the before-image column").with_source(e),
+        )?,
     ))
 }
 

@@ -135,23 +135,48 @@ impl KeyIndex {
             .with_context("held", leaving));
         }
         for (path, rows) in to {
-            let file = self.slot_for(path.clone())?;
-            for (pos, key) in rows {
-                let pos = u32::try_from(pos).map_err(|_| {
-                    Error::new(
-                        ErrorKind::Lake,
-                        "a data file is too large for the key index",
-                    )
-                    .with_context("file", &path)
-                })?;
-                self.files[file as usize].live += 1;
-                self.put(key, Slot::Live(Location { file, pos }))?;
-            }
-            if self.files[file as usize].live == 0 {
-                self.free_slot(file);
-            }
+            self.place_file(path, rows)?;
         }
         Ok(())
+    }
+
+    /// Adds the rows of a data file whose keys the index does not hold (an
+    /// initial load into an empty index: the source's primary key makes
+    /// them unique), without looking any of them up.
+    pub fn add_new_file(
+        &mut self,
+        path: Arc<str>,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        self.live += self.place_file(path, rows)?;
+        Ok(())
+    }
+
+    /// Puts each row of a data file in the index as it is, without a
+    /// lookup; the number of rows.
+    fn place_file(
+        &mut self,
+        path: Arc<str>,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<usize> {
+        let file = self.slot_for(path.clone())?;
+        let mut placed = 0;
+        for (pos, key) in rows {
+            let pos = u32::try_from(pos).map_err(|_| {
+                Error::new(
+                    ErrorKind::Lake,
+                    "a data file is too large for the key index",
+                )
+                .with_context("file", &path)
+            })?;
+            self.files[file as usize].live += 1;
+            self.put(key, Slot::Live(Location { file, pos }))?;
+            placed += 1;
+        }
+        if placed == 0 {
+            self.free_slot(file);
+        }
+        Ok(placed)
     }
 
     /// The file and position of `key`'s live row.

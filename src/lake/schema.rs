@@ -20,6 +20,8 @@ use iceberg::spec::{
     ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
 
+use arrow_schema::FieldRef;
+
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
@@ -194,6 +196,31 @@ pub fn silver_schema(relation: &RelationInfo) -> Result<Schema> {
         Type::Primitive(PrimitiveType::Timestamptz),
     )));
     build(fields, identifiers, relation)
+}
+
+/// The relation's columns as Arrow fields of silver's types (with their
+/// field ids), in column order: what the initial load decodes into, and
+/// what verify compares.
+pub fn source_arrow_fields(relation: &RelationInfo) -> Result<Vec<FieldRef>> {
+    let bad = |e: &dyn std::fmt::Display| {
+        Error::new(
+            ErrorKind::Lake,
+            format!("cannot map the table's columns to Arrow: {e}"),
+        )
+        .with_context("table", &relation.name)
+    };
+    let silver =
+        iceberg::arrow::schema_to_arrow_schema(&silver_schema(relation)?).map_err(|e| bad(&e))?;
+    relation
+        .columns
+        .iter()
+        .map(|c| {
+            silver
+                .field_with_name(&c.name)
+                .map(|f| Arc::new(f.clone()))
+                .map_err(|e| bad(&e))
+        })
+        .collect()
 }
 
 /// The bronze (change history) schema of a relation.

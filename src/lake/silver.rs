@@ -22,8 +22,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema as ArrowSchema};
+use arrow_array::{
+    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
+};
+use arrow_schema::{DataType, Field, FieldRef, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use iceberg::scan::FileScanTask;
@@ -32,19 +34,24 @@ use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::arrow::{arrow_value, build_array};
+use super::arrow::{arrow_value, build_array, retype};
 use super::catalog::{Lake, iceberg_error};
 use super::key::{Key, KeyCodec};
 use super::key_index::KeyIndex;
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{
-    Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet, write_data_files,
+    BackgroundSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
+    write_data_files,
 };
-use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op};
+use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
+
+/// The initial load writes data files of at most this many rows: the keys
+/// of a file are held until it is written and its path known.
+const LOAD_FILE_ROWS: usize = 1 << 20;
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -71,6 +78,17 @@ pub struct SilverTable {
     /// The last data file read to fill unchanged TOAST values.
     cached_file: Option<(Arc<str>, Vec<RecordBatch>)>,
     files: FileCounts,
+    /// The initial load staged, while it is.
+    load: Option<Load>,
+}
+
+/// An initial load being staged.
+struct Load {
+    /// The data file being written, and its rows' keys.
+    file: Option<(BackgroundSink, Vec<Key>)>,
+    /// Whether the load began with nothing live and nothing staged: its
+    /// keys then need no lookup.
+    into_empty: bool,
 }
 
 /// Live data and delete files as last known, and the commits since the
@@ -119,6 +137,7 @@ impl SilverTable {
             deletes: Vec::new(),
             cached_file: None,
             files: FileCounts::default(),
+            load: None,
         };
         silver.rebuild_index(&table).await?;
         Ok(silver)
@@ -350,6 +369,7 @@ impl SilverTable {
     /// batch is written to data files as it grows; nothing is visible until
     /// [`Self::commit`].
     pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
+        self.finish_load_file().await?;
         match change.op {
             Op::Truncate => {
                 self.deletes.extend(self.index.clear()?);
@@ -403,6 +423,119 @@ impl SilverTable {
         Ok(())
     }
 
+    /// Adds rows of the initial load of transaction `tx`: `columns` are
+    /// the source columns (silver's types, in the relation's order, named
+    /// by `fields`). They are encoded on a task of their own, into data
+    /// files of up to [`LOAD_FILE_ROWS`] rows; the index learns each file's
+    /// keys once it is written.
+    pub async fn stage_load(
+        &mut self,
+        lake: &Lake,
+        tx: TxInfo,
+        fields: &[FieldRef],
+        columns: &[ArrayRef],
+    ) -> Result<()> {
+        let rows = columns.first().map_or(0, |c| c.len());
+        let mut out: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        for field in self.schema.fields() {
+            out.push(match field.name().as_str() {
+                COMMIT_LSN => Arc::new(Int64Array::from_value(tx.commit_lsn.0 as i64, rows)),
+                COMMIT_TS => {
+                    let DataType::Timestamp(_, zone) = field.data_type() else {
+                        return Err(lake_error(
+                            "the silver table's schema is not the one wal2iceberg writes",
+                            &self.ident,
+                        ));
+                    };
+                    Arc::new(
+                        TimestampMicrosecondArray::from_value(tx.commit_ts, rows)
+                            .with_timezone_opt(zone.clone()),
+                    )
+                }
+                name => match fields.iter().position(|f| f.name() == name) {
+                    Some(i) => retype(&columns[i], field.data_type())
+                        .map_err(|e| e.with_context("table", &self.ident))?,
+                    None => new_null_array(field.data_type(), rows),
+                },
+            });
+        }
+        let key_columns: Vec<ArrayRef> = self.key_fields.iter().map(|&i| out[i].clone()).collect();
+        let keys = self
+            .codec
+            .encode_columns(&key_columns)
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        let into_empty = self.index.live_rows() == 0 && self.pending.is_empty();
+        let load = self.load.get_or_insert(Load {
+            file: None,
+            into_empty,
+        });
+        if !load.into_empty {
+            // A table loaded again over rows it holds (not one wal2iceberg
+            // loaded) loses them by key.
+            for key in &keys {
+                if let Some(location) = self.index.remove(key)? {
+                    self.deletes.push(location);
+                }
+            }
+        }
+        let batch = RecordBatch::try_new(self.schema.clone(), out).map_err(|e| {
+            lake_error("cannot assemble the silver batch", &self.ident).with_source(e)
+        })?;
+        let (sink, held) = match &mut load.file {
+            Some(file) => file,
+            None => {
+                let table = lake.catalog_table(&self.ident).await?;
+                load.file
+                    .insert((BackgroundSink::open(&table).await?, Vec::new()))
+            }
+        };
+        sink.write(batch).await?;
+        held.extend(keys);
+        if held.len() >= LOAD_FILE_ROWS {
+            self.finish_load_file().await?;
+        }
+        Ok(())
+    }
+
+    /// Closes the load's data file and indexes its rows.
+    async fn finish_load_file(&mut self) -> Result<()> {
+        let Some(load) = self.load.as_mut() else {
+            return Ok(());
+        };
+        let into_empty = load.into_empty;
+        let Some((sink, keys)) = load.file.take() else {
+            return Ok(());
+        };
+        let files = sink.close().await?;
+        self.index_files(&files, keys, into_empty)?;
+        self.written.extend(files);
+        Ok(())
+    }
+
+    /// Tells the index where `keys`, rows written in order to `files`, are;
+    /// `new_keys` when the index is known not to hold any of them.
+    fn index_files(&mut self, files: &[DataFile], keys: Vec<Key>, new_keys: bool) -> Result<()> {
+        let mut keys = keys.into_iter();
+        for file in files {
+            let rows = file.record_count() as usize;
+            let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
+            if keyed.len() != rows {
+                return Err(lake_error("more rows written than given", &self.ident));
+            }
+            let path = file.file_path().into();
+            if new_keys {
+                self.index.add_new_file(path, keyed)
+            } else {
+                self.index.add_file(path, keyed)
+            }
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        }
+        if keys.next().is_some() {
+            return Err(lake_error("fewer rows written than given", &self.ident));
+        }
+        Ok(())
+    }
+
     /// Writes the rows held in memory to data files of the open batch.
     async fn write_pending(&mut self, lake: &Lake) -> Result<()> {
         let mut keys = Vec::new();
@@ -423,20 +556,7 @@ impl SilverTable {
             .batch(&changes)
             .map_err(|e| e.with_context("table", &self.ident))?;
         let files = write_data_files(&table, batch).await?;
-        let mut keys = keys.into_iter();
-        for file in &files {
-            let rows = file.record_count() as usize;
-            let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
-            if keyed.len() != rows {
-                return Err(lake_error("more rows written than given", &self.ident));
-            }
-            self.index
-                .add_file(file.file_path().into(), keyed)
-                .map_err(|e| e.with_context("table", &self.ident))?;
-        }
-        if keys.next().is_some() {
-            return Err(lake_error("fewer rows written than given", &self.ident));
-        }
+        self.index_files(&files, keys, false)?;
         self.written.extend(files);
         Ok(())
     }
@@ -445,6 +565,8 @@ impl SilverTable {
     /// empty one when the batch changed nothing (which is how the load of
     /// an empty table is marked done).
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+        self.finish_load_file().await?;
+        self.load = None;
         self.write_pending(lake).await?;
         self.files.data += self.written.len();
         self.files.commits += usize::from(!self.written.is_empty() || !self.deletes.is_empty());
@@ -509,11 +631,7 @@ impl SilverTable {
 
 /// The value of column `name`, at position `at` of the change's relation,
 /// in its after image; null when the relation no longer has the column.
-pub(crate) fn after_cell<'a>(
-    change: &'a Change,
-    at: Option<usize>,
-    name: &str,
-) -> Result<Option<&'a Value>> {
+fn after_cell<'a>(change: &'a Change, at: Option<usize>, name: &str) -> Result<Option<&'a Value>> {
     let Some(j) = at else {
         return Ok(None);
     };

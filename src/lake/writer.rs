@@ -193,6 +193,58 @@ impl DataFileSink {
     }
 }
 
+/// A [`DataFileSink`] on a task of its own, so that Parquet encoding runs
+/// on another core than the decoding that feeds it. At most two batches
+/// wait for it.
+pub struct BackgroundSink {
+    batches: tokio::sync::mpsc::Sender<RecordBatch>,
+    task: tokio::task::JoinHandle<Result<Vec<DataFile>>>,
+    ident: TableIdent,
+}
+
+impl BackgroundSink {
+    pub async fn open(table: &Table) -> Result<BackgroundSink> {
+        let mut sink = DataFileSink::open(table).await?;
+        let (batches, mut queue) = tokio::sync::mpsc::channel::<RecordBatch>(2);
+        let task = tokio::spawn(async move {
+            while let Some(batch) = queue.recv().await {
+                sink.write(batch).await?;
+            }
+            sink.close().await
+        });
+        Ok(BackgroundSink {
+            batches,
+            task,
+            ident: table.identifier().clone(),
+        })
+    }
+
+    pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+        if self.batches.send(batch).await.is_ok() {
+            return Ok(());
+        }
+        // The task stopped taking batches: it failed.
+        let stopped = Error::new(ErrorKind::Lake, "the data file writer stopped")
+            .with_context("table", &self.ident);
+        match (&mut self.task).await {
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(_)) => Err(stopped),
+            Err(e) => Err(stopped.with_source(e)),
+        }
+    }
+
+    /// The files written, in the order of the rows given.
+    pub async fn close(self) -> Result<Vec<DataFile>> {
+        drop(self.batches);
+        let ident = self.ident;
+        self.task.await.map_err(|e| {
+            Error::new(ErrorKind::Lake, "the data file writer stopped")
+                .with_context("table", &ident)
+                .with_source(e)
+        })?
+    }
+}
+
 fn sink_error(e: iceberg::Error, ident: &TableIdent) -> Error {
     iceberg_error(e, "cannot write a data file").with_context("table", ident)
 }

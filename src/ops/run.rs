@@ -19,20 +19,21 @@ use tokio::time::Instant;
 use super::monitor::{self, MonitorOptions};
 use super::shutdown::Shutdown;
 use crate::cdc::capture::{self, Capture, CaptureOptions};
-use crate::cdc::event::{Change, Event, Op};
+use crate::cdc::event::{Change, Event, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
-use crate::cdc::snapshot::SnapshotLoad;
+use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::cdc::stream::{ChangeStream, Next};
 use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
+use crate::lake::arrow::load_columns;
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::compaction::{DEFAULT_AFTER_FILES, Merge, merge_small_files};
 use crate::lake::evolve;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
 use crate::lake::lock::WriterLock;
-use crate::lake::schema::{bronze_schema, silver_schema};
+use crate::lake::schema::{bronze_schema, silver_schema, source_arrow_fields};
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::{Position, summary_total};
 use crate::metrics::{metrics, now_micros};
@@ -148,6 +149,13 @@ struct TableSink {
 impl TableSink {
     /// Takes up a schema change of the source table (docs/tables.md).
     async fn follow(&mut self, lake: &Lake, relation: &Arc<RelationInfo>) -> Result<()> {
+        if self
+            .relation
+            .as_ref()
+            .is_some_and(|r| Arc::ptr_eq(r, relation) || r.columns == relation.columns)
+        {
+            return Ok(());
+        }
         if let Some(previous) = &self.relation {
             evolve::check_rename(previous, relation)?;
         }
@@ -431,25 +439,29 @@ async fn run_once(
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
     if let Some(mut load) = load {
         let mut progress = ProgressLog::new();
-        while let Some(event) = load.next_event().await? {
+        let tx = load.tx();
+        while let Some(rows) = load.next_rows().await? {
             progress.tick(&load);
             if options.shutdown.is_requested() {
                 tracing::info!("stopping during the initial load: nothing of it is committed");
                 return Ok(());
             }
-            let row = matches!(event, Event::Change(_));
-            let bytes = pipeline.take(event).await?;
-            if row {
-                let m = metrics();
-                m.initial_load_rows.fetch_add(1, Ordering::Relaxed);
-                m.initial_load_bytes
-                    .fetch_add(bytes as u64, Ordering::Relaxed);
-            }
+            pipeline.take_load(tx, &rows).await?;
+            let m = metrics();
+            m.initial_load_rows
+                .fetch_add(rows.rows.len() as u64, Ordering::Relaxed);
+            m.initial_load_bytes
+                .fetch_add(rows.rows.bytes() as u64, Ordering::Relaxed);
             failpoint::hit("initial-load");
         }
         for relation in load.relations() {
             pipeline.ensure_sink(relation).await?;
         }
+        pipeline.batch_end = Some(Position {
+            commit_lsn: tx.commit_lsn,
+            end_lsn: tx.commit_lsn,
+            commit_ts: tx.commit_ts,
+        });
         pipeline.flush().await?;
     }
     // Open every table (rebuilding silver's key index) while the
@@ -695,11 +707,7 @@ impl Pipeline<'_> {
                     .sinks
                     .get_mut(&change.relation.name)
                     .expect("ensure_sink just ran");
-                if sink.relation.as_ref().is_none_or(|r| {
-                    !Arc::ptr_eq(r, &change.relation) && r.columns != change.relation.columns
-                }) {
-                    sink.follow(&self.lake, &change.relation).await?;
-                }
+                sink.follow(&self.lake, &change.relation).await?;
                 let to_bronze = wants(sink.bronze_at, &change);
                 let to_silver = wants(sink.silver_at, &change);
                 if to_silver {
@@ -738,6 +746,42 @@ impl Pipeline<'_> {
             Event::Begin(_) | Event::Message { .. } => {}
         }
         Ok(taken)
+    }
+
+    /// Stages a run of the initial load's rows: decoded once into Arrow
+    /// columns that bronze and silver both take.
+    async fn take_load(&mut self, tx: TxInfo, rows: &LoadRows) -> Result<()> {
+        let relation = &rows.relation;
+        self.ensure_sink(relation).await?;
+        let sink = self
+            .sinks
+            .get_mut(&relation.name)
+            .expect("ensure_sink just ran");
+        sink.follow(&self.lake, relation).await?;
+        let to_bronze = sink.bronze_at.is_none();
+        let to_silver = sink.silver_at.is_none();
+        if !to_bronze && !to_silver {
+            return Ok(());
+        }
+        let fields = source_arrow_fields(relation)?;
+        let columns = load_columns(&fields, rows, tx.commit_lsn)?;
+        if to_bronze {
+            sink.bronze
+                .stage_load(&self.lake, tx, rows.first_seq, &fields, &columns)
+                .await?;
+            sink.bronze_dirty = true;
+        }
+        if to_silver {
+            sink.silver
+                .stage_load(&self.lake, tx, &fields, &columns)
+                .await?;
+            sink.silver_dirty = true;
+        }
+        let n = rows.rows.len();
+        self.batch_changes += n;
+        self.batch_bytes += rows.rows.bytes();
+        *sink.ops.entry(Op::Read.code()).or_default() += n as u64;
+        Ok(())
     }
 
     fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {

@@ -20,10 +20,10 @@
 //!
 //! Together: bronze holds the source's history up to P, and silver is the
 //! state that history gives at silver's position. Both sides go through
-//! the same value conversion to Arrow ([`build_array`]) the pipeline uses,
-//! so a value that conversion maps wrongly is wrong on both sides and not
-//! found here; the type tests cover that conversion against readers of
-//! their own (docs/testing.md).
+//! the same value conversion to Arrow the pipeline uses (the source rows
+//! that of the initial load, [`load_columns`]), so a value that conversion
+//! maps wrongly is wrong on both sides and not found here; the type tests
+//! cover that conversion against readers of their own (docs/testing.md).
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -43,16 +43,14 @@ use tokio::time::Instant;
 
 use super::run::{RunOptions, idents, names};
 use crate::cdc::capture::read_now;
-use crate::cdc::event::{Change, Event};
 use crate::cdc::relation::{Catalog, RelationInfo};
-use crate::cdc::snapshot::SnapshotLoad;
+use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
-use crate::lake::arrow::build_array;
+use crate::lake::arrow::load_columns;
 use crate::lake::catalog::{Lake, iceberg_error, namespace};
 use crate::lake::compaction::align;
 use crate::lake::key::{Key, KeyCodec};
-use crate::lake::schema::silver_schema;
-use crate::lake::silver::after_cell;
+use crate::lake::schema::source_arrow_fields;
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
@@ -60,8 +58,6 @@ use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::quote_ident;
 use crate::pg::source::{self, SourceClient, TableName};
 
-/// Source rows hashed at a time.
-const CHUNK_ROWS: usize = 8192;
 /// Differing keys kept to report; the count covers all of them.
 const KEPT_DIFFERENCES: usize = 100_000;
 /// Differing keys printed per comparison.
@@ -233,7 +229,7 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
             .end_lsn;
         let first = source.next(table).await?;
         let relation = match &first {
-            Some(change) => change.relation.clone(),
+            Some(rows) => rows.relation.clone(),
             None => source
                 .load
                 .relations()
@@ -245,22 +241,19 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
                         .with_context("table", table)
                 })?,
         };
-        let shape = Shape::new(&relation, &silver_ident)?;
+        let shape = Shape::new(&relation)?;
 
         let mut against_source = Differences::new(replay(&bronze, &shape, position).await?);
-        let mut chunk: Vec<Change> = first.into_iter().collect();
-        loop {
-            let next = source.next(table).await?;
-            let end = next.is_none();
-            chunk.extend(next);
-            if chunk.len() >= CHUNK_ROWS || end && !chunk.is_empty() {
-                let batch = shape.source_batch(&relation, &chunk)?;
-                against_source.add(&shape.hash(&batch)?);
-                chunk.clear();
-            }
-            if end {
-                break;
-            }
+        let mut next = first;
+        while let Some(rows) = next {
+            let columns = load_columns(shape.schema.fields(), &rows, position)?;
+            let batch = RecordBatch::try_new(shape.schema.clone(), columns).map_err(|e| {
+                Error::new(ErrorKind::Lake, "cannot assemble the source rows")
+                    .with_context("table", table)
+                    .with_source(e)
+            })?;
+            against_source.add(&shape.hash(&batch)?);
+            next = source.next(table).await?;
         }
 
         let mut against_silver = Differences::new(replay(&bronze, &shape, silver_position).await?);
@@ -278,34 +271,31 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
         });
     }
     // Ends the snapshot and drops the temporary slot.
-    while load.next_event().await?.is_some() {}
+    while load.next_rows().await?.is_some() {}
     Ok(Report { tables })
 }
 
 /// The source rows of the load, table by table.
 struct SourceRows<'a> {
     load: &'a mut SnapshotLoad,
-    /// The first row of the next table.
-    pending: Option<Change>,
+    /// The first rows of the next table.
+    pending: Option<LoadRows>,
 }
 
 impl SourceRows<'_> {
-    /// The next row of `table`; `None` once the load is past it.
-    async fn next(&mut self, table: &TableName) -> Result<Option<Change>> {
-        let change = match self.pending.take() {
-            Some(change) => change,
-            None => loop {
-                match self.load.next_event().await? {
-                    Some(Event::Change(change)) => break change,
-                    Some(_) => {}
-                    None => return Ok(None),
-                }
+    /// The next rows of `table`; `None` once the load is past it.
+    async fn next(&mut self, table: &TableName) -> Result<Option<LoadRows>> {
+        let rows = match self.pending.take() {
+            Some(rows) => rows,
+            None => match self.load.next_rows().await? {
+                Some(rows) => rows,
+                None => return Ok(None),
             },
         };
-        if change.relation.name == *table {
-            Ok(Some(change))
+        if rows.relation.name == *table {
+            Ok(Some(rows))
         } else {
-            self.pending = Some(change);
+            self.pending = Some(rows);
             Ok(None)
         }
     }
@@ -322,23 +312,15 @@ struct Shape {
 }
 
 impl Shape {
-    fn new(relation: &RelationInfo, ident: &impl std::fmt::Display) -> Result<Shape> {
+    fn new(relation: &RelationInfo) -> Result<Shape> {
         let bad = |e: &dyn std::fmt::Display| {
             Error::new(
                 ErrorKind::Lake,
                 format!("cannot map the table's columns: {e}"),
             )
-            .with_context("table", ident)
+            .with_context("table", &relation.name)
         };
-        let silver = iceberg::arrow::schema_to_arrow_schema(&silver_schema(relation)?)
-            .map_err(|e| bad(&e))?;
-        let fields: Vec<Field> = relation
-            .columns
-            .iter()
-            .map(|c| silver.field_with_name(&c.name).cloned())
-            .collect::<std::result::Result<_, _>>()
-            .map_err(|e| bad(&e))?;
-        let schema = Arc::new(ArrowSchema::new(fields));
+        let schema = Arc::new(ArrowSchema::new(source_arrow_fields(relation)?));
         let key_columns: Vec<usize> = relation
             .columns
             .iter()
@@ -406,28 +388,6 @@ impl Shape {
                 (key, hasher.finish())
             })
             .collect())
-    }
-
-    /// The load's rows of one table as a batch of the compared columns.
-    fn source_batch(&self, relation: &RelationInfo, changes: &[Change]) -> Result<RecordBatch> {
-        let columns = self
-            .schema
-            .fields()
-            .iter()
-            .enumerate()
-            .map(|(j, field)| {
-                let cells = changes
-                    .iter()
-                    .map(|c| after_cell(c, Some(j), field.name()))
-                    .collect::<Result<Vec<_>>>()?;
-                build_array(field, &cells).map_err(|e| e.with_context("table", &relation.name))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        RecordBatch::try_new(self.schema.clone(), columns).map_err(|e| {
-            Error::new(ErrorKind::Lake, "cannot assemble the source rows")
-                .with_context("table", &relation.name)
-                .with_source(e)
-        })
     }
 }
 

@@ -1,194 +1,364 @@
-//! Rows of `COPY ... TO STDOUT` in text format, split into fields.
+//! Rows of `COPY ... TO STDOUT (FORMAT binary)`, split out of the byte
+//! stream into runs of whole rows.
 //!
-//! Format: "COPY", File Formats, Text Format
-//! (<https://www.postgresql.org/docs/current/sql-copy.html>): one row per
-//! line, fields separated by tabs, `\N` for NULL, and backslash escapes
-//! (`\b \f \n \r \t \v \\`, octal `\NNN`, hex `\xHH`). The field text is then
-//! the type's text output, the same text pgoutput sends.
+//! Format: "COPY", File Formats, Binary Format
+//! (<https://www.postgresql.org/docs/current/sql-copy.html>): an 11-byte
+//! signature, a 32-bit flags field (bit 16: OIDs included, which we never
+//! ask for), a header extension of a given length; then per row a 16-bit
+//! field count and per field a 32-bit length (-1 for NULL) and that many
+//! bytes of the type's binary send format; a field count of -1 ends the
+//! data. Every integer is in network byte order.
+//!
+//! The reader checks each row's shape as it arrives (field count, lengths
+//! within the bytes given), so walking a [`CopyRows`] afterwards cannot
+//! fail, and no byte sequence makes it panic.
 
-use std::borrow::Cow;
-
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 use super::wire::DecodeError;
 
-/// Splits a COPY OUT byte stream into rows, across chunk boundaries.
-#[derive(Default)]
-pub struct CopyTextReader {
+const SIGNATURE: &[u8; 11] = b"PGCOPY\n\xff\r\n\0";
+/// Signature, flags and the extension length.
+const HEADER_LEN: usize = SIGNATURE.len() + 8;
+const FLAG_OIDS: u32 = 1 << 16;
+
+/// Splits a binary COPY stream of rows of `columns` fields into runs of
+/// whole rows, across chunk boundaries.
+pub struct BinaryCopyReader {
+    columns: usize,
     pending: BytesMut,
+    /// Bytes of `pending` checked to hold whole rows.
+    checked: usize,
+    rows: usize,
+    header_done: bool,
+    ended: bool,
 }
 
-impl CopyTextReader {
-    pub fn new() -> CopyTextReader {
-        CopyTextReader::default()
-    }
-
-    /// Adds a chunk of COPY data.
-    pub fn push(&mut self, chunk: &[u8]) {
-        self.pending.extend_from_slice(chunk);
-    }
-
-    /// The next complete line, without its newline.
-    pub fn next_line(&mut self) -> Option<Bytes> {
-        let end = self.pending.iter().position(|&b| b == b'\n')?;
-        let line = self.pending.split_to(end + 1).freeze();
-        Some(line.slice(..end))
-    }
-
-    /// Bytes left after the last newline: must be none once COPY ends.
-    pub fn has_partial_line(&self) -> bool {
-        !self.pending.is_empty()
-    }
+/// Whole rows of a binary COPY stream, each checked to have the expected
+/// field count and lengths.
+pub struct CopyRows {
+    data: Bytes,
+    rows: usize,
+    columns: usize,
 }
 
-/// Splits one line into `expected` fields; `None` is SQL NULL. A field
-/// without escapes borrows from the line.
-pub fn split_fields(
-    line: &[u8],
-    expected: usize,
-) -> Result<Vec<Option<Cow<'_, str>>>, DecodeError> {
-    let error = |offset: usize, problem: String| DecodeError {
-        message: "COPY text row",
-        field: "field",
-        offset,
-        problem,
-    };
-    let mut fields = Vec::with_capacity(expected);
-    let mut start = 0;
-    loop {
-        let end = line[start..]
-            .iter()
-            .position(|&b| b == b'\t')
-            .map_or(line.len(), |p| start + p);
-        let raw = &line[start..end];
-        fields.push(if raw == b"\\N" {
-            None
-        } else {
-            let not_utf8 = || error(start, "field is not valid UTF-8".to_owned());
-            Some(if raw.contains(&b'\\') {
-                let bytes = unescape(raw)
-                    .map_err(|at| error(start + at, "invalid backslash escape".to_owned()))?;
-                Cow::Owned(String::from_utf8(bytes).map_err(|_| not_utf8())?)
-            } else {
-                Cow::Borrowed(std::str::from_utf8(raw).map_err(|_| not_utf8())?)
-            })
-        });
-        if end == line.len() {
-            break;
+impl BinaryCopyReader {
+    pub fn new(columns: usize) -> BinaryCopyReader {
+        BinaryCopyReader {
+            columns,
+            pending: BytesMut::new(),
+            checked: 0,
+            rows: 0,
+            header_done: false,
+            ended: false,
         }
-        start = end + 1;
     }
-    if fields.len() != expected {
-        return Err(error(
-            0,
-            format!(
-                "row has {} fields, the table has {expected} columns",
-                fields.len()
-            ),
-        ));
+
+    /// Adds a chunk of COPY data and checks the rows it completes.
+    pub fn push(&mut self, chunk: &[u8]) -> Result<(), DecodeError> {
+        if self.ended && !chunk.is_empty() {
+            return Err(error(self.checked, "data after the end-of-data marker"));
+        }
+        self.pending.extend_from_slice(chunk);
+        if !self.header_done {
+            if !self.read_header()? {
+                return Ok(());
+            }
+            self.header_done = true;
+        }
+        while !self.ended {
+            let rest = &self.pending[self.checked..];
+            match row_len(rest, self.columns)
+                .map_err(|(at, problem)| error(self.checked + at, problem))?
+            {
+                None => break,
+                Some(RowEnd::Trailer) => {
+                    self.ended = true;
+                    if rest.len() > 2 {
+                        return Err(error(self.checked + 2, "data after the end-of-data marker"));
+                    }
+                }
+                Some(RowEnd::Row(len)) => {
+                    self.checked += len;
+                    self.rows += 1;
+                }
+            }
+        }
+        Ok(())
     }
-    Ok(fields)
+
+    /// Complete rows not yet taken.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Bytes of complete rows not yet taken.
+    pub fn bytes(&self) -> usize {
+        self.checked
+    }
+
+    /// Takes the complete rows.
+    pub fn take(&mut self) -> CopyRows {
+        let data = self.pending.split_to(self.checked).freeze();
+        let rows = std::mem::take(&mut self.rows);
+        self.checked = 0;
+        if self.ended {
+            self.pending.clear();
+        }
+        CopyRows {
+            data,
+            rows,
+            columns: self.columns,
+        }
+    }
+
+    /// Checks, once the stream ended, that it ended with the end-of-data
+    /// marker after whole rows.
+    pub fn finish(&self) -> Result<(), DecodeError> {
+        if !self.ended {
+            return Err(error(
+                self.checked,
+                "COPY ended without its end-of-data marker (in the middle of a row?)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Consumes the header once all of it arrived; false until then.
+    fn read_header(&mut self) -> Result<bool, DecodeError> {
+        let p = &self.pending[..];
+        let prefix = p.len().min(SIGNATURE.len());
+        if p[..prefix] != SIGNATURE[..prefix] {
+            return Err(error(0, "not a binary COPY stream (bad signature)"));
+        }
+        if p.len() < HEADER_LEN {
+            return Ok(false);
+        }
+        let mut fields = &p[SIGNATURE.len()..];
+        let flags = fields.get_u32();
+        if flags & FLAG_OIDS != 0 {
+            return Err(error(
+                SIGNATURE.len(),
+                "rows carry OIDs, which were not asked for",
+            ));
+        }
+        let extension = fields.get_u32() as usize;
+        let Some(total) = HEADER_LEN.checked_add(extension) else {
+            return Err(error(HEADER_LEN, "header extension length out of range"));
+        };
+        if p.len() < total {
+            return Ok(false);
+        }
+        self.pending.advance(total);
+        Ok(true)
+    }
 }
 
-/// Undoes COPY's backslash escapes; on error, the offset of the bad escape.
-fn unescape(raw: &[u8]) -> Result<Vec<u8>, usize> {
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] != b'\\' {
-            out.push(raw[i]);
-            i += 1;
+enum RowEnd {
+    Row(usize),
+    Trailer,
+}
+
+/// The length of the row at the start of `bytes`: `None` while incomplete;
+/// on error, the offset and the problem.
+fn row_len(bytes: &[u8], columns: usize) -> Result<Option<RowEnd>, (usize, &'static str)> {
+    let Some(count) = bytes.get(..2) else {
+        return Ok(None);
+    };
+    let count = i16::from_be_bytes([count[0], count[1]]);
+    if count == -1 {
+        return Ok(Some(RowEnd::Trailer));
+    }
+    if usize::try_from(count).ok() != Some(columns) {
+        return Err((0, "a row's field count is not the table's column count"));
+    }
+    let mut at = 2;
+    for _ in 0..columns {
+        let Some(len) = bytes.get(at..at + 4) else {
+            return Ok(None);
+        };
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        at += 4;
+        if len == -1 {
             continue;
         }
-        let at = i;
-        let c = *raw.get(i + 1).ok_or(at)?;
-        i += 2;
-        match c {
-            b'b' => out.push(0x08),
-            b'f' => out.push(0x0c),
-            b'n' => out.push(b'\n'),
-            b'r' => out.push(b'\r'),
-            b't' => out.push(b'\t'),
-            b'v' => out.push(0x0b),
-            b'0'..=b'7' => {
-                let mut value = u32::from(c - b'0');
-                for _ in 0..2 {
-                    match raw.get(i) {
-                        Some(&d @ b'0'..=b'7') => {
-                            value = value * 8 + u32::from(d - b'0');
-                            i += 1;
-                        }
-                        _ => break,
-                    }
-                }
-                out.push(value as u8);
-            }
-            b'x' => {
-                let mut value = 0u8;
-                let mut digits = 0;
-                while digits < 2 {
-                    match raw.get(i).and_then(|&d| (d as char).to_digit(16)) {
-                        Some(d) => {
-                            value = value * 16 + d as u8;
-                            i += 1;
-                            digits += 1;
-                        }
-                        None => break,
-                    }
-                }
-                if digits == 0 {
-                    return Err(at);
-                }
-                out.push(value);
-            }
-            other => out.push(other),
+        let Ok(len) = usize::try_from(len) else {
+            return Err((at - 4, "negative field length"));
+        };
+        at += len;
+        if at > bytes.len() {
+            return Ok(None);
         }
     }
-    Ok(out)
+    Ok(Some(RowEnd::Row(at)))
+}
+
+fn error(offset: usize, problem: &str) -> DecodeError {
+    DecodeError {
+        message: "binary COPY data",
+        field: "row",
+        offset,
+        problem: problem.to_owned(),
+    }
+}
+
+impl CopyRows {
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Bytes the rows take on the wire.
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Calls `f` with each row's fields in column order (`None` is NULL).
+    pub fn for_each<E>(
+        &self,
+        mut f: impl FnMut(&mut Fields<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut rest = &self.data[..];
+        for _ in 0..self.rows {
+            let mut fields = Fields {
+                rest: rest.get(2..).unwrap_or_default(),
+                left: self.columns,
+            };
+            f(&mut fields)?;
+            for _ in &mut fields {}
+            rest = fields.rest;
+        }
+        Ok(())
+    }
+}
+
+/// The fields of one checked row, in column order; `None` is NULL.
+pub struct Fields<'a> {
+    rest: &'a [u8],
+    left: usize,
+}
+
+impl<'a> Iterator for Fields<'a> {
+    type Item = Option<&'a [u8]>;
+
+    fn next(&mut self) -> Option<Option<&'a [u8]>> {
+        if self.left == 0 {
+            return None;
+        }
+        self.left -= 1;
+        let (len, body) = self
+            .rest
+            .split_at_checked(4)
+            .unwrap_or((&[0, 0, 0, 0], &[]));
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        let Ok(len) = usize::try_from(len) else {
+            self.rest = body;
+            return Some(None);
+        };
+        let (value, after) = body.split_at_checked(len).unwrap_or((body, &[]));
+        self.rest = after;
+        Some(Some(value))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn splits_rows_across_chunks() {
-        let mut r = CopyTextReader::new();
-        r.push(b"1\tAda\n2\tGr");
-        assert_eq!(r.next_line().unwrap(), Bytes::from_static(b"1\tAda"));
-        assert!(r.next_line().is_none());
-        r.push(b"ace\n");
-        assert_eq!(r.next_line().unwrap(), Bytes::from_static(b"2\tGrace"));
-        assert!(!r.has_partial_line());
+    fn header() -> Vec<u8> {
+        let mut h = SIGNATURE.to_vec();
+        h.extend_from_slice(&0u32.to_be_bytes());
+        h.extend_from_slice(&0u32.to_be_bytes());
+        h
+    }
+
+    fn row(fields: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut r = (fields.len() as i16).to_be_bytes().to_vec();
+        for f in fields {
+            match f {
+                None => r.extend_from_slice(&(-1i32).to_be_bytes()),
+                Some(b) => {
+                    r.extend_from_slice(&(b.len() as i32).to_be_bytes());
+                    r.extend_from_slice(b);
+                }
+            }
+        }
+        r
+    }
+
+    fn collect(rows: &CopyRows) -> Vec<Vec<Option<Vec<u8>>>> {
+        let mut out = Vec::new();
+        rows.for_each::<()>(|fields| {
+            out.push(fields.map(|f| f.map(<[u8]>::to_vec)).collect());
+            Ok(())
+        })
+        .unwrap();
+        out
     }
 
     #[test]
-    fn splits_fields_with_nulls_and_escapes() {
-        let fields = split_fields(b"1\t\\N\ta\\tb\\nc\\\\d\t\\101\\x42\t", 5).unwrap();
+    fn rows_split_across_any_chunk_boundary_come_out_whole() {
+        let mut stream = header();
+        stream.extend(row(&[Some(b"1"), None]));
+        stream.extend(row(&[Some(b""), Some(b"ab")]));
+        stream.extend((-1i16).to_be_bytes());
+        for cut in 0..stream.len() {
+            let mut r = BinaryCopyReader::new(2);
+            r.push(&stream[..cut]).unwrap();
+            let first = r.take();
+            r.push(&stream[cut..]).unwrap();
+            r.finish().unwrap();
+            let mut all = collect(&first);
+            all.extend(collect(&r.take()));
+            assert_eq!(
+                all,
+                vec![
+                    vec![Some(b"1".to_vec()), None],
+                    vec![Some(Vec::new()), Some(b"ab".to_vec())]
+                ],
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_cut_short_or_malformed_is_an_error() {
+        let mut r = BinaryCopyReader::new(2);
+        let mut stream = header();
+        stream.extend(row(&[Some(b"1"), None]));
+        r.push(&stream[..stream.len() - 1]).unwrap();
+        assert!(r.finish().is_err(), "no end marker");
+
+        let mut wrong_count = header();
+        wrong_count.extend(row(&[Some(b"1")]));
+        let err = BinaryCopyReader::new(2).push(&wrong_count).unwrap_err();
+        assert!(err.to_string().contains("field count"), "{err}");
+
+        let mut oids = SIGNATURE.to_vec();
+        oids.extend_from_slice(&FLAG_OIDS.to_be_bytes());
+        oids.extend_from_slice(&0u32.to_be_bytes());
+        assert!(BinaryCopyReader::new(1).push(&oids).is_err());
+
         assert!(
-            matches!(fields[0], Some(Cow::Borrowed(_))),
-            "no escape, no copy"
-        );
-        assert_eq!(
-            fields,
-            vec![
-                Some("1".into()),
-                None,
-                Some(Cow::Owned("a\tb\nc\\d".into())),
-                Some("AB".into()),
-                Some("".into())
-            ]
+            BinaryCopyReader::new(1).push(b"1\tab\n").is_err(),
+            "text COPY"
         );
     }
 
     #[test]
-    fn wrong_field_counts_and_bad_escapes_are_errors() {
-        let err = split_fields(b"1\t2", 3).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("row has 2 fields, the table has 3 columns")
-        );
-        assert!(split_fields(b"abc\\", 1).is_err());
-        assert!(split_fields(b"\\xZZ", 1).is_err());
+    fn header_extensions_are_skipped() {
+        let mut stream = SIGNATURE.to_vec();
+        stream.extend_from_slice(&0u32.to_be_bytes());
+        stream.extend_from_slice(&3u32.to_be_bytes());
+        stream.extend_from_slice(b"xyz");
+        stream.extend(row(&[Some(b"7")]));
+        stream.extend((-1i16).to_be_bytes());
+        let mut r = BinaryCopyReader::new(1);
+        r.push(&stream).unwrap();
+        r.finish().unwrap();
+        assert_eq!(collect(&r.take()), vec![vec![Some(b"7".to_vec())]]);
     }
 }

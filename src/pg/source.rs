@@ -651,17 +651,34 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
     Ok(())
 }
 
-/// `COPY table (columns) TO STDOUT` in text format.
-pub async fn copy_out(client: &Client, table: &CatalogTable) -> Result<CopyOutStream> {
+/// The table's rows in COPY's binary format: `COPY (SELECT columns FROM
+/// ONLY table) TO STDOUT (FORMAT binary)`, the columns `casts` flags as
+/// their type's text output. That is `format('%s', c)`, which calls the
+/// output function, and not `c::text`: some casts to text differ from the
+/// output (`inet` gains its netmask, `bpchar` loses its padding). `ONLY`,
+/// as `COPY table TO` reads no child table either.
+pub async fn copy_out(
+    client: &Client,
+    table: &CatalogTable,
+    casts: &[bool],
+) -> Result<CopyOutStream> {
     let columns = table
         .columns
         .iter()
-        .map(|c| quote_ident(&c.name))
+        .zip(casts)
+        .map(|(c, &cast)| {
+            let name = quote_ident(&c.name);
+            if cast {
+                format!("CASE WHEN {name} IS NULL THEN NULL ELSE format('%s', {name}) END")
+            } else {
+                name
+            }
+        })
         .collect::<Vec<_>>()
         .join(", ");
     client
         .copy_out(&format!(
-            "COPY {} ({columns}) TO STDOUT",
+            "COPY (SELECT {columns} FROM ONLY {}) TO STDOUT (FORMAT binary)",
             table.name.quoted()
         ))
         .await

@@ -129,3 +129,80 @@ fn errors_never_contain_the_value() {
     assert!(!err.to_string().contains("secret"), "{err}");
     assert!(err.to_string().contains("int4"));
 }
+
+/// A `numeric` as `numeric_send` writes it.
+fn numeric_bytes(weight: i16, sign: u16, dscale: u16, digits: &[u16]) -> Vec<u8> {
+    let mut b = (digits.len() as u16).to_be_bytes().to_vec();
+    b.extend(weight.to_be_bytes());
+    b.extend(sign.to_be_bytes());
+    b.extend(dscale.to_be_bytes());
+    digits.iter().for_each(|d| b.extend(d.to_be_bytes()));
+    b
+}
+
+#[test]
+fn binary_numerics_read_as_numeric_out_prints_them_and_convert_exactly() {
+    let cases: [(Vec<u8>, &str, Option<i128>); 6] = [
+        (numeric_bytes(0, 0, 4, &[12, 3400]), "12.3400", Some(1234)),
+        (numeric_bytes(-1, 0, 3, &[10]), "0.001", None),
+        (
+            numeric_bytes(1, 0x4000, 0, &[10]),
+            "-100000",
+            Some(-10_000_000),
+        ),
+        (numeric_bytes(0, 0, 2, &[]), "0.00", Some(0)),
+        (numeric_bytes(-2, 0, 8, &[1234]), "0.00001234", None),
+        (numeric_bytes(2, 0, 0, &[1, 0, 5]), "100000005", None),
+    ];
+    for (bytes, text, at_scale_2) in cases {
+        let n = BinaryNumeric::parse(&bytes).unwrap();
+        assert_eq!(n.numeric(), Numeric::Finite(text.to_owned()));
+        assert_eq!(n.unscaled(2, 8), at_scale_2, "{text} as numeric(8,2)");
+    }
+    let nan = numeric_bytes(0, 0xC000, 0, &[]);
+    assert_eq!(BinaryNumeric::parse(&nan).unwrap().numeric(), Numeric::NaN);
+    assert_eq!(BinaryNumeric::parse(&nan).unwrap().unscaled(2, 8), None);
+    assert!(BinaryNumeric::parse(&numeric_bytes(0, 0, 0, &[10_000])).is_none());
+    assert!(BinaryNumeric::parse(&numeric_bytes(0, 0x1234, 0, &[1])).is_none());
+    assert!(BinaryNumeric::parse(&[0, 1, 0, 0]).is_none(), "cut short");
+}
+
+#[test]
+fn binary_fields_decode_to_the_values_their_text_gives() {
+    let epoch_2000_micros = 946_684_800_000_000i64;
+    let ts = Wire::TimestampTz
+        .decode(&PgType::TimestampTz, &0i64.to_be_bytes())
+        .unwrap();
+    assert_eq!(
+        ts,
+        PgType::TimestampTz.parse("2000-01-01 00:00:00+00").unwrap()
+    );
+    assert_eq!(
+        ts,
+        Value::TimestampTz(MaybeInfinite::Finite(epoch_2000_micros))
+    );
+    assert_eq!(
+        Wire::Date
+            .decode(&PgType::Date, &i32::MAX.to_be_bytes())
+            .unwrap(),
+        PgType::Date.parse("infinity").unwrap()
+    );
+    assert_eq!(
+        Wire::Int2
+            .decode(&PgType::Int2, &(-2i16).to_be_bytes())
+            .unwrap(),
+        PgType::Int2.parse("-2").unwrap()
+    );
+    let too_late = Wire::Timestamp
+        .decode(&PgType::Timestamp, &(i64::MAX - 1).to_be_bytes())
+        .unwrap_err();
+    assert!(too_late.to_string().contains("294247"), "{too_late}");
+    assert!(
+        Wire::Int4.decode(&PgType::Int4, &[0, 1]).is_err(),
+        "wrong length"
+    );
+    assert!(
+        Wire::Text.decode(&PgType::Text, &[0xff]).is_err(),
+        "not UTF-8"
+    );
+}
