@@ -207,8 +207,8 @@ const TIMESTAMP_HINT: &str = "; a timestamp after 294247-01-10 04:00:54.775807 U
 
 /// How the initial load's binary COPY carries a column: the binary send
 /// format of a built-in type whose format is plain, or [`Wire::Text`], the
-/// type's text output (binary text types send exactly that; every other
-/// column is cast to text in the COPY query).
+/// type's text output (binary text types send exactly that; the COPY query
+/// turns every other column into its output text).
 /// (<https://www.postgresql.org/docs/current/sql-copy.html>, Binary Format;
 /// the send functions are in PostgreSQL's `src/backend/utils/adt`.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
