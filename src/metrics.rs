@@ -210,7 +210,7 @@ impl Metrics {
         counter(
             &mut out,
             "wal2iceberg_initial_load_bytes_total",
-            "approximate bytes of values read by initial loads",
+            "bytes of binary COPY data read by initial loads",
             self.initial_load_bytes.load(Ordering::Relaxed),
         );
         counter(
