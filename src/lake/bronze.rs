@@ -32,7 +32,7 @@ use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
 };
 use super::writer::{
-    BackgroundSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files,
+    BackgroundSink, DataFileSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files,
 };
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
@@ -102,7 +102,7 @@ impl BronzeTable {
     ) -> Result<()> {
         let table = lake.catalog_table(&self.ident).await?;
         if self.load.is_none() {
-            self.load = Some(BackgroundSink::open(&table).await?);
+            self.load = Some(BackgroundSink::start(DataFileSink::open(&table).await?));
         }
         let batch = load_batch(&arrow_schema(&table)?, tx, first_seq, fields, columns)
             .map_err(|e| e.with_context("table", &self.ident))?;

@@ -33,6 +33,9 @@ pub const MEMORY_ENTRIES: usize = (1 << 19) / 8 * 7;
 /// Runs kept before they are merged into one.
 const MAX_RUNS: usize = 4;
 
+/// A data file being written, as the index numbers it.
+pub struct NewFile(u32);
+
 /// A data file's path and its rows as (position, key).
 pub type FileRows = (Arc<str>, Vec<(usize, Key)>);
 
@@ -135,31 +138,48 @@ impl KeyIndex {
             .with_context("held", leaving));
         }
         for (path, rows) in to {
-            self.place_file(path, rows)?;
+            let file = self.new_file(path)?;
+            self.place_rows(&file, rows)?;
+            self.end_new_file(file);
         }
         Ok(())
     }
 
-    /// Adds the rows of a data file whose keys the index does not hold (an
-    /// initial load into an empty index: the source's primary key makes
-    /// them unique), without looking any of them up.
-    pub fn add_new_file(
+    /// Starts a data file being written, whose rows are added as they are
+    /// written ([`Self::add_new_rows`]).
+    pub fn new_file(&mut self, path: Arc<str>) -> Result<NewFile> {
+        Ok(NewFile(self.slot_for(path)?))
+    }
+
+    /// Adds rows of a file being written, as (position, key), whose keys
+    /// the index does not hold (an initial load into an empty index: the
+    /// source's primary key makes them unique), without looking any of
+    /// them up.
+    pub fn add_new_rows(
         &mut self,
-        path: Arc<str>,
+        file: &NewFile,
         rows: impl IntoIterator<Item = (usize, Key)>,
     ) -> Result<()> {
-        self.live += self.place_file(path, rows)?;
+        self.live += self.place_rows(file, rows)?;
         Ok(())
     }
 
-    /// Puts each row of a data file in the index as it is, without a
-    /// lookup; the number of rows.
-    fn place_file(
+    /// Ends a file started with [`Self::new_file`]; one that got no row
+    /// gives its number back.
+    pub fn end_new_file(&mut self, file: NewFile) {
+        if self.files[file.0 as usize].live == 0 {
+            self.free_slot(file.0);
+        }
+    }
+
+    /// Puts each row in the index as it is, without a lookup; the number of
+    /// rows.
+    fn place_rows(
         &mut self,
-        path: Arc<str>,
+        file: &NewFile,
         rows: impl IntoIterator<Item = (usize, Key)>,
     ) -> Result<usize> {
-        let file = self.slot_for(path.clone())?;
+        let file = file.0;
         let mut placed = 0;
         for (pos, key) in rows {
             let pos = u32::try_from(pos).map_err(|_| {
@@ -167,14 +187,11 @@ impl KeyIndex {
                     ErrorKind::Lake,
                     "a data file is too large for the key index",
                 )
-                .with_context("file", &path)
+                .with_context("file", &self.files[file as usize].path)
             })?;
             self.files[file as usize].live += 1;
             self.put(key, Slot::Live(Location { file, pos }))?;
             placed += 1;
-        }
-        if placed == 0 {
-            self.free_slot(file);
         }
         Ok(placed)
     }
@@ -416,6 +433,28 @@ mod tests {
         all.sort();
         assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
         assert_eq!(index.live_rows(), 0);
+    }
+
+    #[test]
+    fn a_file_being_written_takes_its_rows_run_by_run_across_spills() {
+        let mut index = KeyIndex::with_memory_limit(3);
+        let file = index.new_file("load".into()).unwrap();
+        index
+            .add_new_rows(&file, (0..).zip([key(7), key(8)]))
+            .unwrap();
+        index
+            .add_new_rows(&file, (2..).zip([key(9), key(10), key(11)]))
+            .unwrap();
+        index.end_new_file(file);
+        assert_eq!(index.live_rows(), 5);
+        assert_eq!(index.get(&key(7)).unwrap(), Some(("load".into(), 0)));
+        assert_eq!(index.get(&key(11)).unwrap(), Some(("load".into(), 4)));
+        assert_eq!(index.live_per_file().get("load"), Some(&5));
+        let empty = index.new_file("empty".into()).unwrap();
+        index.end_new_file(empty);
+        let next = index.new_file("next".into()).unwrap();
+        assert_eq!(index.files.len(), 2, "next took the number empty gave back");
+        index.end_new_file(next);
     }
 
     #[test]

@@ -37,21 +37,23 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use super::arrow::{arrow_value, build_array, retype};
 use super::catalog::{Lake, iceberg_error};
 use super::key::{Key, KeyCodec};
-use super::key_index::KeyIndex;
+use super::key_index::{KeyIndex, NewFile};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{
-    BackgroundSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
-    write_data_files,
+    BackgroundSink, DataFileSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file,
+    read_parquet, write_data_files,
 };
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
-/// The initial load writes data files of at most this many rows: the keys
-/// of a file are held until it is written and its path known.
+/// The initial load writes data files of at most this many rows, or about
+/// this many bytes of Arrow data: each one Parquet file whose path is
+/// chosen up front, so that the key index learns each row as it is staged.
 const LOAD_FILE_ROWS: usize = 1 << 20;
+const LOAD_FILE_BYTES: usize = 512 << 20;
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -82,10 +84,19 @@ pub struct SilverTable {
     load: Option<Load>,
 }
 
+/// The data file an initial load is writing.
+struct LoadFile {
+    sink: BackgroundSink,
+    /// The file as the index knows it.
+    indexed: NewFile,
+    rows: usize,
+    /// Arrow bytes of the rows given.
+    bytes: usize,
+}
+
 /// An initial load being staged.
 struct Load {
-    /// The data file being written, and its rows' keys.
-    file: Option<(BackgroundSink, Vec<Key>)>,
+    file: Option<LoadFile>,
     /// Whether the load began with nothing live and nothing staged: its
     /// keys then need no lookup.
     into_empty: bool,
@@ -471,7 +482,7 @@ impl SilverTable {
         });
         if !load.into_empty {
             // A table loaded again over rows it holds (not one wal2iceberg
-            // loaded) loses them by key.
+            // loaded) loses them by key; the keys are then new to the index.
             for key in &keys {
                 if let Some(location) = self.index.remove(key)? {
                     self.deletes.push(location);
@@ -481,40 +492,54 @@ impl SilverTable {
         let batch = RecordBatch::try_new(self.schema.clone(), out).map_err(|e| {
             lake_error("cannot assemble the silver batch", &self.ident).with_source(e)
         })?;
-        let (sink, held) = match &mut load.file {
-            Some(file) => file,
+        let open = match &mut load.file {
+            Some(open) => open,
             None => {
                 let table = lake.catalog_table(&self.ident).await?;
-                load.file
-                    .insert((BackgroundSink::open(&table).await?, Vec::new()))
+                let sink = BackgroundSink::start(DataFileSink::open_single(&table).await?);
+                let path = sink.path().unwrap_or_default().into();
+                load.file.insert(LoadFile {
+                    sink,
+                    indexed: self.index.new_file(path)?,
+                    rows: 0,
+                    bytes: 0,
+                })
             }
         };
-        sink.write(batch).await?;
-        held.extend(keys);
-        if held.len() >= LOAD_FILE_ROWS {
+        open.bytes += batch.get_array_memory_size();
+        open.sink.write(batch).await?;
+        let first = open.rows;
+        open.rows += keys.len();
+        self.index
+            .add_new_rows(&open.indexed, (first..).zip(keys))
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        if open.rows >= LOAD_FILE_ROWS || open.bytes >= LOAD_FILE_BYTES {
             self.finish_load_file().await?;
         }
         Ok(())
     }
 
-    /// Closes the load's data file and indexes its rows.
+    /// Closes the load's data file, which the index already knows.
     async fn finish_load_file(&mut self) -> Result<()> {
-        let Some(load) = self.load.as_mut() else {
+        let Some(open) = self.load.as_mut().and_then(|l| l.file.take()) else {
             return Ok(());
         };
-        let into_empty = load.into_empty;
-        let Some((sink, keys)) = load.file.take() else {
-            return Ok(());
-        };
-        let files = sink.close().await?;
-        self.index_files(&files, keys, into_empty)?;
+        let files = open.sink.close().await?;
+        self.index.end_new_file(open.indexed);
+        let rows: u64 = files.iter().map(DataFile::record_count).sum();
+        if files.len() != 1 || rows != open.rows as u64 {
+            return Err(lake_error(
+                "the load's data file does not hold the rows given",
+                &self.ident,
+            )
+            .with_context("rows", open.rows));
+        }
         self.written.extend(files);
         Ok(())
     }
 
-    /// Tells the index where `keys`, rows written in order to `files`, are;
-    /// `new_keys` when the index is known not to hold any of them.
-    fn index_files(&mut self, files: &[DataFile], keys: Vec<Key>, new_keys: bool) -> Result<()> {
+    /// Tells the index where `keys`, rows written in order to `files`, are.
+    fn index_files(&mut self, files: &[DataFile], keys: Vec<Key>) -> Result<()> {
         let mut keys = keys.into_iter();
         for file in files {
             let rows = file.record_count() as usize;
@@ -522,13 +547,9 @@ impl SilverTable {
             if keyed.len() != rows {
                 return Err(lake_error("more rows written than given", &self.ident));
             }
-            let path = file.file_path().into();
-            if new_keys {
-                self.index.add_new_file(path, keyed)
-            } else {
-                self.index.add_file(path, keyed)
-            }
-            .map_err(|e| e.with_context("table", &self.ident))?;
+            self.index
+                .add_file(file.file_path().into(), keyed)
+                .map_err(|e| e.with_context("table", &self.ident))?;
         }
         if keys.next().is_some() {
             return Err(lake_error("fewer rows written than given", &self.ident));
@@ -556,7 +577,7 @@ impl SilverTable {
             .batch(&changes)
             .map_err(|e| e.with_context("table", &self.ident))?;
         let files = write_data_files(&table, batch).await?;
-        self.index_files(&files, keys, false)?;
+        self.index_files(&files, keys)?;
         self.written.extend(files);
         Ok(())
     }

@@ -11,14 +11,16 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use iceberg::TableIdent;
-use iceberg::spec::{DataFile, DataFileFormat};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
-use iceberg::writer::file_writer::ParquetWriterBuilder;
 use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator,
+    DefaultFileNameGenerator, DefaultLocationGenerator, FileNameGenerator, LocationGenerator,
 };
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
+use iceberg::writer::file_writer::{
+    FileWriter, FileWriterBuilder, ParquetWriter, ParquetWriterBuilder,
+};
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
@@ -137,59 +139,137 @@ pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<D
     sink.close().await
 }
 
-/// Parquet data files of a table being written, batch by batch; a new file
-/// starts when one reaches iceberg-rust's default target size (512 MiB).
+/// Parquet data files of a table being written, batch by batch: rolling
+/// ones (a new file starts when one reaches iceberg-rust's default target
+/// size, 512 MiB), or one file at a path chosen when it is opened.
 pub struct DataFileSink {
-    writer:
-        DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>,
+    writer: FileSink,
     ident: TableIdent,
+}
+
+enum FileSink {
+    Rolling(
+        Box<
+            DataFileWriter<
+                ParquetWriterBuilder,
+                DefaultLocationGenerator,
+                DefaultFileNameGenerator,
+            >,
+        >,
+    ),
+    Single {
+        path: String,
+        writer: Box<ParquetWriter>,
+        spec_id: i32,
+    },
+}
+
+fn writer_properties() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES)
+        .build()
+}
+
+fn file_names() -> DefaultFileNameGenerator {
+    DefaultFileNameGenerator::new(
+        format!("data-{}", uuid::Uuid::new_v4()),
+        None,
+        DataFileFormat::Parquet,
+    )
 }
 
 impl DataFileSink {
     pub async fn open(table: &Table) -> Result<DataFileSink> {
-        let properties = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-            .set_dictionary_page_size_limit(DICTIONARY_PAGE_BYTES)
-            .build();
-        let parquet =
-            ParquetWriterBuilder::new(properties, table.metadata().current_schema().clone());
+        let parquet = ParquetWriterBuilder::new(
+            writer_properties(),
+            table.metadata().current_schema().clone(),
+        );
         let locations = DefaultLocationGenerator::new(table.metadata())
             .map_err(|e| sink_error(e, table.identifier()))?;
-        let names = DefaultFileNameGenerator::new(
-            format!("data-{}", uuid::Uuid::new_v4()),
-            None,
-            DataFileFormat::Parquet,
-        );
         let rolling = RollingFileWriterBuilder::new_with_default_file_size(
             parquet,
             table.file_io().clone(),
             locations,
-            names,
+            file_names(),
         );
         let writer = DataFileWriterBuilder::new(rolling)
             .build(None)
             .await
             .map_err(|e| sink_error(e, table.identifier()))?;
         Ok(DataFileSink {
-            writer,
+            writer: FileSink::Rolling(Box::new(writer)),
             ident: table.identifier().clone(),
         })
     }
 
+    /// One data file whose path ([`Self::path`]) is known now, so that its
+    /// rows can be indexed while it is written. It never rolls over: the
+    /// caller bounds its size.
+    pub async fn open_single(table: &Table) -> Result<DataFileSink> {
+        let error = |e| sink_error(e, table.identifier());
+        let locations = DefaultLocationGenerator::new(table.metadata()).map_err(error)?;
+        let path = locations.generate_location(None, &file_names().generate_file_name());
+        let output = table.file_io().new_output(&path).map_err(error)?;
+        let writer = ParquetWriterBuilder::new(
+            writer_properties(),
+            table.metadata().current_schema().clone(),
+        )
+        .build(output)
+        .await
+        .map_err(error)?;
+        Ok(DataFileSink {
+            writer: FileSink::Single {
+                path,
+                writer: Box::new(writer),
+                spec_id: table.metadata().default_partition_spec_id(),
+            },
+            ident: table.identifier().clone(),
+        })
+    }
+
+    /// The path of a single file's sink.
+    pub fn path(&self) -> Option<&str> {
+        match &self.writer {
+            FileSink::Rolling(_) => None,
+            FileSink::Single { path, .. } => Some(path),
+        }
+    }
+
     pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        self.writer
-            .write(batch)
-            .await
-            .map_err(|e| sink_error(e, &self.ident))
+        match &mut self.writer {
+            FileSink::Rolling(writer) => writer.write(batch).await,
+            FileSink::Single { writer, .. } => writer.write(&batch).await,
+        }
+        .map_err(|e| sink_error(e, &self.ident))
     }
 
     /// The files written, in the order of the rows given.
-    pub async fn close(mut self) -> Result<Vec<DataFile>> {
-        self.writer
-            .close()
-            .await
-            .map_err(|e| sink_error(e, &self.ident))
+    pub async fn close(self) -> Result<Vec<DataFile>> {
+        let ident = self.ident;
+        match self.writer {
+            FileSink::Rolling(mut writer) => writer.close().await,
+            FileSink::Single {
+                writer, spec_id, ..
+            } => writer.close().await.and_then(|builders| {
+                builders
+                    .into_iter()
+                    .map(|mut b| {
+                        b.content(DataContentType::Data)
+                            .partition_spec_id(spec_id)
+                            .build()
+                            .map_err(|e| {
+                                iceberg::Error::new(
+                                    iceberg::ErrorKind::DataInvalid,
+                                    format!("cannot describe the data file: {e}"),
+                                )
+                            })
+                    })
+                    .collect()
+            }),
+        }
+        .map_err(|e| sink_error(e, &ident))
     }
 }
 
@@ -200,11 +280,13 @@ pub struct BackgroundSink {
     batches: tokio::sync::mpsc::Sender<RecordBatch>,
     task: tokio::task::JoinHandle<Result<Vec<DataFile>>>,
     ident: TableIdent,
+    path: Option<String>,
 }
 
 impl BackgroundSink {
-    pub async fn open(table: &Table) -> Result<BackgroundSink> {
-        let mut sink = DataFileSink::open(table).await?;
+    pub fn start(mut sink: DataFileSink) -> BackgroundSink {
+        let ident = sink.ident.clone();
+        let path = sink.path().map(str::to_owned);
         let (batches, mut queue) = tokio::sync::mpsc::channel::<RecordBatch>(2);
         let task = tokio::spawn(async move {
             while let Some(batch) = queue.recv().await {
@@ -212,11 +294,17 @@ impl BackgroundSink {
             }
             sink.close().await
         });
-        Ok(BackgroundSink {
+        BackgroundSink {
             batches,
             task,
-            ident: table.identifier().clone(),
-        })
+            ident,
+            path,
+        }
+    }
+
+    /// The path of a single file's sink.
+    pub fn path(&self) -> Option<&str> {
+        self.path.as_deref()
     }
 
     pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
