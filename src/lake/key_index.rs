@@ -50,6 +50,10 @@ pub struct KeyIndex {
     files: Vec<FileSlot>,
     free: Vec<u32>,
     buf: Vec<u8>,
+    /// Entries of rows new to an index that was empty (an initial load),
+    /// gathered without hashing and written straight to sorted runs; the
+    /// rest go to memory before anything reads or changes the index.
+    fresh: Vec<(Key, Slot)>,
 }
 
 struct FileSlot {
@@ -76,6 +80,7 @@ impl KeyIndex {
             files: Vec::new(),
             free: Vec::new(),
             buf: Vec::new(),
+            fresh: Vec::new(),
         }
     }
 
@@ -164,6 +169,56 @@ impl KeyIndex {
         Ok(())
     }
 
+    /// Whether the index holds nothing, not even a removed key's marker.
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty() && self.runs.is_empty() && self.fresh.is_empty()
+    }
+
+    /// As [`Self::add_new_rows`], for an index that was empty when the
+    /// file's rows began ([`Self::is_empty`]) and gets nothing else until
+    /// they end: the entries skip the hash map and go to sorted runs in
+    /// bulk.
+    pub fn add_fresh_rows(
+        &mut self,
+        file: &NewFile,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        let file = file.0;
+        for (pos, key) in rows {
+            let pos = self.position(file, pos)?;
+            self.files[file as usize].live += 1;
+            self.live += 1;
+            self.fresh.push((key, Slot::Live(Location { file, pos })));
+            if self.fresh.len() >= self.memory_limit {
+                let entries = std::mem::take(&mut self.fresh);
+                self.write_run(entries).map_err(|e| self.io_error(e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves fresh entries into memory: before any read or change.
+    fn settle(&mut self) -> Result<()> {
+        if self.fresh.is_empty() {
+            return Ok(());
+        }
+        self.memory.extend(self.fresh.drain(..));
+        if self.memory.len() >= self.memory_limit {
+            self.spill().map_err(|e| self.io_error(e))?;
+        }
+        Ok(())
+    }
+
+    fn position(&self, file: u32, pos: usize) -> Result<u32> {
+        u32::try_from(pos).map_err(|_| {
+            Error::new(
+                ErrorKind::Lake,
+                "a data file is too large for the key index",
+            )
+            .with_context("file", &self.files[file as usize].path)
+        })
+    }
+
     /// Ends a file started with [`Self::new_file`]; one that got no row
     /// gives its number back.
     pub fn end_new_file(&mut self, file: NewFile) {
@@ -182,13 +237,7 @@ impl KeyIndex {
         let file = file.0;
         let mut placed = 0;
         for (pos, key) in rows {
-            let pos = u32::try_from(pos).map_err(|_| {
-                Error::new(
-                    ErrorKind::Lake,
-                    "a data file is too large for the key index",
-                )
-                .with_context("file", &self.files[file as usize].path)
-            })?;
+            let pos = self.position(file, pos)?;
             self.files[file as usize].live += 1;
             self.put(key, Slot::Live(Location { file, pos }))?;
             placed += 1;
@@ -219,6 +268,7 @@ impl KeyIndex {
 
     /// Forgets every live row; their files and positions.
     pub fn clear(&mut self) -> Result<Vec<(Arc<str>, i64)>> {
+        self.settle()?;
         let mut all = Vec::with_capacity(self.live);
         for entry in self.merged() {
             if let (_, Slot::Live(l)) = entry.map_err(|e| self.io_error(e))? {
@@ -265,6 +315,7 @@ impl KeyIndex {
     }
 
     fn lookup(&mut self, key: &[u8]) -> Result<Option<Location>> {
+        self.settle()?;
         let slot = match self.memory.get(key) {
             Some(slot) => Some(*slot),
             None => self.runs_get(key)?,
@@ -287,6 +338,7 @@ impl KeyIndex {
     }
 
     fn put(&mut self, key: Key, slot: Slot) -> Result<()> {
+        self.settle()?;
         self.memory.insert(key, slot);
         if self.memory.len() >= self.memory_limit {
             self.spill().map_err(|e| self.io_error(e))?;
@@ -294,10 +346,15 @@ impl KeyIndex {
         Ok(())
     }
 
-    /// Writes memory to a new run, then merges the runs when there are too
-    /// many.
+    /// Writes memory to a new run.
     fn spill(&mut self) -> io::Result<()> {
-        let mut entries: Vec<(Key, Slot)> = self.memory.drain().collect();
+        let entries: Vec<(Key, Slot)> = self.memory.drain().collect();
+        self.write_run(entries)
+    }
+
+    /// Writes entries newer than every run to a new run, then merges the
+    /// runs when there are too many.
+    fn write_run(&mut self, mut entries: Vec<(Key, Slot)>) -> io::Result<()> {
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let path = self.next_path()?;
         let run = Run::write(path, entries.len(), entries.into_iter().map(Ok))?;
@@ -455,6 +512,44 @@ mod tests {
         let next = index.new_file("next".into()).unwrap();
         assert_eq!(index.files.len(), 2, "next took the number empty gave back");
         index.end_new_file(next);
+    }
+
+    #[test]
+    fn fresh_rows_of_a_load_go_to_runs_in_bulk_and_read_back_as_any_other() {
+        let mut index = KeyIndex::with_memory_limit(2);
+        assert!(index.is_empty());
+        let file = index.new_file("load".into()).unwrap();
+        index
+            .add_fresh_rows(&file, (0..).zip([key(5), key(1), key(4)]))
+            .unwrap();
+        index
+            .add_fresh_rows(&file, (3..).zip([key(3), key(2)]))
+            .unwrap();
+        index.end_new_file(file);
+        assert_eq!(index.runs.len(), 2, "two full runs, one entry left over");
+        assert_eq!(index.live_rows(), 5);
+        for (pos, k) in [5, 1, 4, 3, 2].into_iter().enumerate() {
+            assert_eq!(
+                index.get(&key(k)).unwrap(),
+                Some(("load".into(), pos as i64))
+            );
+        }
+        assert_eq!(index.remove(&key(4)).unwrap(), Some(("load".into(), 2)));
+        assert_eq!(index.get(&key(4)).unwrap(), None);
+        index.add_file("next".into(), [(0, key(5))]).unwrap();
+        assert_eq!(index.get(&key(5)).unwrap(), Some(("next".into(), 0)));
+        assert_eq!(index.live_rows(), 4);
+        let mut all = index.clear().unwrap();
+        all.sort();
+        assert_eq!(
+            all,
+            [
+                ("load".into(), 1),
+                ("load".into(), 3),
+                ("load".into(), 4),
+                ("next".into(), 0)
+            ]
+        );
     }
 
     #[test]

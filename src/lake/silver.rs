@@ -475,7 +475,7 @@ impl SilverTable {
             .codec
             .encode_columns(&key_columns)
             .map_err(|e| e.with_context("table", &self.ident))?;
-        let into_empty = self.index.live_rows() == 0 && self.pending.is_empty();
+        let into_empty = self.index.is_empty() && self.pending.is_empty();
         let load = self.load.get_or_insert(Load {
             file: None,
             into_empty,
@@ -510,9 +510,13 @@ impl SilverTable {
         open.sink.write(batch).await?;
         let first = open.rows;
         open.rows += keys.len();
-        self.index
-            .add_new_rows(&open.indexed, (first..).zip(keys))
-            .map_err(|e| e.with_context("table", &self.ident))?;
+        let rows = (first..).zip(keys);
+        if load.into_empty {
+            self.index.add_fresh_rows(&open.indexed, rows)
+        } else {
+            self.index.add_new_rows(&open.indexed, rows)
+        }
+        .map_err(|e| e.with_context("table", &self.ident))?;
         if open.rows >= LOAD_FILE_ROWS || open.bytes >= LOAD_FILE_BYTES {
             self.finish_load_file().await?;
         }
