@@ -32,7 +32,8 @@ use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
 };
 use super::writer::{
-    BackgroundSink, DataFileSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files,
+    BackgroundSink, DataFileSink, LOAD_FILE_ROWS, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema,
+    write_data_files,
 };
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
@@ -44,8 +45,9 @@ pub struct BronzeTable {
     buffer: Vec<Arc<Change>>,
     buffer_bytes: usize,
     written: Vec<DataFile>,
-    /// The initial load's file writer, while a load is staged.
-    load: Option<BackgroundSink>,
+    /// The initial load's file writer, while a load is staged, and the
+    /// rows it took.
+    load: Option<(BackgroundSink, usize)>,
 }
 
 impl BronzeTable {
@@ -102,12 +104,23 @@ impl BronzeTable {
     ) -> Result<()> {
         let table = lake.catalog_table(&self.ident).await?;
         if self.load.is_none() {
-            self.load = Some(BackgroundSink::start(DataFileSink::open(&table).await?));
+            self.load = Some((BackgroundSink::start(DataFileSink::open(&table).await?), 0));
         }
         let batch = load_batch(&arrow_schema(&table)?, tx, first_seq, fields, columns)
             .map_err(|e| e.with_context("table", &self.ident))?;
-        if let Some(sink) = self.load.as_mut() {
+        if let Some((sink, rows)) = self.load.as_mut() {
+            *rows += batch.num_rows();
             sink.write(batch).await?;
+            if *rows >= LOAD_FILE_ROWS {
+                self.finish_load_file().await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn finish_load_file(&mut self) -> Result<()> {
+        if let Some((sink, _)) = self.load.take() {
+            self.written.extend(sink.close().await?);
         }
         Ok(())
     }
@@ -115,9 +128,7 @@ impl BronzeTable {
     /// Commits the open batch as one snapshot recording `position` (an
     /// empty one when nothing was staged).
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
-        if let Some(load) = self.load.take() {
-            self.written.extend(load.close().await?);
-        }
+        self.finish_load_file().await?;
         self.write_buffer(lake).await?;
         let delta = RowDelta {
             data_files: std::mem::take(&mut self.written),

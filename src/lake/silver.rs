@@ -41,18 +41,17 @@ use super::key_index::{KeyIndex, NewFile};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{
-    BackgroundSink, DataFileSink, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file,
-    read_parquet, write_data_files,
+    BackgroundSink, DataFileSink, LOAD_FILE_ROWS, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema,
+    read_file, read_parquet, write_data_files,
 };
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
-/// The initial load writes data files of at most this many rows, or about
-/// this many bytes of Arrow data: each one Parquet file whose path is
-/// chosen up front, so that the key index learns each row as it is staged.
-const LOAD_FILE_ROWS: usize = 1 << 20;
+/// A load's data file of silver (one Parquet file whose path is chosen up
+/// front, so that the key index learns each row as it is staged) also ends
+/// at about this many bytes of Arrow data.
 const LOAD_FILE_BYTES: usize = 512 << 20;
 
 /// The last word on a key among the open batch's changes held in memory.

@@ -35,6 +35,11 @@ use crate::pg::lsn::Lsn;
 pub const STAGE_ROWS: usize = 50_000;
 pub const STAGE_BYTES: usize = 64 << 20;
 
+/// The initial load's data files hold at most this many rows, so that what
+/// later reads one whole (a compaction, filling unchanged TOAST values)
+/// needs bounded memory.
+pub const LOAD_FILE_ROWS: usize = 256 * 1024;
+
 /// Rows per Parquet row group: what a writer holds in memory before it
 /// encodes them, so a large rewrite streams in bounded memory.
 const ROW_GROUP_ROWS: usize = 128 * 1024;
