@@ -169,14 +169,11 @@ impl TableSink {
     }
 }
 
-/// Whether a table holding `held` still needs `change`: a table not yet
-/// loaded takes only the rows of its load, a loaded one only the
-/// transactions it does not hold.
+/// Whether a table holding `held` still needs a streamed `change`: one not
+/// yet loaded takes none (its load, [`Pipeline::take_load`], holds them),
+/// a loaded one the transactions it does not hold.
 fn wants(held: Option<Position>, change: &Change) -> bool {
-    match held {
-        None => change.op == Op::Read,
-        Some(at) => change.op != Op::Read && !at.holds(change.tx.commit_lsn),
-    }
+    held.is_some_and(|at| !at.holds(change.tx.commit_lsn))
 }
 
 /// Log lines on the initial load's progress: rows done of the estimate,
