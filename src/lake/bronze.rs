@@ -31,10 +31,7 @@ use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
 };
-use super::writer::{
-    BackgroundSink, DataFileSink, LOAD_FILE_ROWS, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema,
-    write_data_files,
-};
+use super::writer::{LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
@@ -45,9 +42,8 @@ pub struct BronzeTable {
     buffer: Vec<Arc<Change>>,
     buffer_bytes: usize,
     written: Vec<DataFile>,
-    /// The initial load's file writer, while a load is staged, and the
-    /// rows it took.
-    load: Option<(BackgroundSink, usize)>,
+    /// The initial load's data file being written.
+    load: Option<LoadFile>,
 }
 
 impl BronzeTable {
@@ -104,14 +100,13 @@ impl BronzeTable {
     ) -> Result<()> {
         let table = lake.catalog_table(&self.ident).await?;
         if self.load.is_none() {
-            self.load = Some((BackgroundSink::start(DataFileSink::open(&table).await?), 0));
+            self.load = Some(LoadFile::create(&table).await?);
         }
         let batch = load_batch(&arrow_schema(&table)?, tx, first_seq, fields, columns)
             .map_err(|e| e.with_context("table", &self.ident))?;
-        if let Some((sink, rows)) = self.load.as_mut() {
-            *rows += batch.num_rows();
-            sink.write(batch).await?;
-            if *rows >= LOAD_FILE_ROWS {
+        if let Some(file) = self.load.as_mut() {
+            file.write(batch).await?;
+            if file.is_full() {
                 self.finish_load_file().await?;
             }
         }
@@ -119,8 +114,8 @@ impl BronzeTable {
     }
 
     async fn finish_load_file(&mut self) -> Result<()> {
-        if let Some((sink, _)) = self.load.take() {
-            self.written.extend(sink.close().await?);
+        if let Some(file) = self.load.take() {
+            self.written.push(file.close().await?);
         }
         Ok(())
     }

@@ -41,18 +41,13 @@ use super::key_index::{KeyIndex, NewFile};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
 use super::writer::{
-    BackgroundSink, DataFileSink, LOAD_FILE_ROWS, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema,
-    read_file, read_parquet, write_data_files,
+    LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
+    write_data_files,
 };
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
-
-/// A load's data file of silver (one Parquet file whose path is chosen up
-/// front, so that the key index learns each row as it is staged) also ends
-/// at about this many bytes of Arrow data.
-const LOAD_FILE_BYTES: usize = 512 << 20;
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -83,19 +78,11 @@ pub struct SilverTable {
     load: Option<Load>,
 }
 
-/// The data file an initial load is writing.
-struct LoadFile {
-    sink: BackgroundSink,
-    /// The file as the index knows it.
-    indexed: NewFile,
-    rows: usize,
-    /// Arrow bytes of the rows given.
-    bytes: usize,
-}
-
 /// An initial load being staged.
 struct Load {
-    file: Option<LoadFile>,
+    /// The data file being written, and the same file as the index knows
+    /// it.
+    file: Option<(LoadFile, NewFile)>,
     /// Whether the load began with nothing live and nothing staged: its
     /// keys then need no lookup.
     into_empty: bool,
@@ -435,9 +422,8 @@ impl SilverTable {
 
     /// Adds rows of the initial load of transaction `tx`: `columns` are
     /// the source columns (silver's types, in the relation's order, named
-    /// by `fields`). They are encoded on a task of their own, into data
-    /// files of up to [`LOAD_FILE_ROWS`] rows; the index learns each file's
-    /// keys once it is written.
+    /// by `fields`). They are encoded on a task of their own into the
+    /// load's data files ([`LoadFile`]); the index learns their keys now.
     pub async fn stage_load(
         &mut self,
         lake: &Lake,
@@ -491,32 +477,24 @@ impl SilverTable {
         let batch = RecordBatch::try_new(self.schema.clone(), out).map_err(|e| {
             lake_error("cannot assemble the silver batch", &self.ident).with_source(e)
         })?;
-        let open = match &mut load.file {
+        let (file, indexed) = match &mut load.file {
             Some(open) => open,
             None => {
                 let table = lake.catalog_table(&self.ident).await?;
-                let sink = BackgroundSink::start(DataFileSink::open_single(&table).await?);
-                let path = sink.path().unwrap_or_default().into();
-                load.file.insert(LoadFile {
-                    sink,
-                    indexed: self.index.new_file(path)?,
-                    rows: 0,
-                    bytes: 0,
-                })
+                let file = LoadFile::create(&table).await?;
+                let indexed = self.index.new_file(file.path().into())?;
+                load.file.insert((file, indexed))
             }
         };
-        open.bytes += batch.get_array_memory_size();
-        open.sink.write(batch).await?;
-        let first = open.rows;
-        open.rows += keys.len();
-        let rows = (first..).zip(keys);
+        let rows = (file.rows()..).zip(keys);
+        file.write(batch).await?;
         if load.into_empty {
-            self.index.add_fresh_rows(&open.indexed, rows)
+            self.index.add_fresh_rows(indexed, rows)
         } else {
-            self.index.add_new_rows(&open.indexed, rows)
+            self.index.add_new_rows(indexed, rows)
         }
         .map_err(|e| e.with_context("table", &self.ident))?;
-        if open.rows >= LOAD_FILE_ROWS || open.bytes >= LOAD_FILE_BYTES {
+        if file.is_full() {
             self.finish_load_file().await?;
         }
         Ok(())
@@ -524,20 +502,11 @@ impl SilverTable {
 
     /// Closes the load's data file, which the index already knows.
     async fn finish_load_file(&mut self) -> Result<()> {
-        let Some(open) = self.load.as_mut().and_then(|l| l.file.take()) else {
+        let Some((file, indexed)) = self.load.as_mut().and_then(|l| l.file.take()) else {
             return Ok(());
         };
-        let files = open.sink.close().await?;
-        self.index.end_new_file(open.indexed);
-        let rows: u64 = files.iter().map(DataFile::record_count).sum();
-        if files.len() != 1 || rows != open.rows as u64 {
-            return Err(lake_error(
-                "the load's data file does not hold the rows given",
-                &self.ident,
-            )
-            .with_context("rows", open.rows));
-        }
-        self.written.extend(files);
+        self.index.end_new_file(indexed);
+        self.written.push(file.close().await?);
         Ok(())
     }
 
