@@ -24,7 +24,7 @@ use arrow_array::types::{
     Date32Type, Decimal128Type, DecimalType, Float32Type, Float64Type, Int32Type, Int64Type,
     Time64MicrosecondType, TimestampMicrosecondType,
 };
-use arrow_array::{Array, ArrayRef, ListArray};
+use arrow_array::{Array, ArrayRef, ListArray, new_null_array};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, FieldRef, TimeUnit};
 
@@ -429,9 +429,24 @@ pub fn load_columns(fields: &[FieldRef], rows: &LoadRows, lsn: Lsn) -> Result<Ve
     builders.iter_mut().map(ColumnBuilder::finish).collect()
 }
 
+/// A table's column `field` for `rows` load rows: the source column of
+/// that name among `fields` (its array in `columns`), as the table types
+/// it; nulls when the source lacks it.
+pub fn load_source_column(
+    field: &Field,
+    fields: &[FieldRef],
+    columns: &[ArrayRef],
+    rows: usize,
+) -> Result<ArrayRef> {
+    match fields.iter().position(|f| f.name() == field.name()) {
+        Some(i) => retype(&columns[i], field.data_type()),
+        None => Ok(new_null_array(field.data_type(), rows)),
+    }
+}
+
 /// `array` as `to`, a type that differs at most in the field metadata of
 /// list elements (the field ids of bronze and silver differ).
-pub fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
     if array.data_type() == to {
         return Ok(array.clone());
     }

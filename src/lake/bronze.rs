@@ -25,7 +25,7 @@ use arrow_schema::{DataType, FieldRef, Fields, Schema as ArrowSchema};
 use iceberg::TableIdent;
 use iceberg::spec::DataFile;
 
-use super::arrow::{build_array, retype};
+use super::arrow::{build_array, load_source_column};
 use super::catalog::Lake;
 use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
@@ -42,8 +42,9 @@ pub struct BronzeTable {
     buffer: Vec<Arc<Change>>,
     buffer_bytes: usize,
     written: Vec<DataFile>,
-    /// The initial load's data file being written.
-    load: Option<LoadFile>,
+    /// The initial load's data file being written, and the table's schema
+    /// as Arrow while it is.
+    load: Option<(LoadFile, Arc<ArrowSchema>)>,
 }
 
 impl BronzeTable {
@@ -98,23 +99,25 @@ impl BronzeTable {
         fields: &[FieldRef],
         columns: &[ArrayRef],
     ) -> Result<()> {
-        let table = lake.catalog_table(&self.ident).await?;
-        if self.load.is_none() {
-            self.load = Some(LoadFile::create(&table).await?);
-        }
-        let batch = load_batch(&arrow_schema(&table)?, tx, first_seq, fields, columns)
-            .map_err(|e| e.with_context("table", &self.ident))?;
-        if let Some(file) = self.load.as_mut() {
-            file.write(batch).await?;
-            if file.is_full() {
-                self.finish_load_file().await?;
+        let (file, schema) = match &mut self.load {
+            Some(open) => open,
+            None => {
+                let table = lake.catalog_table(&self.ident).await?;
+                let open = (LoadFile::create(&table).await?, arrow_schema(&table)?);
+                self.load.insert(open)
             }
+        };
+        let batch = load_batch(schema, tx, first_seq, fields, columns)
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        file.write(batch).await?;
+        if file.is_full() {
+            self.finish_load_file().await?;
         }
         Ok(())
     }
 
     async fn finish_load_file(&mut self) -> Result<()> {
-        if let Some(file) = self.load.take() {
+        if let Some((file, _)) = self.load.take() {
             self.written.push(file.close().await?);
         }
         Ok(())
@@ -207,10 +210,7 @@ fn load_batch(
                 rows,
             ))),
             BEFORE => no_before_column(field.data_type(), rows)?,
-            name => match fields.iter().position(|f| f.name() == name) {
-                Some(i) => retype(&columns[i], field.data_type())?,
-                None => new_null_array(field.data_type(), rows),
-            },
+            _ => load_source_column(field, fields, columns, rows)?,
         };
         out.push(array);
     }

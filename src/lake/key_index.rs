@@ -157,9 +157,9 @@ impl KeyIndex {
     }
 
     /// Adds rows of a file being written, as (position, key), whose keys
-    /// the index does not hold (an initial load into an empty index: the
-    /// source's primary key makes them unique), without looking any of
-    /// them up.
+    /// the index holds no live row of (an initial load: the source's
+    /// primary key makes them unique, and rows the table held under them
+    /// were removed first), without looking any of them up.
     pub fn add_new_rows(
         &mut self,
         file: &NewFile,

@@ -22,9 +22,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
-use arrow_array::{
-    ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray, new_null_array,
-};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, FieldRef, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
@@ -34,7 +32,7 @@ use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::arrow::{arrow_value, build_array, retype};
+use super::arrow::{arrow_value, build_array, load_source_column};
 use super::catalog::{Lake, iceberg_error};
 use super::key::{Key, KeyCodec};
 use super::key_index::{KeyIndex, NewFile};
@@ -448,11 +446,8 @@ impl SilverTable {
                             .with_timezone_opt(zone.clone()),
                     )
                 }
-                name => match fields.iter().position(|f| f.name() == name) {
-                    Some(i) => retype(&columns[i], field.data_type())
-                        .map_err(|e| e.with_context("table", &self.ident))?,
-                    None => new_null_array(field.data_type(), rows),
-                },
+                _ => load_source_column(field, fields, columns, rows)
+                    .map_err(|e| e.with_context("table", &self.ident))?,
             });
         }
         let key_columns: Vec<ArrayRef> = self.key_fields.iter().map(|&i| out[i].clone()).collect();
@@ -460,10 +455,9 @@ impl SilverTable {
             .codec
             .encode_columns(&key_columns)
             .map_err(|e| e.with_context("table", &self.ident))?;
-        let into_empty = self.index.is_empty() && self.pending.is_empty();
-        let load = self.load.get_or_insert(Load {
+        let load = self.load.get_or_insert_with(|| Load {
             file: None,
-            into_empty,
+            into_empty: self.index.is_empty() && self.pending.is_empty(),
         });
         if !load.into_empty {
             // A table loaded again over rows it holds (not one wal2iceberg
@@ -510,25 +504,6 @@ impl SilverTable {
         Ok(())
     }
 
-    /// Tells the index where `keys`, rows written in order to `files`, are.
-    fn index_files(&mut self, files: &[DataFile], keys: Vec<Key>) -> Result<()> {
-        let mut keys = keys.into_iter();
-        for file in files {
-            let rows = file.record_count() as usize;
-            let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
-            if keyed.len() != rows {
-                return Err(lake_error("more rows written than given", &self.ident));
-            }
-            self.index
-                .add_file(file.file_path().into(), keyed)
-                .map_err(|e| e.with_context("table", &self.ident))?;
-        }
-        if keys.next().is_some() {
-            return Err(lake_error("fewer rows written than given", &self.ident));
-        }
-        Ok(())
-    }
-
     /// Writes the rows held in memory to data files of the open batch.
     async fn write_pending(&mut self, lake: &Lake) -> Result<()> {
         let mut keys = Vec::new();
@@ -549,7 +524,20 @@ impl SilverTable {
             .batch(&changes)
             .map_err(|e| e.with_context("table", &self.ident))?;
         let files = write_data_files(&table, batch).await?;
-        self.index_files(&files, keys)?;
+        let mut keys = keys.into_iter();
+        for file in &files {
+            let rows = file.record_count() as usize;
+            let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
+            if keyed.len() != rows {
+                return Err(lake_error("more rows written than given", &self.ident));
+            }
+            self.index
+                .add_file(file.file_path().into(), keyed)
+                .map_err(|e| e.with_context("table", &self.ident))?;
+        }
+        if keys.next().is_some() {
+            return Err(lake_error("fewer rows written than given", &self.ident));
+        }
         self.written.extend(files);
         Ok(())
     }

@@ -290,7 +290,7 @@ impl LoadFile {
             // The task stopped taking batches: it failed.
             return Err(match (&mut self.task).await {
                 Ok(Err(e)) => e,
-                other => self.stopped(other.err()),
+                other => stopped(&self.ident, other.err()),
             });
         }
         self.rows += rows;
@@ -316,10 +316,6 @@ impl LoadFile {
             .with_context("file", &self.path)
             .with_context("rows", self.rows)),
         }
-    }
-
-    fn stopped(&self, e: Option<tokio::task::JoinError>) -> Error {
-        stopped(&self.ident, e)
     }
 }
 
