@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::LakeLocation;
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
+use crate::ops::run::DEFAULT_LOAD_CONNECTIONS;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -36,6 +37,7 @@ pub struct Raw {
     pub max_batch_rows: Option<i64>,
     pub max_batch_bytes: Option<i64>,
     pub compact_after_files: Option<i64>,
+    pub load_connections: Option<i64>,
     pub snapshot_retention: Option<String>,
     pub retain_snapshots: Option<i64>,
     pub exit_when_idle: Option<String>,
@@ -70,6 +72,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("max_batch_rows", Kind::Integer),
     ("max_batch_bytes", Kind::Integer),
     ("compact_after_files", Kind::Integer),
+    ("load_connections", Kind::Integer),
     ("snapshot_retention", Kind::Text),
     ("retain_snapshots", Kind::Integer),
     ("exit_when_idle", Kind::Text),
@@ -115,6 +118,8 @@ pub struct Settings {
     /// last compaction, or it holds this many delete files, and bronze
     /// every this many commits; 0 never.
     pub compact_after_files: usize,
+    /// Connections reading the initial load's tables in parallel.
+    pub load_connections: usize,
     /// Which snapshots the automatic expiry keeps.
     pub retention: Retention,
     pub exit_when_idle: Option<Duration>,
@@ -289,6 +294,7 @@ impl Merged {
             max_batch_rows,
             max_batch_bytes,
             compact_after_files,
+            load_connections,
             snapshot_retention,
             retain_snapshots,
             exit_when_idle,
@@ -427,6 +433,11 @@ impl Merged {
                     )
                 })?,
             },
+            load_connections: self.positive(
+                "load_connections",
+                raw.load_connections,
+                DEFAULT_LOAD_CONNECTIONS,
+            )?,
             retention: Retention {
                 older_than: self
                     .duration("snapshot_retention", raw.snapshot_retention.as_ref())?

@@ -73,6 +73,10 @@ struct SettingsArgs {
     /// stream is quiet; 0 never [default: 16].
     #[arg(long, value_name = "FILES")]
     compact_after_files: Option<i64>,
+    /// Connections reading the initial load's tables in parallel, all in
+    /// the slot's snapshot [default: 2].
+    #[arg(long, value_name = "N")]
+    load_connections: Option<i64>,
     /// Expire snapshots older than this (2h, 7d), keeping the newest
     /// --retain-snapshots however old [default: 1h].
     #[arg(long, value_name = "DURATION")]
@@ -120,6 +124,7 @@ impl SettingsArgs {
             max_batch_rows: self.max_batch_rows,
             max_batch_bytes: self.max_batch_bytes,
             compact_after_files: self.compact_after_files,
+            load_connections: self.load_connections,
             snapshot_retention: self.snapshot_retention,
             retain_snapshots: self.retain_snapshots,
             exit_when_idle: self.exit_when_idle,
@@ -346,6 +351,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 max_batch_rows: settings.max_batch_rows,
                 max_batch_bytes: settings.max_batch_bytes,
                 compact_after_files: settings.compact_after_files,
+                load_connections: settings.load_connections,
                 retention: settings.retention,
                 exit_when_idle: settings.exit_when_idle,
                 heartbeat_interval: settings.heartbeat_interval,

@@ -260,11 +260,14 @@ async fn the_load_reports_its_progress_against_the_planners_estimate() {
     else {
         panic!("a new slot");
     };
-    assert_eq!(load.progress(), None, "nothing started");
     let mut seen = Vec::new();
     while let Some(rows) = load.next_rows().await.unwrap() {
-        let p = load.progress().expect("a table is being copied");
-        seen.push((p.table.name.clone(), rows.rows.len(), p.rows, p.estimate));
+        seen.push((
+            rows.relation.name.name.clone(),
+            rows.rows.len(),
+            rows.table_rows,
+            rows.estimate,
+        ));
     }
     // Rows come in runs of 64 Ki; the rows handed out so far are counted;
     // the estimate is the planner's, none for a table never analyzed.
@@ -324,4 +327,100 @@ async fn a_truncate_after_the_snapshot_stops_the_load_instead_of_loading_an_empt
         text.contains("public.b") && text.contains("truncated"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_load_in_parallel_on_connections_that_share_the_snapshot() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE a(id int PRIMARY KEY); INSERT INTO a SELECT generate_series(1, 1000);
+         CREATE TABLE b(id int PRIMARY KEY); INSERT INTO b SELECT generate_series(1, 70000);
+         CREATE TABLE c(id int PRIMARY KEY); INSERT INTO c VALUES (1);",
+    )
+    .await;
+    let Capture::Fresh { load, pending } = capture::open(&db.config, &db.options(&["a", "b", "c"]))
+        .await
+        .unwrap()
+    else {
+        panic!("a new slot");
+    };
+    // Committed after the snapshot: no connection of the load may see it.
+    db.exec("INSERT INTO a VALUES (1001); DELETE FROM b WHERE id <= 10; INSERT INTO c VALUES (2);")
+        .await;
+    // Table a's COPY waits for this lock: read one after another, nothing
+    // would come until it is released.
+    let blocker = SourceClient::connect(&db.config).await.unwrap();
+    blocker
+        .batch_execute("BEGIN; LOCK TABLE a IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let lsn = load.consistent_point();
+    let mut load = load
+        .in_parallel(&db.config, 2, move |rows| {
+            let mut ids = Vec::new();
+            rows.for_each_row(lsn, |row| ids.push(row[0].clone()))?;
+            Ok((rows.relation.name.name.clone(), ids))
+        })
+        .await
+        .unwrap();
+    let mut loaded = std::collections::BTreeMap::<String, Vec<Datum>>::new();
+    let add = |loaded: &mut std::collections::BTreeMap<String, Vec<Datum>>,
+               (table, ids): (String, Vec<Datum>)| {
+        loaded.entry(table).or_default().extend(ids)
+    };
+    while loaded.get("b").map_or(0, Vec::len) < 70_000 || !loaded.contains_key("c") {
+        let next = tokio::time::timeout(std::time::Duration::from_secs(30), load.next())
+            .await
+            .expect("b and c load while a waits for its lock");
+        add(&mut loaded, next.unwrap().expect("the load is not over"));
+    }
+    blocker.batch_execute("COMMIT").await.unwrap();
+    while let Some(run) = load.next().await.unwrap() {
+        add(&mut loaded, run);
+    }
+    let ids = |range: std::ops::RangeInclusive<i32>| range.map(int4).collect::<Vec<_>>();
+    assert_eq!(loaded.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
+    assert_eq!(loaded["a"], ids(1..=1000));
+    assert_eq!(loaded["b"], ids(1..=70_000));
+    assert_eq!(loaded["c"], ids(1..=1));
+    let mut relations: Vec<_> = load
+        .relations()
+        .iter()
+        .map(|r| r.name.name.clone())
+        .collect();
+    relations.sort();
+    assert_eq!(relations, ["a", "b", "c"]);
+    drop(pending);
+}
+
+#[tokio::test]
+async fn a_failure_on_one_load_connection_stops_the_parallel_load() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE a(id int PRIMARY KEY); CREATE TABLE b(id int PRIMARY KEY);
+         INSERT INTO a SELECT generate_series(1, 200000); INSERT INTO b VALUES (1);",
+    )
+    .await;
+    let Capture::Fresh { load, pending } =
+        capture::open(&db.config, &db.options(&["public.a", "public.b"]))
+            .await
+            .unwrap()
+    else {
+        panic!("a new slot");
+    };
+    db.exec("TRUNCATE b").await;
+    let mut load = load
+        .in_parallel(&db.config, 2, |rows| Ok(rows.rows.len()))
+        .await
+        .unwrap();
+    let err = loop {
+        match load.next().await {
+            Ok(Some(_)) => {}
+            Ok(None) => panic!("the load ended as if b were empty"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.kind(), wal2iceberg::ErrorKind::Concurrent, "{err}");
+    assert!(err.to_string().contains("public.b"), "{err}");
+    drop(pending);
 }

@@ -12,6 +12,11 @@
 //! replication connection that exported it stays idle, so the whole load
 //! runs before START_REPLICATION is sent.
 //!
+//! Several tables load in parallel ([`SnapshotLoad::in_parallel`]): every
+//! further connection imports the same snapshot (`SET TRANSACTION
+//! SNAPSHOT`), as `pg_dump --jobs` does, takes the next table not yet
+//! started, and decodes its runs on a task of its own.
+//!
 //! TRUNCATE and the table-rewriting forms of ALTER TABLE are not MVCC-safe
 //! (<https://www.postgresql.org/docs/current/mvcc-caveats.html>): one that
 //! commits after the snapshot was taken leaves the table empty to it. So
@@ -20,15 +25,20 @@
 //! with an [`crate::error::ErrorKind::Concurrent`] error instead of
 //! loading nothing.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 use tokio_postgres::CopyOutStream;
 
 use super::event::{Change, Datum, Event, Op, TxInfo};
 use super::relation::{Catalog, RelationInfo};
 use super::value::{Value, Wire};
 use crate::error::{Error, Result};
+use crate::pg::config::PgConfig;
 use crate::pg::conn::ReplicationConnection;
 use crate::pg::copy::{BinaryCopyReader, CopyRows};
 use crate::pg::lsn::Lsn;
@@ -40,9 +50,6 @@ const RUN_BYTES: usize = 32 << 20;
 
 struct TableCopy {
     relation: Arc<RelationInfo>,
-    /// The COPY ended; the table stays current for [`SnapshotLoad::progress`]
-    /// until the next run is asked for.
-    done: bool,
     wires: Arc<[Wire]>,
     stream: Pin<Box<CopyOutStream>>,
     reader: BinaryCopyReader,
@@ -59,6 +66,10 @@ pub struct LoadRows {
     pub rows: CopyRows,
     /// The `seq` of the first row: the load numbers its rows from 0.
     pub first_seq: u64,
+    /// Rows of the table read so far, these included.
+    pub table_rows: u64,
+    /// The table's row estimate, when it was ever analyzed or vacuumed.
+    pub estimate: Option<u64>,
 }
 
 impl LoadRows {
@@ -82,124 +93,56 @@ impl LoadRows {
     }
 }
 
-/// How far the load of the current table has come.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoadProgress {
-    pub table: TableName,
-    pub rows: u64,
-    /// The row estimate, when the table was ever analyzed or vacuumed.
-    pub estimate: Option<u64>,
+/// What the connections of one load share: the tables no connection has
+/// started yet, and the numbering of rows.
+struct Plan {
+    pending: Mutex<VecDeque<TableName>>,
+    seq: AtomicU64,
 }
 
-/// Reads the load table by table, in runs of rows.
-pub struct SnapshotLoad {
+impl Plan {
+    fn next_table(&self) -> Option<TableName> {
+        self.pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front()
+    }
+}
+
+/// One connection inside the exported snapshot, copying one table at a
+/// time.
+struct TableReader {
     client: SourceClient,
     catalog: Catalog,
-    pending: std::vec::IntoIter<TableName>,
     current: Option<TableCopy>,
-    /// The tables read so far, empty ones included.
+    /// The tables this connection read, empty ones included.
     relations: Vec<Arc<RelationInfo>>,
-    /// The replication connection of a temporary slot that exported the
-    /// snapshot; closed (dropping the slot) when the load ends.
-    exporter: Option<ReplicationConnection>,
-    tx: TxInfo,
-    seq: u64,
-    /// Rows decoded for [`SnapshotLoad::next_event`], not yet returned.
-    events: std::collections::VecDeque<Change>,
-    began: bool,
-    finished: bool,
 }
 
-impl SnapshotLoad {
-    /// Opens the exported snapshot on `client` (a connection of its own).
-    pub async fn begin(
+impl TableReader {
+    async fn open(
         client: SourceClient,
         catalog: Catalog,
         snapshot_name: &str,
-        consistent_point: Lsn,
-        tables: Vec<TableName>,
-        exporter: Option<ReplicationConnection>,
-    ) -> Result<SnapshotLoad> {
+    ) -> Result<TableReader> {
         source::begin_snapshot(&client, snapshot_name).await?;
-        let commit_ts = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_micros() as i64)
-            .unwrap_or(0);
-        Ok(SnapshotLoad {
+        Ok(TableReader {
             client,
             catalog,
-            pending: tables.into_iter(),
             current: None,
             relations: Vec::new(),
-            exporter,
-            tx: TxInfo {
-                xid: 0,
-                commit_lsn: consistent_point,
-                commit_ts,
-            },
-            seq: 0,
-            events: std::collections::VecDeque::new(),
-            began: false,
-            finished: false,
         })
     }
 
-    /// Locks every table still to be read now rather than just before its
-    /// COPY, for a caller that keeps the snapshot open a while first.
-    pub async fn lock_tables(&self) -> Result<()> {
-        source::lock_unchanged_since_snapshot(&self.client, self.pending.as_slice()).await
-    }
-
-    /// The consistent point: confirm it once the load is durable.
-    pub fn consistent_point(&self) -> Lsn {
-        self.tx.commit_lsn
-    }
-
-    /// The table being copied (or the one whose last rows were just handed
-    /// out) and how far it got.
-    pub fn progress(&self) -> Option<LoadProgress> {
-        self.current.as_ref().map(|c| LoadProgress {
-            table: c.relation.name.clone(),
-            rows: c.rows,
-            estimate: u64::try_from(c.estimate).ok(),
-        })
-    }
-
-    /// The relations of the tables loaded so far: all of them, empty ones
-    /// included, once the load has ended.
-    pub fn relations(&self) -> &[Arc<RelationInfo>] {
-        &self.relations
-    }
-
-    /// The load's transaction: xid 0, committed at the consistent point.
-    pub fn tx(&self) -> TxInfo {
-        self.tx
-    }
-
-    /// The next run of rows, all of one table; `None` once every table was
-    /// read (the snapshot is then closed).
-    pub async fn next_rows(&mut self) -> Result<Option<LoadRows>> {
+    /// The next run of rows of the plan's tables; `None` once none is
+    /// left to start.
+    async fn next_rows(&mut self, plan: &Plan) -> Result<Option<LoadRows>> {
         loop {
-            if self.finished {
-                return Ok(None);
-            }
-            if self.current.as_ref().is_some_and(|c| c.done) {
-                self.current = None;
-            }
             let Some(copy) = self.current.as_mut() else {
-                match self.pending.next() {
-                    Some(table) => self.current = Some(self.start_copy(&table).await?),
-                    None => {
-                        self.client.batch_execute("COMMIT").await.map_err(|e| {
-                            crate::error::postgres(e, "cannot end the snapshot transaction")
-                        })?;
-                        self.finished = true;
-                        if let Some(exporter) = self.exporter.take() {
-                            exporter.close().await?;
-                        }
-                        return Ok(None);
-                    }
-                }
+                let Some(table) = plan.next_table() else {
+                    return Ok(None);
+                };
+                self.current = Some(self.start_copy(&table).await?);
                 continue;
             };
             let ended = if copy.reader.rows() >= RUN_ROWS || copy.reader.bytes() >= RUN_BYTES {
@@ -222,24 +165,184 @@ impl SnapshotLoad {
             };
             let rows = copy.reader.take();
             copy.rows += rows.len() as u64;
-            let relation = copy.relation.clone();
-            let wires = copy.wires.clone();
-            if ended {
-                tracing::info!(table = %relation.name, rows = copy.rows, "initial load of table done");
-                copy.done = true;
-            }
-            if rows.is_empty() {
-                continue;
-            }
-            let first_seq = self.seq;
-            self.seq += rows.len() as u64;
-            return Ok(Some(LoadRows {
-                relation,
-                wires,
+            let run = LoadRows {
+                relation: copy.relation.clone(),
+                wires: copy.wires.clone(),
+                first_seq: plan.seq.fetch_add(rows.len() as u64, Ordering::Relaxed),
+                table_rows: copy.rows,
+                estimate: u64::try_from(copy.estimate).ok(),
                 rows,
-                first_seq,
-            }));
+            };
+            if ended {
+                tracing::info!(table = %run.relation.name, rows = copy.rows, "initial load of table done");
+                self.current = None;
+            }
+            if !run.rows.is_empty() {
+                return Ok(Some(run));
+            }
         }
+    }
+
+    /// Ends the snapshot transaction, releasing the tables' locks.
+    async fn finish(&mut self) -> Result<()> {
+        self.client
+            .batch_execute("COMMIT")
+            .await
+            .map_err(|e| crate::error::postgres(e, "cannot end the snapshot transaction"))
+    }
+
+    async fn start_copy(&mut self, table: &TableName) -> Result<TableCopy> {
+        let described = source::describe_table(&self.client, table).await?;
+        source::lock_unchanged_since_snapshot(&self.client, std::slice::from_ref(table)).await?;
+        let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
+        let estimate: i64 = self
+            .client
+            .query_one(
+                "SELECT reltuples::int8 FROM pg_class WHERE oid = $1",
+                &[&described.oid],
+            )
+            .await
+            .map_err(|e| crate::error::postgres(e, "cannot read the table's row estimate"))?
+            .get(0);
+        let (wires, casts): (Vec<Wire>, Vec<bool>) = relation
+            .columns
+            .iter()
+            .map(|c| Wire::of(c.type_oid))
+            .unzip();
+        let stream = Box::pin(source::copy_out(&self.client, &described, &casts).await?);
+        self.relations.push(relation.clone());
+        tracing::info!(table = %table, "initial load of table started");
+        Ok(TableCopy {
+            reader: BinaryCopyReader::new(relation.columns.len()),
+            relation,
+            wires: wires.into(),
+            stream,
+            rows: 0,
+            estimate,
+        })
+    }
+
+    /// Reads runs until the plan has no table left, handing each, turned
+    /// into a `T` by `decode`, to `out`; stops early once `out` is closed.
+    async fn feed<T>(
+        mut self,
+        plan: Arc<Plan>,
+        decode: Arc<dyn Fn(LoadRows) -> Result<T> + Send + Sync>,
+        out: mpsc::Sender<Result<T>>,
+    ) -> Result<Vec<Arc<RelationInfo>>> {
+        loop {
+            let item = match self.next_rows(&plan).await {
+                Ok(Some(rows)) => decode(rows),
+                Ok(None) => {
+                    self.finish().await?;
+                    return Ok(self.relations);
+                }
+                Err(e) => Err(e),
+            };
+            let failed = item.is_err();
+            if out.send(item).await.is_err() || failed {
+                return Ok(Vec::new());
+            }
+        }
+    }
+}
+
+/// Reads the load table by table, in runs of rows, on one connection; or,
+/// through [`SnapshotLoad::in_parallel`], on several.
+pub struct SnapshotLoad {
+    reader: TableReader,
+    plan: Arc<Plan>,
+    snapshot_name: String,
+    /// The replication connection of a temporary slot that exported the
+    /// snapshot; closed (dropping the slot) when the load ends.
+    exporter: Option<ReplicationConnection>,
+    tx: TxInfo,
+    /// Rows decoded for [`SnapshotLoad::next_event`], not yet returned.
+    events: VecDeque<Change>,
+    began: bool,
+    finished: bool,
+}
+
+impl SnapshotLoad {
+    /// Opens the exported snapshot on `client` (a connection of its own).
+    pub async fn begin(
+        client: SourceClient,
+        catalog: Catalog,
+        snapshot_name: &str,
+        consistent_point: Lsn,
+        tables: Vec<TableName>,
+        exporter: Option<ReplicationConnection>,
+    ) -> Result<SnapshotLoad> {
+        let reader = TableReader::open(client, catalog, snapshot_name).await?;
+        let commit_ts = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as i64)
+            .unwrap_or(0);
+        Ok(SnapshotLoad {
+            reader,
+            plan: Arc::new(Plan {
+                pending: Mutex::new(tables.into()),
+                seq: AtomicU64::new(0),
+            }),
+            snapshot_name: snapshot_name.to_owned(),
+            exporter,
+            tx: TxInfo {
+                xid: 0,
+                commit_lsn: consistent_point,
+                commit_ts,
+            },
+            events: VecDeque::new(),
+            began: false,
+            finished: false,
+        })
+    }
+
+    /// Locks every table still to be read now rather than just before its
+    /// COPY, for a caller that keeps the snapshot open a while first.
+    pub async fn lock_tables(&self) -> Result<()> {
+        let pending: Vec<TableName> = self
+            .plan
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        source::lock_unchanged_since_snapshot(&self.reader.client, &pending).await
+    }
+
+    /// The consistent point: confirm it once the load is durable.
+    pub fn consistent_point(&self) -> Lsn {
+        self.tx.commit_lsn
+    }
+
+    /// The relations of the tables read so far: all of them, empty ones
+    /// included, once the load has ended.
+    pub fn relations(&self) -> &[Arc<RelationInfo>] {
+        &self.reader.relations
+    }
+
+    /// The load's transaction: xid 0, committed at the consistent point.
+    pub fn tx(&self) -> TxInfo {
+        self.tx
+    }
+
+    /// The next run of rows, all of one table, the tables in the order
+    /// given; `None` once every table was read (the snapshot is then
+    /// closed).
+    pub async fn next_rows(&mut self) -> Result<Option<LoadRows>> {
+        if self.finished {
+            return Ok(None);
+        }
+        if let Some(rows) = self.reader.next_rows(&self.plan).await? {
+            return Ok(Some(rows));
+        }
+        self.reader.finish().await?;
+        self.finished = true;
+        if let Some(exporter) = self.exporter.take() {
+            exporter.close().await?;
+        }
+        Ok(None)
     }
 
     /// The load as events, one change per row: Begin, the rows, Commit.
@@ -279,35 +382,81 @@ impl SnapshotLoad {
         }
     }
 
-    async fn start_copy(&mut self, table: &TableName) -> Result<TableCopy> {
-        let described = source::describe_table(&self.client, table).await?;
-        source::lock_unchanged_since_snapshot(&self.client, std::slice::from_ref(table)).await?;
-        let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
-        let estimate: i64 = self
-            .client
-            .query_one(
-                "SELECT reltuples::int8 FROM pg_class WHERE oid = $1",
-                &[&described.oid],
-            )
-            .await
-            .map_err(|e| crate::error::postgres(e, "cannot read the table's row estimate"))?
-            .get(0);
-        let (wires, casts): (Vec<Wire>, Vec<bool>) = relation
-            .columns
-            .iter()
-            .map(|c| Wire::of(c.type_oid))
-            .unzip();
-        let stream = Box::pin(source::copy_out(&self.client, &described, &casts).await?);
-        self.relations.push(relation.clone());
-        tracing::info!(table = %table, "initial load of table started");
-        Ok(TableCopy {
-            reader: BinaryCopyReader::new(relation.columns.len()),
-            relation,
-            done: false,
-            wires: wires.into(),
-            stream,
-            rows: 0,
-            estimate,
+    /// Reads the tables on up to `connections` connections at once, each
+    /// in the same exported snapshot (connections beyond the first are
+    /// opened with `config`), and turns each run into a `T` with `decode`
+    /// on its connection's task. A table's runs keep their order; runs of
+    /// different tables interleave. Call it before reading any run.
+    pub async fn in_parallel<T: Send + 'static>(
+        self,
+        config: &PgConfig,
+        connections: usize,
+        decode: impl Fn(LoadRows) -> Result<T> + Send + Sync + 'static,
+    ) -> Result<ParallelLoad<T>> {
+        let tables = self
+            .plan
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len();
+        let client = self.reader.catalog.client().clone();
+        let mut readers = vec![self.reader];
+        for _ in 1..connections.min(tables) {
+            let connection = SourceClient::connect(config).await?;
+            let catalog = Catalog::new(client.clone());
+            readers.push(TableReader::open(connection, catalog, &self.snapshot_name).await?);
+        }
+        tracing::info!(
+            tables,
+            connections = readers.len(),
+            "initial load reads in one snapshot"
+        );
+        let (out, received) = mpsc::channel(readers.len());
+        let decode: Arc<dyn Fn(LoadRows) -> Result<T> + Send + Sync> = Arc::new(decode);
+        let mut tasks = JoinSet::new();
+        for reader in readers {
+            tasks.spawn(reader.feed(self.plan.clone(), decode.clone(), out.clone()));
+        }
+        Ok(ParallelLoad {
+            received,
+            tasks,
+            exporter: self.exporter,
+            relations: Vec::new(),
         })
+    }
+}
+
+/// A load read on several connections at once ([`SnapshotLoad::in_parallel`]);
+/// dropping it stops every connection's task.
+pub struct ParallelLoad<T> {
+    received: mpsc::Receiver<Result<T>>,
+    tasks: JoinSet<Result<Vec<Arc<RelationInfo>>>>,
+    exporter: Option<ReplicationConnection>,
+    relations: Vec<Arc<RelationInfo>>,
+}
+
+impl<T> ParallelLoad<T> {
+    /// The next decoded run, of any table; `None` once every table was
+    /// read and every snapshot transaction ended.
+    pub async fn next(&mut self) -> Result<Option<T>> {
+        if let Some(item) = self.received.recv().await {
+            return item.map(Some);
+        }
+        while let Some(joined) = self.tasks.join_next().await {
+            match joined {
+                Ok(relations) => self.relations.extend(relations?),
+                Err(e) => std::panic::resume_unwind(e.into_panic()),
+            }
+        }
+        if let Some(exporter) = self.exporter.take() {
+            exporter.close().await?;
+        }
+        Ok(None)
+    }
+
+    /// Every table's relation, empty ones included, once
+    /// [`ParallelLoad::next`] gave `None`.
+    pub fn relations(&self) -> &[Arc<RelationInfo>] {
+        &self.relations
     }
 }

@@ -82,6 +82,7 @@ fn flags_override_the_environment_which_overrides_the_file() {
     assert_eq!(apart.lake.warehouse, PathBuf::from("/data/warehouse"));
     // Defaults where nobody said anything.
     assert_eq!(s.max_batch_bytes, 128 << 20);
+    assert_eq!(s.load_connections, 2);
     assert_eq!(s.log_format, LogFormat::Text);
     assert_eq!(s.exit_when_idle, None);
 }
@@ -120,6 +121,12 @@ fn each_error_names_the_option_its_origin_and_the_rule() {
             None,
             vec![("WAL2ICEBERG_MAX_BATCH_BYTES", "lots")],
             "WAL2ICEBERG_MAX_BATCH_BYTES must be a whole number",
+        ),
+        (
+            None,
+            vec![("WAL2ICEBERG_LOAD_CONNECTIONS", "0")],
+            "load_connections (from the environment variable WAL2ICEBERG_LOAD_CONNECTIONS): \
+             must be at least 1, not 0",
         ),
         (
             Some("log_format = \"xml\""),

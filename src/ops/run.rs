@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use arrow_array::ArrayRef;
+use arrow_schema::FieldRef;
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
@@ -47,6 +49,8 @@ pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
 /// Flush once a batch holds about this many bytes of values.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
+/// Connections reading the initial load, when there are that many tables.
+pub const DEFAULT_LOAD_CONNECTIONS: usize = 2;
 /// Snapshots are expired at least this often, in silver commits.
 pub const EXPIRE_EVERY_COMMITS: usize = 100;
 
@@ -77,6 +81,9 @@ pub struct RunOptions {
     pub retained_wal_warn_bytes: u64,
     /// How often the slot's state is read for metrics and warnings.
     pub monitor_interval: Duration,
+    /// Connections that read the initial load's tables in parallel, each a
+    /// table at a time, all in the slot's snapshot.
+    pub load_connections: usize,
     /// Stop at the next safe point once requested: commit the batch if it
     /// holds only complete transactions, abandon it (to be streamed again
     /// after a restart) if a transaction is still arriving.
@@ -101,6 +108,7 @@ impl RunOptions {
             heartbeat_interval: None,
             retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
             monitor_interval: monitor::DEFAULT_INTERVAL,
+            load_connections: DEFAULT_LOAD_CONNECTIONS,
             shutdown: Shutdown::default(),
         }
     }
@@ -176,6 +184,38 @@ fn wants(held: Option<Position>, change: &Change) -> bool {
     held.is_some_and(|at| !at.holds(change.tx.commit_lsn))
 }
 
+/// A run of the initial load's rows, decoded into silver-typed Arrow
+/// columns on its connection's task.
+struct LoadBatch {
+    relation: Arc<RelationInfo>,
+    first_seq: u64,
+    fields: Vec<FieldRef>,
+    columns: Vec<ArrayRef>,
+    rows: usize,
+    /// Bytes of COPY data the rows came in.
+    bytes: usize,
+    /// Rows of the table read so far, these included, and its estimate.
+    table_rows: u64,
+    estimate: Option<u64>,
+}
+
+impl LoadBatch {
+    fn decode(rows: LoadRows, lsn: Lsn) -> Result<LoadBatch> {
+        let fields = source_arrow_fields(&rows.relation)?;
+        let columns = load_columns(&fields, &rows, lsn)?;
+        Ok(LoadBatch {
+            first_seq: rows.first_seq,
+            fields,
+            columns,
+            rows: rows.rows.len(),
+            bytes: rows.rows.bytes(),
+            table_rows: rows.table_rows,
+            estimate: rows.estimate,
+            relation: rows.relation,
+        })
+    }
+}
+
 /// Log lines on the initial load's progress: rows done of the estimate,
 /// rate and time left, every few seconds.
 struct ProgressLog {
@@ -198,29 +238,27 @@ impl ProgressLog {
         }
     }
 
-    fn tick(&mut self, load: &SnapshotLoad) {
+    fn tick(&mut self, load: &LoadBatch) {
         let now = Instant::now();
-        let Some(p) = load.progress() else {
-            return;
-        };
-        if self.table.as_ref() != Some(&p.table) {
-            self.table = Some(p.table.clone());
+        let table = &load.relation.name;
+        if self.table.as_ref() != Some(table) {
+            self.table = Some(table.clone());
             self.since = now;
-            self.rows_at_since = p.rows;
+            self.rows_at_since = load.table_rows;
         }
         if now < self.next {
             return;
         }
         self.next = now + Self::EVERY;
         let seconds = (now - self.since).as_secs_f64().max(0.001);
-        let rate = (p.rows - self.rows_at_since) as f64 / seconds;
-        let left = p
+        let rate = (load.table_rows - self.rows_at_since) as f64 / seconds;
+        let left = load
             .estimate
-            .map(|e| e.saturating_sub(p.rows) as f64 / rate.max(1.0));
+            .map(|e| e.saturating_sub(load.table_rows) as f64 / rate.max(1.0));
         tracing::info!(
-            table = %p.table,
-            rows = p.rows,
-            estimate = p.estimate,
+            %table,
+            rows = load.table_rows,
+            estimate = load.estimate,
             rows_per_second = rate.round(),
             seconds_left = left.map(f64::round),
             "initial load progress"
@@ -434,21 +472,26 @@ async fn run_once(
     // about the slot, one on another slot about the lake.
     let _writer = WriterLock::acquire(&options.lake, &pipeline.namespace)?;
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
-    if let Some(mut load) = load {
+    if let Some(load) = load {
         let mut progress = ProgressLog::new();
         let tx = load.tx();
-        while let Some(rows) = load.next_rows().await? {
-            progress.tick(&load);
+        let mut load = load
+            .in_parallel(config, options.load_connections, move |rows| {
+                LoadBatch::decode(rows, tx.commit_lsn)
+            })
+            .await?;
+        while let Some(batch) = load.next().await? {
+            progress.tick(&batch);
             if options.shutdown.is_requested() {
                 tracing::info!("stopping during the initial load: nothing of it is committed");
                 return Ok(());
             }
-            pipeline.take_load(tx, &rows).await?;
+            pipeline.take_load(tx, &batch).await?;
             let m = metrics();
             m.initial_load_rows
-                .fetch_add(rows.rows.len() as u64, Ordering::Relaxed);
+                .fetch_add(batch.rows as u64, Ordering::Relaxed);
             m.initial_load_bytes
-                .fetch_add(rows.rows.bytes() as u64, Ordering::Relaxed);
+                .fetch_add(batch.bytes as u64, Ordering::Relaxed);
             failpoint::hit("initial-load");
         }
         for relation in load.relations() {
@@ -745,10 +788,10 @@ impl Pipeline<'_> {
         Ok(taken)
     }
 
-    /// Stages a run of the initial load's rows: decoded once into Arrow
-    /// columns that bronze and silver both take.
-    async fn take_load(&mut self, tx: TxInfo, rows: &LoadRows) -> Result<()> {
-        let relation = &rows.relation;
+    /// Stages a run of the initial load's rows, whose columns bronze and
+    /// silver both take.
+    async fn take_load(&mut self, tx: TxInfo, load: &LoadBatch) -> Result<()> {
+        let relation = &load.relation;
         self.ensure_sink(relation).await?;
         let sink = self
             .sinks
@@ -760,23 +803,21 @@ impl Pipeline<'_> {
         if !to_bronze && !to_silver {
             return Ok(());
         }
-        let fields = source_arrow_fields(relation)?;
-        let columns = load_columns(&fields, rows, tx.commit_lsn)?;
         if to_bronze {
             sink.bronze
-                .stage_load(&self.lake, tx, rows.first_seq, &fields, &columns)
+                .stage_load(&self.lake, tx, load.first_seq, &load.fields, &load.columns)
                 .await?;
             sink.bronze_dirty = true;
         }
         if to_silver {
             sink.silver
-                .stage_load(&self.lake, tx, &fields, &columns)
+                .stage_load(&self.lake, tx, &load.fields, &load.columns)
                 .await?;
             sink.silver_dirty = true;
         }
-        let n = rows.rows.len();
+        let n = load.rows;
         self.batch_changes += n;
-        self.batch_bytes += rows.rows.bytes();
+        self.batch_bytes += load.bytes;
         *sink.ops.entry(Op::Read.code()).or_default() += n as u64;
         Ok(())
     }
