@@ -26,6 +26,10 @@ use wal2iceberg::pg::source::SourceClient;
 
 const SLOT: &str = "bench";
 const PUBLICATION: &str = "wal2iceberg";
+/// The slot of a load timed but not kept.
+const TRY_SLOT: &str = "bench_try";
+/// How often the load and its references are timed.
+const LOAD_TRIES: usize = 3;
 /// What the latency phase runs at, and for how long.
 const STEADY_RATE: u64 = 1_000;
 const STEADY_FOR: Duration = Duration::from_secs(30);
@@ -201,10 +205,14 @@ impl Bench {
     }
 
     fn wal2iceberg(&self, extra: &[&str]) -> Command {
+        self.wal2iceberg_into(SLOT, self.lake.path(), extra)
+    }
+
+    fn wal2iceberg_into(&self, slot: &str, lake: &Path, extra: &[&str]) -> Command {
         let mut c = time_v(Path::new(env!("CARGO_BIN_EXE_wal2iceberg")));
         c.args(["run", "--source", &self.url, "--tables", "public.orders"])
-            .args(["--slot", SLOT, "--publication", PUBLICATION])
-            .args(["--lake", &self.lake.path().display().to_string()])
+            .args(["--slot", slot, "--publication", PUBLICATION])
+            .args(["--lake", &lake.display().to_string()])
             .args(["--namespace", "bench"])
             .args(extra)
             .env("RUST_LOG", "wal2iceberg=warn");
@@ -242,29 +250,53 @@ impl Bench {
         self.sql("VACUUM ANALYZE orders").await
     }
 
-    /// COPY through psql into /dev/null, and wal2iceberg's initial load.
+    /// COPY through psql into /dev/null, and wal2iceberg's initial load,
+    /// each [`LOAD_TRIES`] times in turn, the best of each compared: on a
+    /// small shared machine one run of either moves by a third. Every load
+    /// but the last goes to a slot and lake of its own, dropped after; the
+    /// last one's slot and lake are the stream phase's.
     async fn load(&mut self) -> BenchResult<()> {
         println!("load: {} rows", self.rows);
         let n = self.rows as f64;
-        let binary = timed(&mut self.psql("COPY orders TO STDOUT (FORMAT binary)"))?;
-        let text = timed(&mut self.psql("COPY orders TO STDOUT"))?;
         let idle = format!("{}ms", IDLE_EXIT.as_millis());
-        let ours = timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
-        let ours_seconds = ours.seconds - IDLE_EXIT.as_secs_f64();
+        let (mut binary, mut text, mut ours) = (f64::MAX, f64::MAX, f64::MAX);
+        let mut peak_rss_mb: f64 = 0.0;
+        for attempt in 1..=LOAD_TRIES {
+            binary =
+                binary.min(timed(&mut self.psql("COPY orders TO STDOUT (FORMAT binary)"))?.seconds);
+            text = text.min(timed(&mut self.psql("COPY orders TO STDOUT"))?.seconds);
+            let run = if attempt == LOAD_TRIES {
+                timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?
+            } else {
+                let lake = tempfile::Builder::new()
+                    .prefix("wal2iceberg-bench-try-")
+                    .tempdir()?;
+                let run = timed(&mut self.wal2iceberg_into(
+                    TRY_SLOT,
+                    lake.path(),
+                    &["--exit-when-idle", &idle],
+                ))?;
+                self.sql(&format!("SELECT pg_drop_replication_slot('{TRY_SLOT}')"))
+                    .await?;
+                run
+            };
+            ours = ours.min(run.seconds - IDLE_EXIT.as_secs_f64());
+            peak_rss_mb = peak_rss_mb.max(run.peak_rss_mb);
+        }
         let r = &mut self.report;
         r.figure(
-            "COPY binary (psql > /dev/null)",
-            format!("{:.0} rows/s ({:.2} s)", n / binary.seconds, binary.seconds),
+            &format!("COPY binary (psql > /dev/null, best of {LOAD_TRIES})"),
+            format!("{:.0} rows/s ({binary:.2} s)", n / binary),
         );
         r.figure(
-            "COPY text (psql > /dev/null)",
-            format!("{:.0} rows/s ({:.2} s)", n / text.seconds, text.seconds),
+            &format!("COPY text (psql > /dev/null, best of {LOAD_TRIES})"),
+            format!("{:.0} rows/s ({text:.2} s)", n / text),
         );
         r.figure(
-            "wal2iceberg initial load",
-            format!("{:.0} rows/s ({ours_seconds:.2} s)", n / ours_seconds),
+            &format!("wal2iceberg initial load (best of {LOAD_TRIES})"),
+            format!("{:.0} rows/s ({ours:.2} s)", n / ours),
         );
-        let ratio = binary.seconds / ours_seconds;
+        let ratio = binary / ours;
         r.check(
             "load ratio to COPY binary",
             format!("{ratio:.2}"),
@@ -273,9 +305,9 @@ impl Bench {
         );
         r.check(
             "load peak RSS",
-            format!("{:.0} MB", ours.peak_rss_mb),
+            format!("{peak_rss_mb:.0} MB"),
             "< 300 MB".into(),
-            ours.peak_rss_mb < 300.0,
+            peak_rss_mb < 300.0,
         );
         Ok(())
     }

@@ -355,7 +355,10 @@ impl KeyIndex {
     /// Writes entries newer than every run to a new run, then merges the
     /// runs when there are too many.
     fn write_run(&mut self, mut entries: Vec<(Key, Slot)>) -> io::Result<()> {
-        entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // A load in key order (a table written in key order) comes sorted.
+        if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        }
         let path = self.next_path()?;
         let run = Run::write(path, entries.len(), entries.into_iter().map(Ok))?;
         self.runs.push(run);

@@ -25,7 +25,6 @@
 //! maps wrongly is wrong on both sides and not found here; the type tests
 //! cover that conversion against readers of their own (docs/testing.md).
 
-use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::hash::{Hash, Hasher};
@@ -603,8 +602,8 @@ impl Differences {
         let rest: Vec<Key> = self.bronze.drain().map(|(key, _)| key).collect();
         rest.into_iter()
             .for_each(|key| self.differ(key, Side::OnlyRight));
-        self.kept
-            .sort_by(|(a, _), (b, _)| key_order(&shape.key, a, b));
+        // Keys sort by their bytes as their values do (src/lake/key.rs).
+        self.kept.sort_by(|(a, _), (b, _)| a.cmp(b));
         let fields = shape.key_fields();
         Comparison {
             left,
@@ -619,16 +618,6 @@ impl Differences {
                 .map(|(key, side)| (shape.key.describe(&fields, key), *side))
                 .collect(),
         }
-    }
-}
-
-/// Keys in the source's order: integers by value, others by their bytes
-/// (Arrow's row format sorts as the values do).
-fn key_order(codec: &KeyCodec, a: &[u8], b: &[u8]) -> Ordering {
-    let integer = |k: &[u8]| <[u8; 8]>::try_from(k).map(i64::from_le_bytes).ok();
-    match (codec, integer(a), integer(b)) {
-        (KeyCodec::Integer, Some(x), Some(y)) => x.cmp(&y),
-        _ => a.cmp(b),
     }
 }
 
