@@ -210,13 +210,25 @@ impl Bench {
 
     fn wal2iceberg_into(&self, slot: &str, lake: &Path, extra: &[&str]) -> Command {
         let mut c = time_v(Path::new(env!("CARGO_BIN_EXE_wal2iceberg")));
+        self.run_args(&mut c, slot, lake, extra);
+        c
+    }
+
+    /// wal2iceberg alone, not under `/usr/bin/time`: a signal to time would
+    /// leave it running.
+    fn wal2iceberg_alone(&self, extra: &[&str]) -> Command {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"));
+        self.run_args(&mut c, SLOT, self.lake.path(), extra);
+        c
+    }
+
+    fn run_args(&self, c: &mut Command, slot: &str, lake: &Path, extra: &[&str]) {
         c.args(["run", "--source", &self.url, "--tables", "public.orders"])
             .args(["--slot", slot, "--publication", PUBLICATION])
             .args(["--lake", &lake.display().to_string()])
             .args(["--namespace", "bench"])
             .args(extra)
             .env("RUST_LOG", "wal2iceberg=warn");
-        c
     }
 
     fn psql(&self, sql: &str) -> Command {
@@ -448,7 +460,7 @@ impl Bench {
         println!("latency: {STEADY_RATE} transactions/s for {STEADY_FOR:?}");
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let mut run = self
-            .wal2iceberg(&["--metrics-addr", &metrics.to_string()])
+            .wal2iceberg_alone(&["--metrics-addr", &metrics.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()?;

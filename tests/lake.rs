@@ -312,6 +312,7 @@ mod row_delta {
         );
 
         // Ada (row 0) moves to team, Linus (row 2) is deleted.
+        let first_file: std::sync::Arc<str> = first_file.into();
         let deletes =
             write_position_deletes(&table, vec![(first_file.clone(), 2), (first_file, 0)])
                 .await

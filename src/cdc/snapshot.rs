@@ -28,7 +28,7 @@
 use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -101,11 +101,9 @@ struct Plan {
 }
 
 impl Plan {
-    fn next_table(&self) -> Option<TableName> {
-        self.pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front()
+    /// The tables not started yet; a queue that outlives a panicked holder.
+    fn pending(&self) -> MutexGuard<'_, VecDeque<TableName>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -139,7 +137,7 @@ impl TableReader {
     async fn next_rows(&mut self, plan: &Plan) -> Result<Option<LoadRows>> {
         loop {
             let Some(copy) = self.current.as_mut() else {
-                let Some(table) = plan.next_table() else {
+                let Some(table) = plan.pending().pop_front() else {
                     return Ok(None);
                 };
                 self.current = Some(self.start_copy(&table).await?);
@@ -300,14 +298,7 @@ impl SnapshotLoad {
     /// Locks every table still to be read now rather than just before its
     /// COPY, for a caller that keeps the snapshot open a while first.
     pub async fn lock_tables(&self) -> Result<()> {
-        let pending: Vec<TableName> = self
-            .plan
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        let pending: Vec<TableName> = self.plan.pending().iter().cloned().collect();
         source::lock_unchanged_since_snapshot(&self.reader.client, &pending).await
     }
 
@@ -393,12 +384,7 @@ impl SnapshotLoad {
         connections: usize,
         decode: impl Fn(LoadRows) -> Result<T> + Send + Sync + 'static,
     ) -> Result<ParallelLoad<T>> {
-        let tables = self
-            .plan
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len();
+        let tables = self.plan.pending().len();
         let client = self.reader.catalog.client().clone();
         let mut readers = vec![self.reader];
         for _ in 1..connections.min(tables) {

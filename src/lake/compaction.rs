@@ -163,6 +163,7 @@ pub async fn merge_small_files(
     let mut rows = 0;
     for path in &small {
         for batch in read_parquet(&table, path, "cannot read a data file").await? {
+            let batch = batch?;
             rows += batch.num_rows();
             sink.write(align(&batch, &schema, path)?).await?;
         }

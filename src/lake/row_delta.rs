@@ -67,11 +67,14 @@ pub struct RowDelta {
     pub properties: HashMap<String, String>,
 }
 
+/// Rows of a position delete file built into one Arrow batch at a time.
+const DELETE_BATCH_ROWS: usize = 64 * 1024;
+
 /// Writes a positional-delete file: rows `(file_path, pos)`, sorted as the
 /// spec requires.
 pub async fn write_position_deletes(
     table: &Table,
-    mut deletes: Vec<(String, i64)>,
+    mut deletes: Vec<(Arc<str>, i64)>,
 ) -> Result<DataFile> {
     let context = |e: iceberg::Error| {
         iceberg_error(e, "cannot write a position delete file")
@@ -96,20 +99,6 @@ pub async fn write_position_deletes(
             .map_err(context)?,
     );
     let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).map_err(context)?);
-    let batch = RecordBatch::try_new(
-        arrow,
-        vec![
-            Arc::new(StringArray::from_iter_values(
-                deletes.iter().map(|(p, _)| p.as_str()),
-            )),
-            Arc::new(Int64Array::from_iter_values(
-                deletes.iter().map(|(_, pos)| *pos),
-            )),
-        ],
-    )
-    .map_err(|e| {
-        Error::new(ErrorKind::Lake, "cannot build the position delete batch").with_source(e)
-    })?;
     let properties = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::default()))
         .build();
@@ -125,7 +114,25 @@ pub async fn write_position_deletes(
         .build(output)
         .await
         .map_err(context)?;
-    writer.write(&batch).await.map_err(context)?;
+    // In slices: the paths repeat for every position, and a compaction's
+    // merged file can hold millions of them.
+    for slice in deletes.chunks(DELETE_BATCH_ROWS) {
+        let batch = RecordBatch::try_new(
+            arrow.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    slice.iter().map(|(p, _)| &**p),
+                )),
+                Arc::new(Int64Array::from_iter_values(
+                    slice.iter().map(|(_, pos)| *pos),
+                )),
+            ],
+        )
+        .map_err(|e| {
+            Error::new(ErrorKind::Lake, "cannot build the position delete batch").with_source(e)
+        })?;
+        writer.write(&batch).await.map_err(context)?;
+    }
     let mut builders = writer.close().await.map_err(context)?;
     let mut builder = builders.pop().ok_or_else(|| {
         Error::new(

@@ -162,7 +162,7 @@ impl SilverTable {
 
     async fn rebuild_index(&mut self, table: &Table) -> Result<()> {
         let tasks = planned_files(table).await?;
-        let mut deletes_by_file: HashMap<String, Vec<i64>> = HashMap::new();
+        let mut deletes_by_file: HashMap<Arc<str>, Vec<i64>> = HashMap::new();
         let mut delete_files_read = std::collections::HashSet::new();
         for task in &tasks {
             for delete in &task.deletes {
@@ -186,7 +186,7 @@ impl SilverTable {
         };
         for task in tasks {
             let deleted: std::collections::HashSet<i64> = deletes_by_file
-                .remove(&task.data_file_path)
+                .remove(task.data_file_path.as_str())
                 .unwrap_or_default()
                 .into_iter()
                 .collect();
@@ -353,7 +353,9 @@ impl SilverTable {
     async fn file_rows(&mut self, lake: &Lake, path: &Arc<str>) -> Result<&[RecordBatch]> {
         if self.cached_file.as_ref().is_none_or(|(p, _)| p != path) {
             let table = lake.catalog_table(&self.ident).await?;
-            let batches = read_parquet(&table, path, "cannot read a silver data file").await?;
+            let batches = read_parquet(&table, path, "cannot read a silver data file")
+                .await?
+                .collect::<Result<Vec<_>>>()?;
             self.cached_file = Some((path.clone(), batches));
         }
         Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
@@ -558,10 +560,7 @@ impl SilverTable {
         };
         if !self.deletes.is_empty() {
             let table = lake.catalog_table(&self.ident).await?;
-            let deletes = std::mem::take(&mut self.deletes)
-                .into_iter()
-                .map(|(file, pos)| (file.to_string(), pos))
-                .collect();
+            let deletes = std::mem::take(&mut self.deletes);
             delta
                 .delete_files
                 .push(write_position_deletes(&table, deletes).await?);
@@ -680,10 +679,12 @@ async fn planned_files(table: &Table) -> Result<Vec<FileScanTask>> {
         .map_err(context)
 }
 
-/// The (data file, position) pairs of a position delete file.
-async fn read_position_deletes(table: &Table, path: &str) -> Result<Vec<(String, i64)>> {
-    let mut out = Vec::new();
+/// The (data file, position) pairs of a position delete file; the pairs of
+/// one data file share its path (a delete file holds millions of them).
+async fn read_position_deletes(table: &Table, path: &str) -> Result<Vec<(Arc<str>, i64)>> {
+    let mut out: Vec<(Arc<str>, i64)> = Vec::new();
     for batch in read_parquet(table, path, "cannot read a position delete file").await? {
+        let batch = batch?;
         let files = batch
             .column_by_name("file_path")
             .and_then(|c| c.as_any().downcast_ref::<StringArray>());
@@ -697,12 +698,16 @@ async fn read_position_deletes(table: &Table, path: &str) -> Result<Vec<(String,
             )
             .with_context("file", path));
         };
-        out.extend(
-            files
-                .iter()
-                .zip(positions.iter())
-                .filter_map(|(f, p)| Some((f?.to_owned(), p?))),
-        );
+        for (file, pos) in files.iter().zip(positions.iter()) {
+            let (Some(file), Some(pos)) = (file, pos) else {
+                continue;
+            };
+            let shared = match out.last() {
+                Some((last, _)) if &**last == file => last.clone(),
+                _ => Arc::from(file),
+            };
+            out.push((shared, pos));
+        }
     }
     Ok(out)
 }

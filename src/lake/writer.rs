@@ -346,20 +346,25 @@ pub async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
         .map_err(|e| iceberg_error(e, "cannot read a table file").with_context("file", path))
 }
 
-/// Every row of a Parquet file of the table; `what` says what failed.
-pub async fn read_parquet(table: &Table, path: &str, what: &str) -> Result<Vec<RecordBatch>> {
+/// The rows of a Parquet file of the table, batch by batch as they are
+/// decoded (the file's bytes are read whole); `what` says what failed.
+pub async fn read_parquet(
+    table: &Table,
+    path: &str,
+    what: &str,
+) -> Result<impl Iterator<Item = Result<RecordBatch>> + use<>> {
     let bytes = read_file(table, path).await?;
-    let bad = |e: Box<dyn std::error::Error + Send + Sync>| {
-        Error::new(ErrorKind::Lake, what.to_owned())
-            .with_context("table", table.identifier())
-            .with_context("file", path)
+    let (ident, path, what) = (table.identifier().clone(), path.to_owned(), what.to_owned());
+    let bad = move |e: Box<dyn std::error::Error + Send + Sync>| {
+        Error::new(ErrorKind::Lake, what.clone())
+            .with_context("table", &ident)
+            .with_context("file", &path)
             .with_source(e)
     };
-    ParquetRecordBatchReaderBuilder::try_new(bytes)
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
         .and_then(|b| b.build())
-        .map_err(|e| bad(e.into()))?
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| bad(e.into()))
+        .map_err(|e| bad(e.into()))?;
+    Ok(reader.map(move |batch| batch.map_err(|e| bad(e.into()))))
 }
 
 /// The Arrow schema of the table's current schema, with field ids.

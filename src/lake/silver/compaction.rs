@@ -11,6 +11,7 @@
 //! next run compacts again.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use arrow_array::{ArrayRef, BooleanArray, RecordBatch};
 use arrow_select::filter::filter_record_batch;
@@ -37,6 +38,12 @@ pub const DELETE_RATIO: f64 = 0.4;
 /// one such file), so that no compaction holds up the stream for long;
 /// the rest waits for the next.
 pub const MAX_THINNED_ROWS: u64 = 1 << 19;
+
+/// Live rows of small files one compaction merges at most: it holds every
+/// rewritten row's key and new place until its commit, so this bounds its
+/// memory whatever the table's size (a large transaction leaves many small
+/// files behind).
+pub const MAX_MERGED_ROWS: u64 = 1 << 19;
 
 /// The live data files of the table, as the scan plans them, and its live
 /// delete files.
@@ -73,7 +80,8 @@ impl SilverTable {
         let layout = layout(&table).await?;
         let live = self.index.live_per_file();
         let live_of = |path: &str| u64::from(live.get(path).copied().unwrap_or(0));
-        let small: HashSet<String> = small_files_to_merge(
+        let mut merged_rows = 0;
+        let mut small: Vec<String> = small_files_to_merge(
             layout
                 .data
                 .iter()
@@ -82,7 +90,15 @@ impl SilverTable {
             merge,
         )
         .into_iter()
+        .take_while(|path| {
+            merged_rows += live_of(path);
+            merged_rows <= MAX_MERGED_ROWS
+        })
         .collect();
+        if small.len() < 2 {
+            small.clear();
+        }
+        let small: HashSet<String> = small.into_iter().collect();
         let mut budget = MAX_REWRITE_BYTES;
         let mut rows_budget = MAX_THINNED_ROWS;
         let mut rewrite = Vec::new();
@@ -134,7 +150,7 @@ impl SilverTable {
         let removed_data: HashSet<String> = rewrite.iter().map(|(p, _)| p.clone()).collect();
         // What the delete files delete, by data file: the rows of a
         // rewritten file left out, the rest merged into one delete file.
-        let mut deleted: HashMap<String, HashSet<i64>> = HashMap::new();
+        let mut deleted: HashMap<Arc<str>, HashSet<i64>> = HashMap::new();
         // Positions the merged delete file keeps: those of the delete
         // files it replaces that name a live data file kept (a file an
         // earlier compaction removed needs its positions no more).
@@ -150,7 +166,7 @@ impl SilverTable {
             for (file, pos) in read_position_deletes(&table, delete).await? {
                 if merging.contains(delete) {
                     merged_positions += 1;
-                    if kept.contains(file.as_str()) {
+                    if kept.contains(&*file) {
                         still.push((file.clone(), pos));
                     }
                 }
@@ -170,7 +186,7 @@ impl SilverTable {
         let mut keys = Vec::new();
         for (path, live_rows) in &rewrite {
             if *live_rows > 0 {
-                let gone = deleted.remove(path).unwrap_or_default();
+                let gone = deleted.remove(path.as_str()).unwrap_or_default();
                 for (batch, batch_keys) in self.live_rows(&table, path, &gone).await? {
                     keys.extend(batch_keys);
                     sink.write(batch).await?;
@@ -191,7 +207,7 @@ impl SilverTable {
         for file in &added {
             let rows = file.record_count() as usize;
             let keyed: Vec<_> = (&mut keys).take(rows).enumerate().collect();
-            moves.push((std::sync::Arc::<str>::from(file.file_path()), keyed));
+            moves.push((Arc::<str>::from(file.file_path()), keyed));
         }
         if keys.next().is_some() {
             return Err(lake_error("fewer rows rewritten than read", &self.ident));
@@ -251,6 +267,7 @@ impl SilverTable {
         let mut out = Vec::new();
         let mut position = 0i64;
         for batch in read_parquet(table, path, "cannot read a silver data file").await? {
+            let batch = batch?;
             let keep: Vec<bool> = (0..batch.num_rows() as i64)
                 .map(|i| !deleted.contains(&(position + i)))
                 .collect();
