@@ -220,38 +220,34 @@ impl LoadBatch {
 /// rate and time left, every few seconds.
 struct ProgressLog {
     next: Instant,
-    since: Instant,
-    rows_at_since: u64,
-    table: Option<TableName>,
+    /// Per table: when its first run came, and the rows read by then (its
+    /// runs interleave with other tables' when loads run in parallel).
+    since: HashMap<TableName, (Instant, u64)>,
 }
 
 impl ProgressLog {
     const EVERY: Duration = Duration::from_secs(5);
 
     fn new() -> ProgressLog {
-        let now = Instant::now();
         ProgressLog {
-            next: now + Self::EVERY,
-            since: now,
-            rows_at_since: 0,
-            table: None,
+            next: Instant::now() + Self::EVERY,
+            since: HashMap::new(),
         }
     }
 
     fn tick(&mut self, load: &LoadBatch) {
         let now = Instant::now();
         let table = &load.relation.name;
-        if self.table.as_ref() != Some(table) {
-            self.table = Some(table.clone());
-            self.since = now;
-            self.rows_at_since = load.table_rows;
-        }
+        let (since, rows_at_since) = *self
+            .since
+            .entry(table.clone())
+            .or_insert((now, load.table_rows));
         if now < self.next {
             return;
         }
         self.next = now + Self::EVERY;
-        let seconds = (now - self.since).as_secs_f64().max(0.001);
-        let rate = (load.table_rows - self.rows_at_since) as f64 / seconds;
+        let seconds = (now - since).as_secs_f64().max(0.001);
+        let rate = (load.table_rows - rows_at_since) as f64 / seconds;
         let left = load
             .estimate
             .map(|e| e.saturating_sub(load.table_rows) as f64 / rate.max(1.0));
