@@ -47,7 +47,8 @@ async fn silver_and_bronze_tables_are_created_as_pyiceberg_reads_them() {
             "amount",
             "tags",
             "_cdc_commit_lsn",
-            "_cdc_commit_ts"
+            "_cdc_commit_ts",
+            "_cdc_verbatim"
         ])
     );
     assert_eq!(s["identifier"], json!(["id"]));
@@ -56,9 +57,10 @@ async fn silver_and_bronze_tables_are_created_as_pyiceberg_reads_them() {
     assert_eq!(s["compression"], json!("zstd"));
     let b = pyiceberg(dir.path(), "shop.customers_changes", "schema").await;
     assert_eq!(b["fields"][5], json!("_cdc_op"));
+    let fields = b["fields"].as_array().unwrap();
     assert_eq!(
-        b["fields"].as_array().unwrap().last(),
-        Some(&json!("_cdc_before"))
+        fields[fields.len() - 2..],
+        [json!("_cdc_before"), json!("_cdc_verbatim")]
     );
     assert_eq!(
         pyiceberg(dir.path(), "shop.customers", "rows").await,
@@ -251,12 +253,16 @@ mod row_delta {
                 ]
             })
             .collect();
-        let columns: Vec<ArrayRef> = (0..4)
+        let mut columns: Vec<ArrayRef> = (0..4)
             .map(|i| {
                 let cells: Vec<Option<&Value>> = values.iter().map(|row| Some(&row[i])).collect();
                 build_array(schema.field(i), &cells).unwrap()
             })
             .collect();
+        columns.push(arrow_array::new_null_array(
+            schema.field(4).data_type(),
+            rows.len(),
+        ));
         RecordBatch::try_new(schema.clone(), columns).unwrap()
     }
 

@@ -20,4 +20,5 @@ mod preflight;
 mod seed_walkthrough;
 mod streaming;
 mod types;
+mod values;
 mod verify;

@@ -9,11 +9,11 @@
 //! entry is then replaced, and changes already emitted keep the `Arc` of the
 //! definition they were decoded with.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use super::event::Datum;
-use super::value::{PgType, ValueError};
+use super::value::{PgType, Value, ValueError, Wire};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{self, TupleValue};
@@ -75,7 +75,7 @@ impl RelationInfo {
                 TupleValue::Null if role == TupleRole::KeyOnly && !column.is_identity_key => {
                     Ok(Datum::NotSent)
                 }
-                TupleValue::Null => Ok(Datum::Value(super::value::Value::Null)),
+                TupleValue::Null => Ok(Datum::Value(Value::Null)),
                 TupleValue::UnchangedToast => Ok(Datum::UnchangedToast),
                 TupleValue::Text(bytes) => {
                     let text = std::str::from_utf8(&bytes).map_err(|e| {
@@ -93,11 +93,38 @@ impl RelationInfo {
             .collect()
     }
 
-    fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<super::value::Value> {
-        column
-            .pg_type
-            .parse(text)
-            .map_err(|e| self.value_error(column, lsn, e))
+    /// A column's value from its text output. Text that does not decode
+    /// as the column's type (a timestamp past the year 294246, or a shape
+    /// our parser does not know) is kept as itself, [`Value::Unknown`],
+    /// which the lake stores verbatim (docs/values.md), with a warning the
+    /// first time a column has one; only a key column, which must decode,
+    /// is an error.
+    pub fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<Value> {
+        match column.pg_type.parse(text) {
+            Ok(value) => Ok(value),
+            Err(e) if column.is_primary_key => Err(self.value_error(column, lsn, e)),
+            Err(e) => {
+                warn_kept_as_text(&self.name, &column.name, lsn, &e);
+                Ok(Value::Unknown(text.to_owned()))
+            }
+        }
+    }
+
+    /// A field of `column` as the initial load's COPY sends it, `wire`;
+    /// text decodes as [`Self::parse_text`] decodes it.
+    pub fn decode_field(
+        &self,
+        column: &ColumnInfo,
+        wire: Wire,
+        bytes: &[u8],
+        lsn: Lsn,
+    ) -> Result<Value> {
+        match (wire, std::str::from_utf8(bytes)) {
+            (Wire::Text, Ok(text)) => self.parse_text(column, text, lsn),
+            _ => wire
+                .decode(&column.pg_type, bytes)
+                .map_err(|e| self.value_error(column, lsn, e)),
+        }
     }
 
     /// A value of `column` that did not decode, with its context.
@@ -111,6 +138,23 @@ impl RelationInfo {
             .with_context("table", &self.name)
             .with_context("column", &column.name)
             .with_context("lsn", lsn)
+    }
+}
+
+/// Logs, once per column and process, that a value of it was kept as text.
+fn warn_kept_as_text(table: &TableName, column: &str, lsn: Lsn, error: &ValueError) {
+    static WARNED: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+    let first = WARNED
+        .lock()
+        .map(|mut warned| warned.insert((table.to_string(), column.to_owned())))
+        .unwrap_or(true);
+    if first {
+        tracing::warn!(
+            %table, column, %lsn, error = %error,
+            "a value does not decode as its column's type: kept as its text in _cdc_verbatim \
+             (docs/values.md); later values of this column that do not decode are kept alike \
+             without this warning"
+        );
     }
 }
 

@@ -81,10 +81,10 @@ impl LoadRows {
                 .zip(&self.relation.columns)
                 .map(|((field, wire), column)| match field {
                     None => Ok(Datum::Value(Value::Null)),
-                    Some(bytes) => wire
-                        .decode(&column.pg_type, bytes)
-                        .map(Datum::Value)
-                        .map_err(|e| self.relation.value_error(column, lsn, e)),
+                    Some(bytes) => self
+                        .relation
+                        .decode_field(column, *wire, bytes, lsn)
+                        .map(Datum::Value),
                 })
                 .collect::<Result<Vec<_>>>()?;
             f(row);

@@ -194,6 +194,26 @@ pub fn format_timestamp_utc(micros: i64) -> String {
     out
 }
 
+/// A timestamp as PostgreSQL prints it (`DateStyle=ISO`, `TimeZone=UTC`),
+/// from microseconds since 2000-01-01: `294277-01-09 04:00:54.775807+00`.
+/// For values beyond what microseconds since 1970 hold in 64 bits, which
+/// the lake keeps as their text.
+pub fn format_pg_timestamp(pg_micros: i64, with_zone: bool) -> String {
+    let days = pg_micros.div_euclid(MICROS_PER_DAY) + PG_EPOCH_DAYS;
+    let (year, _, _) = civil_from_days(days);
+    let date = format_date(days);
+    let mut out = date.trim_end_matches(" BC").to_owned();
+    out.push(' ');
+    out.push_str(&format_time(pg_micros.rem_euclid(MICROS_PER_DAY)));
+    if with_zone {
+        out.push_str("+00");
+    }
+    if year <= 0 {
+        out.push_str(" BC");
+    }
+    out
+}
+
 /// ISO 8601 duration, as PostgreSQL prints it with `IntervalStyle=iso_8601`.
 pub fn format_interval(iv: &Interval) -> String {
     let mut out = String::from("P");
@@ -340,6 +360,33 @@ fn split_fraction(s: &str) -> Option<(&str, i64)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_print_as_postgresql_prints_them() {
+        let pg_epoch = PG_EPOCH_DAYS * MICROS_PER_DAY;
+        for text in [
+            "2026-11-29 19:51:00.25",
+            "0044-03-15 12:00:00 BC",
+            "1970-01-01 00:00:00",
+            "9999-12-31 23:59:59.999999",
+        ] {
+            let Some(MaybeInfinite::Finite(unix)) = parse_timestamp(text, false) else {
+                panic!("{text}")
+            };
+            assert_eq!(format_pg_timestamp(unix - pg_epoch, false), text);
+        }
+        assert_eq!(
+            format_pg_timestamp(0, true),
+            "2000-01-01 00:00:00+00",
+            "with a zone, UTC"
+        );
+        // PostgreSQL's largest timestamp, beyond microseconds since 1970.
+        let largest = (days_from_civil(294_277, 1, 1) - PG_EPOCH_DAYS) * MICROS_PER_DAY - 1;
+        assert_eq!(
+            format_pg_timestamp(largest, true),
+            "294276-12-31 23:59:59.999999+00"
+        );
+    }
 
     #[test]
     fn civil_conversion_round_trips_over_a_wide_range() {

@@ -269,13 +269,15 @@ impl Wire {
         let fixed = |n: usize| bytes.get(..n).filter(|_| bytes.len() == n).ok_or(bad(""));
         let be8 = || fixed(8).map(|b| <[u8; 8]>::try_from(b).unwrap_or_default());
         let be4 = || fixed(4).map(|b| <[u8; 4]>::try_from(b).unwrap_or_default());
-        let pg_timestamp = |micros: i64| match micros {
+        // A timestamp past what microseconds since 1970 hold is kept as
+        // its text, as the stream's parser does.
+        let pg_timestamp = |micros: i64, with_zone: bool| match micros {
             i64::MAX => Ok(MaybeInfinite::Infinity),
             i64::MIN => Ok(MaybeInfinite::NegInfinity),
             m => m
                 .checked_add(temporal::PG_EPOCH_DAYS * temporal::MICROS_PER_DAY)
                 .map(MaybeInfinite::Finite)
-                .ok_or(bad(TIMESTAMP_HINT)),
+                .ok_or_else(|| temporal::format_pg_timestamp(m, with_zone)),
         };
         Ok(match self {
             Wire::Bool => match bytes {
@@ -299,8 +301,14 @@ impl Wire {
                 ),
             }),
             Wire::Time => Value::Time(i64::from_be_bytes(be8()?)),
-            Wire::Timestamp => Value::Timestamp(pg_timestamp(i64::from_be_bytes(be8()?))?),
-            Wire::TimestampTz => Value::TimestampTz(pg_timestamp(i64::from_be_bytes(be8()?))?),
+            Wire::Timestamp => match pg_timestamp(i64::from_be_bytes(be8()?), false) {
+                Ok(t) => Value::Timestamp(t),
+                Err(text) => Value::Unknown(text),
+            },
+            Wire::TimestampTz => match pg_timestamp(i64::from_be_bytes(be8()?), true) {
+                Ok(t) => Value::TimestampTz(t),
+                Err(text) => Value::Unknown(text),
+            },
             Wire::Uuid => Value::Uuid(fixed(16)?.try_into().unwrap_or_default()),
             Wire::Text => {
                 let text = std::str::from_utf8(bytes).map_err(|_| bad(": not valid UTF-8"))?;
@@ -661,23 +669,47 @@ fn format_uuid(u: &[u8; 16]) -> String {
     )
 }
 
-/// Parses array output: `{1,2,NULL}`, `{"a b","x\"y"}`, `{{1,2},{3,4}}`,
-/// and `[0:1]={7,8}` with explicit bounds (dropped: Iceberg lists start at 0).
-/// The outer `Option` is the array syntax, the inner `Result` an element.
+/// Parses an array in the grammar of PostgreSQL's `array_in` ("Array
+/// Value Input" in the documentation): optional dimension decoration
+/// (`[0:1]=`), braces, elements separated by commas, each either quoted
+/// (`"a, {b}"`, backslash escapes inside) or unquoted (surrounding
+/// whitespace dropped, backslash escapes, `NULL` in any case a null),
+/// whitespace allowed around every token.
+///
+/// A one-dimensional array with the default lower bound 1 (or an empty
+/// one) is an [`Value::Array`] of its decoded elements. Any other array, a
+/// multi-dimensional one or one with explicit lower bounds, is kept as its
+/// exact text, [`Value::Unknown`]: the lake stores such a value verbatim
+/// (docs/values.md). The outer `Option` is the array syntax, the inner
+/// `Result` an element.
 fn parse_array(element: &PgType, text: &str) -> Option<Result<Value, ValueError>> {
-    let body = match text.strip_prefix('[') {
-        Some(_) => &text[text.find('=')? + 1..],
-        None => text,
-    };
     let mut parser = ArrayParser {
-        input: body.as_bytes(),
+        input: text.as_bytes(),
         at: 0,
     };
-    let value = parser.array(element)?;
+    parser.skip_space();
+    let default_bounds = parser.dimensions()?;
+    let items = parser.array(0)?;
+    parser.skip_space();
     if parser.at != parser.input.len() {
         return None;
     }
-    Some(value)
+    let one_dimensional = items.iter().all(|i| matches!(i, ArrayItem::Scalar(_)));
+    if !default_bounds || !one_dimensional {
+        return Some(Ok(Value::Unknown(text.to_owned())));
+    }
+    let values = items.into_iter().map(|item| match item {
+        ArrayItem::Scalar(Some(text)) => element.parse(&text),
+        _ => Ok(Value::Null),
+    });
+    Some(values.collect::<Result<_, _>>().map(Value::Array))
+}
+
+/// An element as written: a scalar's unescaped text (`None` for NULL), or
+/// a nested array, which makes the array multi-dimensional.
+enum ArrayItem {
+    Scalar(Option<String>),
+    Nested,
 }
 
 struct ArrayParser<'a> {
@@ -685,72 +717,153 @@ struct ArrayParser<'a> {
     at: usize,
 }
 
+/// The white space `array_in` skips (`scanner_isspace`).
+fn is_array_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c')
+}
+
 impl ArrayParser<'_> {
     fn peek(&self) -> Option<u8> {
         self.input.get(self.at).copied()
     }
 
-    fn array(&mut self, element: &PgType) -> Option<Result<Value, ValueError>> {
-        if self.peek()? != b'{' {
+    fn skip_space(&mut self) {
+        while self.peek().is_some_and(is_array_space) {
+            self.at += 1;
+        }
+    }
+
+    fn eat(&mut self, b: u8) -> Option<()> {
+        self.skip_space();
+        (self.peek()? == b).then(|| self.at += 1)
+    }
+
+    fn integer(&mut self) -> Option<i64> {
+        self.skip_space();
+        let start = self.at;
+        if matches!(self.peek(), Some(b'-' | b'+')) {
+            self.at += 1;
+        }
+        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            self.at += 1;
+        }
+        std::str::from_utf8(&self.input[start..self.at])
+            .ok()?
+            .parse()
+            .ok()
+    }
+
+    /// The optional `[lower:upper]...=` decoration; true when every lower
+    /// bound is 1 (or there is none).
+    fn dimensions(&mut self) -> Option<bool> {
+        let mut default = true;
+        let mut any = false;
+        while self.peek() == Some(b'[') {
+            self.at += 1;
+            any = true;
+            let first = self.integer()?;
+            self.skip_space();
+            let lower = if self.peek() == Some(b':') {
+                self.at += 1;
+                self.integer()?;
+                first
+            } else {
+                1
+            };
+            default &= lower == 1;
+            self.eat(b']')?;
+            self.skip_space();
+        }
+        if any {
+            self.eat(b'=')?;
+            self.skip_space();
+        }
+        Some(default)
+    }
+
+    /// A braced array at nesting `depth` (0 outermost), the parser at its
+    /// `{`; PostgreSQL's arrays have at most six dimensions (`MAXDIM`).
+    fn array(&mut self, depth: usize) -> Option<Vec<ArrayItem>> {
+        if depth >= 6 {
             return None;
         }
-        self.at += 1;
+        self.eat(b'{')?;
         let mut items = Vec::new();
+        self.skip_space();
         if self.peek()? == b'}' {
             self.at += 1;
-            return Some(Ok(Value::Array(items)));
+            return Some(items);
         }
         loop {
-            let item = if self.peek()? == b'{' {
-                self.array(element)?
+            self.skip_space();
+            items.push(if self.peek()? == b'{' {
+                self.array(depth + 1)?;
+                ArrayItem::Nested
             } else {
-                let (text, quoted) = self.scalar()?;
-                if !quoted && text == "NULL" {
-                    Ok(Value::Null)
-                } else {
-                    element.parse(&text)
-                }
-            };
-            match item {
-                Ok(v) => items.push(v),
-                Err(e) => return Some(Err(e)),
-            }
+                ArrayItem::Scalar(self.scalar()?)
+            });
+            self.skip_space();
             match self.peek()? {
                 b',' => self.at += 1,
                 b'}' => {
                     self.at += 1;
-                    return Some(Ok(Value::Array(items)));
+                    return Some(items);
                 }
                 _ => return None,
             }
         }
     }
 
-    /// One element's text, unescaped, and whether it was quoted.
-    fn scalar(&mut self) -> Option<(String, bool)> {
-        let quoted = self.peek()? == b'"';
-        if quoted {
-            self.at += 1;
-        }
+    /// One element's unescaped text; `None` inside for an unquoted NULL.
+    fn scalar(&mut self) -> Option<Option<String>> {
         let mut out = Vec::new();
+        if self.peek()? == b'"' {
+            self.at += 1;
+            loop {
+                match self.peek()? {
+                    b'"' => break,
+                    b'\\' => {
+                        self.at += 1;
+                        out.push(self.peek()?);
+                    }
+                    b => out.push(b),
+                }
+                self.at += 1;
+            }
+            self.at += 1;
+            return Some(Some(String::from_utf8(out).ok()?));
+        }
+        // Unquoted: up to a comma or brace; trailing white space that was
+        // not escaped is dropped.
+        let mut kept = 0;
+        let mut escaped = false;
         loop {
-            let b = self.peek()?;
-            match b {
+            match self.peek()? {
+                b',' | b'}' => break,
+                b'{' | b'"' => return None,
                 b'\\' => {
                     self.at += 1;
                     out.push(self.peek()?);
+                    kept = out.len();
+                    escaped = true;
                 }
-                b'"' if quoted => {
-                    self.at += 1;
-                    break;
+                b => {
+                    out.push(b);
+                    if !is_array_space(b) {
+                        kept = out.len();
+                    }
                 }
-                b',' | b'}' if !quoted => break,
-                b'"' | b'{' => return None,
-                _ => out.push(b),
             }
             self.at += 1;
         }
-        Some((String::from_utf8(out).ok()?, quoted))
+        out.truncate(kept);
+        if out.is_empty() {
+            return None;
+        }
+        if !escaped && out.eq_ignore_ascii_case(b"NULL") {
+            return Some(None);
+        }
+        Some(Some(String::from_utf8(out).ok()?))
     }
 }
 

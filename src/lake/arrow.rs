@@ -12,12 +12,13 @@
 //! TOAST values from the row a table already holds.
 
 use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{
     BooleanBuilder, Date32Builder, Decimal128Builder, FixedSizeBinaryBuilder, Float32Builder,
-    Float64Builder, Int32Builder, Int64Builder, LargeBinaryBuilder, StringBuilder,
-    Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
+    Float64Builder, Int32Builder, Int64Builder, LargeBinaryBuilder, MapBuilder, MapFieldNames,
+    StringBuilder, Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
@@ -26,7 +27,7 @@ use arrow_array::types::{
 };
 use arrow_array::{Array, ArrayRef, ListArray, new_null_array};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
-use arrow_schema::{DataType, Field, FieldRef, TimeUnit};
+use arrow_schema::{DataType, Field, FieldRef, Fields, TimeUnit};
 
 use crate::cdc::snapshot::LoadRows;
 use crate::cdc::temporal::{self, MaybeInfinite};
@@ -47,6 +48,126 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
         builder.append(*cell)?;
     }
     builder.finish()
+}
+
+/// Builds the array of `field`'s type from the values of rows numbered
+/// from 0, keeping in `verbatim` the values it cannot hold.
+pub fn build_array_keeping(
+    field: &Field,
+    cells: &Cells<'_>,
+    verbatim: &mut Verbatim,
+) -> Result<ArrayRef> {
+    let mut builder = ColumnBuilder::new(field, cells.len())?;
+    for (row, cell) in cells.iter().enumerate() {
+        builder.append_keeping(*cell, row, verbatim)?;
+    }
+    builder.finish()
+}
+
+/// The values of a batch that their columns' types cannot hold, by row:
+/// the column's name and the value's PostgreSQL text. They become the
+/// `_cdc_verbatim` map of their row, the column itself null
+/// (docs/values.md).
+#[derive(Debug, Default)]
+pub struct Verbatim {
+    rows: BTreeMap<usize, Vec<(String, String)>>,
+}
+
+impl Verbatim {
+    pub fn keep(&mut self, row: usize, column: &str, text: String) {
+        self.rows
+            .entry(row)
+            .or_default()
+            .push((column.to_owned(), text));
+    }
+
+    /// The entries of `row`, sorted.
+    pub fn entries(&self, row: usize) -> Vec<(String, String)> {
+        let mut entries = self.rows.get(&row).cloned().unwrap_or_default();
+        entries.sort();
+        entries
+    }
+
+    /// The `_cdc_verbatim` column (`field`, a map of strings) of a batch of
+    /// `rows` rows: null where a row kept nothing.
+    pub fn array(&self, field: &Field, rows: usize) -> Result<ArrayRef> {
+        let bad = || {
+            Error::new(
+                ErrorKind::Lake,
+                "the table's _cdc_verbatim column is not a map of strings",
+            )
+            .with_context("column", field.name())
+        };
+        let DataType::Map(entries, _) = field.data_type() else {
+            return Err(bad());
+        };
+        let DataType::Struct(kv) = entries.data_type() else {
+            return Err(bad());
+        };
+        let [key, value] = kv.iter().collect::<Vec<_>>()[..] else {
+            return Err(bad());
+        };
+        let names = MapFieldNames {
+            entry: entries.name().clone(),
+            key: key.name().clone(),
+            value: value.name().clone(),
+        };
+        let mut builder = MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new())
+            .with_keys_field(key.clone())
+            .with_values_field(value.clone());
+        for row in 0..rows {
+            match self.rows.get(&row) {
+                Some(kept) => {
+                    for (column, text) in kept {
+                        builder.keys().append_value(column);
+                        builder.values().append_value(text);
+                    }
+                    builder.append(true)
+                }
+                None => builder.append(false),
+            }
+            .map_err(|e| bad().with_source(e))?;
+        }
+        Ok(Arc::new(builder.finish()))
+    }
+}
+
+/// The arrays of a batch's `fields`: `columns` as given, the
+/// `_cdc_verbatim` field (left `None` there) built from `verbatim`.
+pub fn with_verbatim(
+    fields: &Fields,
+    columns: Vec<Option<ArrayRef>>,
+    verbatim: &Verbatim,
+    rows: usize,
+) -> Result<Vec<ArrayRef>> {
+    fields
+        .iter()
+        .zip(columns)
+        .map(|(field, column)| match column {
+            Some(array) => Ok(array),
+            None => verbatim.array(field, rows),
+        })
+        .collect()
+}
+
+/// The map a `_cdc_verbatim` cell holds, column to text.
+pub fn verbatim_entries(array: &dyn Array, row: usize) -> Vec<(String, String)> {
+    let Some(map) = array.as_map_opt() else {
+        return Vec::new();
+    };
+    if map.is_null(row) {
+        return Vec::new();
+    }
+    let entries = map.value(row);
+    let (Some(keys), Some(values)) = (
+        entries.column(0).as_string_opt::<i32>(),
+        entries.column(1).as_string_opt::<i32>(),
+    ) else {
+        return Vec::new();
+    };
+    (0..entries.len())
+        .map(|i| (keys.value(i).to_owned(), values.value(i).to_owned()))
+        .collect()
 }
 
 /// An array of a field's type being built value by value.
@@ -141,10 +262,77 @@ impl ColumnBuilder {
     /// Appends a value, `None` or [`Value::Null`] as null. A value the
     /// type cannot hold exactly is an error naming the column.
     pub fn append(&mut self, cell: Option<&Value>) -> Result<()> {
-        let Some(v) = cell.filter(|v| !matches!(v, Value::Null)) else {
+        let Some(v) = cell else {
             self.append_null();
             return Ok(());
         };
+        if self.try_append(v)? {
+            Ok(())
+        } else {
+            Err(self.mismatch(v))
+        }
+    }
+
+    /// Appends a value of row `row` as [`Self::append`] does, except that
+    /// a value the type cannot hold but whose source text is known
+    /// ([`verbatim_text`]) is appended as null and its text kept in
+    /// `verbatim` (docs/values.md).
+    pub fn append_keeping(
+        &mut self,
+        cell: Option<&Value>,
+        row: usize,
+        verbatim: &mut Verbatim,
+    ) -> Result<()> {
+        let Some(v) = cell else {
+            self.append_null();
+            return Ok(());
+        };
+        if self.try_append(v)? {
+            return Ok(());
+        }
+        let text = verbatim_text(v).ok_or_else(|| self.mismatch(v))?;
+        self.append_null();
+        verbatim.keep(row, self.field.name(), text.into_owned());
+        Ok(())
+    }
+
+    /// Whether a value of this type holds `v` exactly: what
+    /// [`Self::try_append`] decides, without appending.
+    fn accepts(&self, v: &Value) -> bool {
+        match (&self.kind, v) {
+            (_, Value::Null)
+            | (Kind::Bool(_), Value::Bool(_))
+            | (Kind::Int32(_), Value::Int2(_) | Value::Int4(_))
+            | (Kind::Float32(_), Value::Float4(_))
+            | (Kind::Float64(_), Value::Float4(_) | Value::Float8(_))
+            | (Kind::Binary(_), Value::Bytea(_))
+            | (Kind::Date(_), Value::Date(_))
+            | (Kind::Uuid(_), Value::Uuid(_)) => true,
+            (Kind::Int64(_), v) => integer_form(v).is_some(),
+            (Kind::Utf8(_), v) => text_form(v).is_some(),
+            (
+                Kind::Decimal {
+                    precision, scale, ..
+                },
+                Value::Numeric(Numeric::Finite(text)),
+            ) => decimal_to_i128(text, *scale, *precision).is_some(),
+            (Kind::Time(_), Value::Time(t)) => *t < MICROS_PER_DAY,
+            (Kind::Timestamp { with_zone, .. }, Value::Timestamp(_)) => !with_zone,
+            (Kind::Timestamp { with_zone, .. }, Value::TimestampTz(_)) => *with_zone,
+            (Kind::List { child, .. }, Value::Array(items)) => {
+                items.iter().all(|item| child.accepts(item))
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends `v` when the type holds it exactly; false, with nothing
+    /// appended, when it does not.
+    fn try_append(&mut self, v: &Value) -> Result<bool> {
+        if matches!(v, Value::Null) {
+            self.append_null();
+            return Ok(true);
+        }
         // Appends the converted value, if the value converts.
         macro_rules! put {
             ($builder:expr, $converted:expr) => {
@@ -241,21 +429,13 @@ impl ColumnBuilder {
                 _ => false,
             },
             Kind::List {
-                element,
                 child,
                 offsets,
                 valid,
+                ..
             } => match v {
-                Value::Array(items) => {
-                    let nested = !matches!(element.data_type(), DataType::List(_));
-                    if nested && items.iter().any(|i| matches!(i, Value::Array(_))) {
-                        return Err(Error::new(
-                            ErrorKind::Decode,
-                            "a multi-dimensional array value does not fit the column's \
-                             list type (arrays map to one-dimensional lists)",
-                        )
-                        .with_context("column", self.field.name()));
-                    }
+                // Checked first, so that a list is appended whole or not at all.
+                Value::Array(items) if items.iter().all(|item| child.accepts(item)) => {
                     for item in items {
                         child.append(Some(item))?;
                     }
@@ -269,7 +449,7 @@ impl ColumnBuilder {
                 _ => false,
             },
         };
-        if fits { Ok(()) } else { Err(self.mismatch(v)) }
+        Ok(fits)
     }
 
     /// Appends a string to a string column; the text output of a column of
@@ -377,15 +557,22 @@ impl ColumnBuilder {
 }
 
 /// The initial load's rows as arrays of `fields`, the relation's columns
-/// as the tables map them. Text reaches string columns, and a `numeric`
-/// its decimal column, without a [`Value`] between.
-pub fn load_columns(fields: &[FieldRef], rows: &LoadRows, lsn: Lsn) -> Result<Vec<ArrayRef>> {
+/// as the tables map them, and the values those cannot hold. Text reaches
+/// string columns, and a `numeric` its decimal column, without a
+/// [`Value`] between.
+pub fn load_columns(
+    fields: &[FieldRef],
+    rows: &LoadRows,
+    lsn: Lsn,
+) -> Result<(Vec<ArrayRef>, Verbatim)> {
     let relation = &rows.relation;
     let mut builders = fields
         .iter()
         .map(|f| ColumnBuilder::new(f, rows.rows.len()))
         .collect::<Result<Vec<_>>>()
         .map_err(|e| e.with_context("table", &relation.name))?;
+    let mut verbatim = Verbatim::default();
+    let mut row = 0;
     rows.rows.for_each(|cells| {
         for (((cell, builder), wire), column) in cells
             .zip(&mut builders)
@@ -417,16 +604,19 @@ pub fn load_columns(fields: &[FieldRef], rows: &LoadRows, lsn: Lsn) -> Result<Ve
             if done {
                 continue;
             }
-            let value = wire
-                .decode(&column.pg_type, bytes)
-                .map_err(|e| relation.value_error(column, lsn, e))?;
+            let value = relation.decode_field(column, *wire, bytes, lsn)?;
             builder
-                .append(Some(&value))
+                .append_keeping(Some(&value), row, &mut verbatim)
                 .map_err(|e| e.with_context("table", &relation.name))?;
         }
+        row += 1;
         Ok::<(), Error>(())
     })?;
-    builders.iter_mut().map(ColumnBuilder::finish).collect()
+    let columns = builders
+        .iter_mut()
+        .map(ColumnBuilder::finish)
+        .collect::<Result<_>>()?;
+    Ok((columns, verbatim))
 }
 
 /// A table's column `field` for `rows` load rows: the source column of
@@ -584,6 +774,60 @@ pub(super) fn text_form(v: &Value) -> Option<Cow<'_, str>> {
     })
 }
 
+/// The PostgreSQL text of a value whose column's type cannot hold it:
+/// numeric `NaN` (a decimal has none), the time `24:00:00` (Iceberg's
+/// ends at 23:59:59.999999), text kept as itself ([`Value::Unknown`]),
+/// and an array holding such values, written as `array_out` writes it.
+/// `None` for a value of another type than the column's, a bug.
+pub fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
+    match v {
+        Value::Time(t) => Some(Cow::Owned(temporal::format_time(*t))),
+        Value::Array(items) => {
+            let mut out = String::from("{");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                match item {
+                    Value::Null => out.push_str("NULL"),
+                    item => push_array_element(&mut out, &verbatim_text(item)?),
+                }
+            }
+            out.push('}');
+            Some(Cow::Owned(out))
+        }
+        v => text_form(v),
+    }
+}
+
+/// An element as `array_out` writes it: in double quotes, with `"` and
+/// `\` escaped, when it is empty, reads `NULL`, or holds white space, a
+/// brace, a comma, a quote or a backslash.
+fn push_array_element(out: &mut String, text: &str) {
+    let quote = text.is_empty()
+        || text.eq_ignore_ascii_case("NULL")
+        || text
+            .bytes()
+            .any(|b| matches!(b, b'{' | b'}' | b',' | b'"' | b'\\') || is_space(b));
+    if !quote {
+        out.push_str(text);
+        return;
+    }
+    out.push('"');
+    for c in text.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// The white space `array_out` quotes (`array_isspace`).
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c')
+}
+
 /// Exact decimal text to an unscaled i128 at `scale`; `None` if it has more
 /// fractional digits than the scale or more digits than the precision.
 fn decimal_to_i128(text: &str, scale: u32, precision: u32) -> Option<i128> {
@@ -705,6 +949,103 @@ mod tests {
             err.to_string().contains("numeric NaN") && err.to_string().contains("column=amount"),
             "{err}"
         );
+    }
+
+    /// `_cdc_verbatim` as silver's schema maps it to Arrow.
+    fn verbatim_field() -> FieldRef {
+        use crate::cdc::relation::fixtures::{column, relation};
+        let rel = relation(vec![column("id", PgType::Int4, -1, true)]);
+        let schema = crate::lake::schema::silver_schema(&rel).unwrap();
+        let arrow = iceberg::arrow::schema_to_arrow_schema(&schema).unwrap();
+        Arc::new(
+            arrow
+                .field_with_name(crate::lake::schema::VERBATIM)
+                .unwrap()
+                .clone(),
+        )
+    }
+
+    #[test]
+    fn values_a_column_cannot_hold_are_kept_verbatim_beside_a_null() {
+        let dec = Field::new("amount", DataType::Decimal128(12, 2), true);
+        let time = Field::new("at", DataType::Time64(TimeUnit::Microsecond), true);
+        let decimals = Field::new(
+            "amounts",
+            DataType::List(Arc::new(Field::new(
+                "element",
+                dec.data_type().clone(),
+                true,
+            ))),
+            true,
+        );
+        let date = Field::new("day", DataType::Date32, true);
+        let finite = |s: &str| Value::Numeric(Numeric::Finite(s.into()));
+        let nan = Value::Numeric(Numeric::NaN);
+        let midnight = Value::Time(MICROS_PER_DAY);
+        let list = Value::Array(vec![finite("1.50"), nan.clone(), Value::Null]);
+        let fine_list = Value::Array(vec![finite("2.00")]);
+        let text = Value::Unknown("[0:1]={1,2}".into());
+        let mut verbatim = Verbatim::default();
+        let amounts = build_array_keeping(
+            &dec,
+            &[Some(&finite("1.25")), Some(&nan), None],
+            &mut verbatim,
+        )
+        .unwrap();
+        let ats =
+            build_array_keeping(&time, &[None, Some(&midnight), None], &mut verbatim).unwrap();
+        let lists = build_array_keeping(
+            &decimals,
+            &[Some(&list), Some(&fine_list), None],
+            &mut verbatim,
+        )
+        .unwrap();
+        let days = build_array_keeping(&date, &[None, None, Some(&text)], &mut verbatim).unwrap();
+        assert_eq!(amounts.null_count(), 2);
+        assert!(amounts.is_valid(0) && ats.is_null(1) && lists.is_null(0) && days.is_null(2));
+        assert!(lists.is_valid(1), "a list that fits is stored as a list");
+        assert_eq!(lists.as_list::<i32>().value(1).len(), 1);
+        assert_eq!(
+            verbatim.entries(0),
+            vec![("amounts".to_owned(), "{1.50,NaN,NULL}".to_owned())]
+        );
+        assert_eq!(
+            verbatim.entries(1),
+            vec![
+                ("amount".to_owned(), "NaN".to_owned()),
+                ("at".to_owned(), "24:00:00".to_owned())
+            ]
+        );
+        assert_eq!(
+            verbatim.entries(2),
+            vec![("day".to_owned(), "[0:1]={1,2}".to_owned())]
+        );
+        let field = verbatim_field();
+        let map = verbatim.array(&field, 4).unwrap();
+        assert_eq!(map.data_type(), field.data_type());
+        assert!(map.is_null(3), "a row that kept nothing has a null map");
+        for row in 0..3 {
+            let mut entries = verbatim_entries(map.as_ref(), row);
+            entries.sort();
+            assert_eq!(entries, verbatim.entries(row));
+        }
+    }
+
+    #[test]
+    fn verbatim_arrays_quote_elements_as_array_out_does() {
+        let texts = Value::Array(vec![
+            Value::Text("plain".into()),
+            Value::Text("".into()),
+            Value::Text("NULL".into()),
+            Value::Text("a b".into()),
+            Value::Text("{\"x\\".into()),
+            Value::Null,
+        ]);
+        assert_eq!(
+            verbatim_text(&texts).unwrap(),
+            r#"{plain,"","NULL","a b","{\"x\\",NULL}"#
+        );
+        assert_eq!(verbatim_text(&Value::Int4(1)), None);
     }
 
     #[test]

@@ -25,11 +25,11 @@ use arrow_schema::{DataType, FieldRef, Fields, Schema as ArrowSchema};
 use iceberg::TableIdent;
 use iceberg::spec::DataFile;
 
-use super::arrow::{build_array, load_source_column};
+use super::arrow::{Verbatim, build_array_keeping, load_source_column, with_verbatim};
 use super::catalog::Lake;
 use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
-    BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, XID,
+    BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, VERBATIM, XID,
 };
 use super::writer::{LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
@@ -98,6 +98,7 @@ impl BronzeTable {
         first_seq: u64,
         fields: &[FieldRef],
         columns: &[ArrayRef],
+        verbatim: &Verbatim,
     ) -> Result<()> {
         let (file, schema) = match &mut self.load {
             Some(open) => open,
@@ -107,7 +108,7 @@ impl BronzeTable {
                 self.load.insert(open)
             }
         };
-        let batch = load_batch(schema, tx, first_seq, fields, columns)
+        let batch = load_batch(schema, tx, first_seq, fields, columns, verbatim)
             .map_err(|e| e.with_context("table", &self.ident))?;
         file.write(batch).await?;
         if file.is_full() {
@@ -140,9 +141,14 @@ impl BronzeTable {
 
 /// The record batch of `changes` in `schema` (the bronze table's, as Arrow).
 pub fn bronze_batch(schema: &Arc<ArrowSchema>, changes: &[&Change]) -> Result<RecordBatch> {
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
+    let mut columns: Vec<Option<ArrayRef>> = Vec::with_capacity(schema.fields().len());
+    let mut verbatim = Verbatim::default();
     for field in schema.fields() {
         let array: ArrayRef = match field.name().as_str() {
+            VERBATIM => {
+                columns.push(None);
+                continue;
+            }
             COMMIT_LSN => long_column(changes, |c| c.tx.commit_lsn.0 as i64),
             SEQ => long_column(changes, |c| c.seq as i64),
             LSN => long_column(changes, |c| c.lsn.0 as i64),
@@ -168,11 +174,12 @@ pub fn bronze_batch(schema: &Arc<ArrowSchema>, changes: &[&Change]) -> Result<Re
                     .iter()
                     .map(|c| main_image_cell(c, finder.position(c), name))
                     .collect::<Result<Vec<_>>>()?;
-                build_array(field, &cells)?
+                build_array_keeping(field, &cells, &mut verbatim)?
             }
         };
-        columns.push(array);
+        columns.push(Some(array));
     }
+    let columns = with_verbatim(schema.fields(), columns, &verbatim, changes.len())?;
     RecordBatch::try_new(schema.clone(), columns)
         .map_err(|e| Error::new(ErrorKind::Lake, "cannot assemble the bronze batch").with_source(e))
 }
@@ -185,6 +192,7 @@ fn load_batch(
     first_seq: u64,
     fields: &[FieldRef],
     columns: &[ArrayRef],
+    verbatim: &Verbatim,
 ) -> Result<RecordBatch> {
     let rows = columns.first().map_or(0, |c| c.len());
     let constant = |v: i64| Arc::new(Int64Array::from_value(v, rows)) as ArrayRef;
@@ -210,6 +218,7 @@ fn load_batch(
                 rows,
             ))),
             BEFORE => no_before_column(field.data_type(), rows)?,
+            VERBATIM => verbatim.array(field, rows)?,
             _ => load_source_column(field, fields, columns, rows)?,
         };
         out.push(array);
@@ -249,9 +258,14 @@ fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> 
         return Err(schema_error(BEFORE));
     };
     let valid: Vec<bool> = changes.iter().map(|c| c.before.is_some()).collect();
-    let mut arrays: Vec<ArrayRef> = Vec::with_capacity(fields.len());
+    let mut arrays: Vec<Option<ArrayRef>> = Vec::with_capacity(fields.len());
+    let mut verbatim = Verbatim::default();
     for field in fields.iter() {
         let array: ArrayRef = match field.name().as_str() {
+            VERBATIM => {
+                arrays.push(None);
+                continue;
+            }
             BEFORE_IMAGE => {
                 let mut b = StringBuilder::new();
                 for c in changes {
@@ -293,11 +307,12 @@ fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> 
                         }
                     })
                     .collect();
-                build_array(field, &cells)?
+                build_array_keeping(field, &cells, &mut verbatim)?
             }
         };
-        arrays.push(array);
+        arrays.push(Some(array));
     }
+    let arrays = with_verbatim(fields, arrays, &verbatim, changes.len())?;
     let fields: Fields = fields.clone();
     Ok(Arc::new(
         StructArray::try_new(fields, arrays, Some(NullBuffer::from(valid))).map_err(|e| {

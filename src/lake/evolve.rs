@@ -16,7 +16,7 @@ use iceberg::table::Table;
 use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 
 use super::catalog::{Lake, iceberg_error};
-use super::schema::{BEFORE, iceberg_type};
+use super::schema::{BEFORE, VERBATIM, iceberg_type, new_verbatim_type};
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
@@ -30,6 +30,8 @@ pub async fn follow(
     relation: &RelationInfo,
 ) -> Result<bool> {
     check_key(silver.metadata().current_schema(), relation)?;
+    let bronze = &add_verbatim(lake, bronze, Some(BEFORE)).await?;
+    let silver = &add_verbatim(lake, silver, None).await?;
     let for_bronze = missing_columns(bronze.metadata().current_schema(), relation)?;
     let for_silver = missing_columns(silver.metadata().current_schema(), relation)?;
     for (table, columns, nested_in) in [
@@ -162,6 +164,44 @@ pub async fn add_columns(
                     .build(),
             );
         }
+    }
+    let tx = action.apply(tx).map_err(context)?;
+    tx.commit(lake.catalog()).await.map_err(context)
+}
+
+/// The table with `_cdc_verbatim` (docs/values.md), added to a table
+/// written before that column existed, at the top level and, when
+/// `nested_in` names a struct column, inside it too.
+async fn add_verbatim(lake: &Lake, table: &Table, nested_in: Option<&str>) -> Result<Table> {
+    let schema = table.metadata().current_schema().as_struct();
+    let top = schema.field_by_name(VERBATIM).is_none();
+    let nested = nested_in.filter(|parent| {
+        matches!(
+            schema.field_by_name(parent).map(|f| f.field_type.as_ref()),
+            Some(Type::Struct(s)) if s.field_by_name(VERBATIM).is_none()
+        )
+    });
+    if !top && nested.is_none() {
+        return Ok(table.clone());
+    }
+    tracing::info!(table = %table.identifier(), "adding the column {VERBATIM}");
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot add _cdc_verbatim to the table")
+            .with_context("table", table.identifier())
+    };
+    let tx = Transaction::new(table);
+    let mut action = tx.update_schema();
+    if top {
+        action = action.add_column(AddColumn::optional(VERBATIM, new_verbatim_type()));
+    }
+    if let Some(parent) = nested {
+        action = action.add_column(
+            AddColumn::builder()
+                .parent(parent)
+                .name(VERBATIM.to_owned())
+                .field_type(new_verbatim_type())
+                .build(),
+        );
     }
     let tx = action.apply(tx).map_err(context)?;
     tx.commit(lake.catalog()).await.map_err(context)

@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use iceberg::spec::{
-    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
+    ListType, MapType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
 
 use arrow_schema::FieldRef;
@@ -36,6 +36,10 @@ pub const OP: &str = "_cdc_op";
 pub const BEFORE: &str = "_cdc_before";
 pub const BEFORE_IMAGE: &str = "_cdc_image";
 pub const BEFORE_NOT_SENT: &str = "_cdc_not_sent";
+/// A map from a column's name to the PostgreSQL text of its value, for the
+/// values of the row its column's type cannot hold (the column is null
+/// there); null when there are none (docs/values.md).
+pub const VERBATIM: &str = "_cdc_verbatim";
 
 /// The largest precision an Iceberg decimal holds.
 const MAX_DECIMAL_PRECISION: u32 = 38;
@@ -157,6 +161,26 @@ fn source_fields(
     fields
 }
 
+/// The optional `_cdc_verbatim` column: a map of strings to strings.
+fn verbatim_field(ids: &mut FieldIds) -> NestedFieldRef {
+    let id = ids.next();
+    Arc::new(NestedField::optional(id, VERBATIM, verbatim_type(ids)))
+}
+
+/// The type of `_cdc_verbatim` for a column added to a table, whose ids
+/// the update assigns.
+pub fn new_verbatim_type() -> Type {
+    verbatim_type(&mut FieldIds(0))
+}
+
+/// The type of `_cdc_verbatim`, its key and value with ids from `ids`.
+fn verbatim_type(ids: &mut FieldIds) -> Type {
+    let string = Type::Primitive(PrimitiveType::String);
+    let key = NestedField::map_key_element(ids.next(), string.clone());
+    let value = NestedField::map_value_element(ids.next(), string, true);
+    Type::Map(MapType::new(Arc::new(key), Arc::new(value)))
+}
+
 fn build(
     fields: Vec<NestedFieldRef>,
     identifiers: Vec<i32>,
@@ -195,6 +219,7 @@ pub fn silver_schema(relation: &RelationInfo) -> Result<Schema> {
         COMMIT_TS,
         Type::Primitive(PrimitiveType::Timestamptz),
     )));
+    fields.push(verbatim_field(&mut ids));
     build(fields, identifiers, relation)
 }
 
@@ -256,11 +281,13 @@ pub fn bronze_schema(relation: &RelationInfo) -> Result<Schema> {
         BEFORE_NOT_SENT,
         Type::List(ListType::new(Arc::new(element))),
     )));
+    before.push(verbatim_field(&mut ids));
     fields.push(Arc::new(NestedField::optional(
         before_id,
         BEFORE,
         Type::Struct(StructType::new(before)),
     )));
+    fields.push(verbatim_field(&mut ids));
     build(fields, Vec::new(), relation)
 }
 

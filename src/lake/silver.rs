@@ -32,12 +32,14 @@ use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-use super::arrow::{arrow_value, build_array, load_source_column};
+use super::arrow::{
+    Verbatim, arrow_value, build_array_keeping, load_source_column, verbatim_entries, with_verbatim,
+};
 use super::catalog::{Lake, iceberg_error};
 use super::key::{Key, KeyCodec};
 use super::key_index::{KeyIndex, NewFile};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
-use super::schema::{COMMIT_LSN, COMMIT_TS, silver_schema};
+use super::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
 use super::writer::{
     LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
     write_data_files,
@@ -337,7 +339,18 @@ impl SilverTable {
                 let Some(array) = batch.column_by_name(name) else {
                     return Err(change.unfilled(name));
                 };
-                return arrow_value(array.as_ref(), row).map_err(|e| e.with_context("file", &file));
+                let kept = batch
+                    .column_by_name(VERBATIM)
+                    .map(|v| verbatim_entries(v.as_ref(), row))
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|(column, _)| column == name);
+                return match kept {
+                    Some((_, text)) => Ok(Value::Unknown(text)),
+                    None => {
+                        arrow_value(array.as_ref(), row).map_err(|e| e.with_context("file", &file))
+                    }
+                };
             }
             row -= batch.num_rows();
         }
@@ -430,11 +443,13 @@ impl SilverTable {
         tx: TxInfo,
         fields: &[FieldRef],
         columns: &[ArrayRef],
+        verbatim: &Verbatim,
     ) -> Result<()> {
         let rows = columns.first().map_or(0, |c| c.len());
         let mut out: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
         for field in self.schema.fields() {
             out.push(match field.name().as_str() {
+                VERBATIM => verbatim.array(field, rows)?,
                 COMMIT_LSN => Arc::new(Int64Array::from_value(tx.commit_lsn.0 as i64, rows)),
                 COMMIT_TS => {
                     let DataType::Timestamp(_, zone) = field.data_type() else {
@@ -571,9 +586,14 @@ impl SilverTable {
     }
 
     fn batch(&self, changes: &[Arc<Change>]) -> Result<RecordBatch> {
-        let mut columns: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
+        let mut columns: Vec<Option<ArrayRef>> = Vec::with_capacity(self.schema.fields().len());
+        let mut verbatim = Verbatim::default();
         for field in self.schema.fields() {
             let array: ArrayRef = match field.name().as_str() {
+                VERBATIM => {
+                    columns.push(None);
+                    continue;
+                }
                 COMMIT_LSN => {
                     let mut b = Int64Builder::with_capacity(changes.len());
                     changes
@@ -599,11 +619,12 @@ impl SilverTable {
                         .iter()
                         .map(|c| after_cell(c, finder.position(c), name))
                         .collect::<Result<Vec<_>>>()?;
-                    build_array(field, &cells)?
+                    build_array_keeping(field, &cells, &mut verbatim)?
                 }
             };
-            columns.push(array);
+            columns.push(Some(array));
         }
+        let columns = with_verbatim(self.schema.fields(), columns, &verbatim, changes.len())?;
         RecordBatch::try_new(self.schema.clone(), columns)
             .map_err(|e| lake_error("cannot assemble the silver batch", &self.ident).with_source(e))
     }

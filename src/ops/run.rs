@@ -28,7 +28,7 @@ use crate::cdc::stream::{ChangeStream, Next};
 use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
-use crate::lake::arrow::load_columns;
+use crate::lake::arrow::{Verbatim, load_columns};
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::compaction::{DEFAULT_AFTER_FILES, Merge, merge_small_files};
@@ -191,6 +191,8 @@ struct LoadBatch {
     first_seq: u64,
     fields: Vec<FieldRef>,
     columns: Vec<ArrayRef>,
+    /// The values `columns` cannot hold.
+    verbatim: Verbatim,
     rows: usize,
     /// Bytes of COPY data the rows came in.
     bytes: usize,
@@ -202,11 +204,12 @@ struct LoadBatch {
 impl LoadBatch {
     fn decode(rows: LoadRows, lsn: Lsn) -> Result<LoadBatch> {
         let fields = source_arrow_fields(&rows.relation)?;
-        let columns = load_columns(&fields, &rows, lsn)?;
+        let (columns, verbatim) = load_columns(&fields, &rows, lsn)?;
         Ok(LoadBatch {
             first_seq: rows.first_seq,
             fields,
             columns,
+            verbatim,
             rows: rows.rows.len(),
             bytes: rows.rows.bytes(),
             table_rows: rows.table_rows,
@@ -801,13 +804,20 @@ impl Pipeline<'_> {
         }
         if to_bronze {
             sink.bronze
-                .stage_load(&self.lake, tx, load.first_seq, &load.fields, &load.columns)
+                .stage_load(
+                    &self.lake,
+                    tx,
+                    load.first_seq,
+                    &load.fields,
+                    &load.columns,
+                    &load.verbatim,
+                )
                 .await?;
             sink.bronze_dirty = true;
         }
         if to_silver {
             sink.silver
-                .stage_load(&self.lake, tx, &load.fields, &load.columns)
+                .stage_load(&self.lake, tx, &load.fields, &load.columns, &load.verbatim)
                 .await?;
             sink.silver_dirty = true;
         }

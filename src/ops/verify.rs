@@ -45,11 +45,11 @@ use crate::cdc::capture::read_now;
 use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
-use crate::lake::arrow::load_columns;
+use crate::lake::arrow::{load_columns, verbatim_entries};
 use crate::lake::catalog::{Lake, iceberg_error, namespace};
 use crate::lake::compaction::align;
 use crate::lake::key::{Key, KeyCodec};
-use crate::lake::schema::source_arrow_fields;
+use crate::lake::schema::{VERBATIM, source_arrow_fields};
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
@@ -245,23 +245,28 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
         let mut against_source = Differences::new(replay(&bronze, &shape, position).await?);
         let mut next = first;
         while let Some(rows) = next {
-            let columns = load_columns(shape.schema.fields(), &rows, position)?;
+            let (columns, verbatim) = load_columns(shape.schema.fields(), &rows, position)?;
             let batch = RecordBatch::try_new(shape.schema.clone(), columns).map_err(|e| {
                 Error::new(ErrorKind::Lake, "cannot assemble the source rows")
                     .with_context("table", table)
                     .with_source(e)
             })?;
-            against_source.add(&shape.hash(&batch)?);
+            against_source.add(&shape.hash(&batch, |row| verbatim.entries(row))?);
             next = source.next(table).await?;
         }
 
         let mut against_silver = Differences::new(replay(&bronze, &shape, silver_position).await?);
-        let mut rows = scan(&silver, &shape.columns()).await?.map_err(|e| {
+        let mut silver_columns = shape.columns();
+        if has_column(&silver, VERBATIM) {
+            silver_columns.push(VERBATIM.to_owned());
+        }
+        let mut rows = scan(&silver, &silver_columns).await?.map_err(|e| {
             iceberg_error(e, "cannot read the table").with_context("table", &silver_ident)
         });
         while let Some(batch) = rows.try_next().await? {
+            let kept = batch.column_by_name(VERBATIM).cloned();
             let batch = align(&batch, &shape.schema, &silver_ident.to_string())?;
-            against_silver.add(&shape.hash(&batch)?);
+            against_silver.add(&shape.hash(&batch, |row| kept_entries(kept.as_ref(), row))?);
         }
         tables.push(TableReport {
             table: table.clone(),
@@ -367,8 +372,13 @@ impl Shape {
         self.key.encode_columns(columns)
     }
 
-    /// Each row's key and the hash of all its compared columns.
-    fn hash(&self, batch: &RecordBatch) -> Result<Vec<(Key, u64)>> {
+    /// Each row's key and the hash of all its compared columns and of the
+    /// values kept verbatim for it (`verbatim`, by row, sorted).
+    fn hash(
+        &self,
+        batch: &RecordBatch,
+        verbatim: impl Fn(usize) -> Vec<(String, String)>,
+    ) -> Result<Vec<(Key, u64)>> {
         let key_columns: Vec<ArrayRef> = self
             .key_columns
             .iter()
@@ -381,13 +391,31 @@ impl Shape {
         Ok(keys
             .into_iter()
             .zip(rows.iter())
-            .map(|(key, row)| {
+            .enumerate()
+            .map(|(i, (key, row))| {
                 let mut hasher = std::hash::DefaultHasher::new();
                 row.as_ref().hash(&mut hasher);
+                verbatim(i).hash(&mut hasher);
                 (key, hasher.finish())
             })
             .collect())
     }
+}
+
+/// The entries of row `row` of a `_cdc_verbatim` column, sorted.
+fn kept_entries(column: Option<&ArrayRef>, row: usize) -> Vec<(String, String)> {
+    let mut entries = column.map_or_else(Vec::new, |c| verbatim_entries(c.as_ref(), row));
+    entries.sort();
+    entries
+}
+
+fn has_column(table: &Table, name: &str) -> bool {
+    table
+        .metadata()
+        .current_schema()
+        .as_struct()
+        .field_by_name(name)
+        .is_some()
 }
 
 /// The order of bronze's changes: by commit, a load before the
@@ -420,7 +448,13 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
     let mut select: Vec<String> = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "_cdc_before"]
         .map(String::from)
         .to_vec();
-    select.extend(shape.columns().into_iter().filter(|c| names.contains(c)));
+    select.extend(
+        shape
+            .columns()
+            .into_iter()
+            .chain([VERBATIM.to_owned()])
+            .filter(|c| names.contains(c)),
+    );
     let mut latest: HashMap<Key, (Order, Option<u64>)> = HashMap::new();
     let mut truncated: Option<Order> = None;
     let mut batches = scan(bronze, &select).await?.map_err(context);
@@ -475,8 +509,9 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
             .filter(|(_, op)| *op != "t")
             .copied()
             .collect();
+        let kept = picked.column_by_name(VERBATIM).cloned();
         let image = align(&picked, &shape.schema, &ident)?;
-        let hashed = shape.hash(&image)?;
+        let hashed = shape.hash(&image, |row| kept_entries(kept.as_ref(), row))?;
         let old_keys = old_keys(&picked, shape, &picked_orders, &ident)?;
         let mut put = |key: Key, order: Order, hash: Option<u64>| {
             let entry = latest.entry(key).or_insert((order, hash));

@@ -6,7 +6,8 @@ Rows of a bronze table come sorted by (_cdc_commit_lsn, _cdc_seq).
 reconciliation helper (tests/support/reconcile.rs) compares: temporal values
 as integers (days or microseconds since 1970, "infinity" and "-infinity" for
 the stored infinities), binary as \\x-hex, decimals as plain text, float
-NaN and infinities as text.
+NaN and infinities as text, and a value kept in `_cdc_verbatim` as
+{"$verbatim": its text}.
 Prints one JSON document on stdout.
 """
 import json
@@ -80,6 +81,13 @@ elif mode == "canonical":
         {n: canonical(columns[n][i], types[n]) for n in names}
         for i in range(arrow.num_rows)
     ]
+    # A value kept verbatim (its column null) is handed over as its text,
+    # for the caller to bring to canonical form through PostgreSQL itself.
+    if "_cdc_verbatim" in arrow.column_names:
+        for row, kept in zip(rows, arrow.column("_cdc_verbatim").to_pylist()):
+            for column, text in kept or []:
+                if column in row:
+                    row[column] = {"$verbatim": text}
     print(json.dumps(rows))
 elif mode == "summary":
     snapshot = table.current_snapshot()

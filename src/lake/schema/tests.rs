@@ -88,7 +88,9 @@ fn silver_has_the_source_columns_then_position_and_the_key_as_identifier() {
     let names = field_names(&schema);
     assert_eq!(
         names,
-        ["id", "name", "amount", "tags", COMMIT_LSN, COMMIT_TS]
+        [
+            "id", "name", "amount", "tags", COMMIT_LSN, COMMIT_TS, VERBATIM
+        ]
     );
     let id = schema.field_by_name("id").unwrap();
     assert!(id.required);
@@ -106,7 +108,8 @@ fn bronze_has_change_columns_source_columns_and_a_before_struct() {
     assert_eq!(
         names,
         [
-            COMMIT_LSN, SEQ, LSN, XID, COMMIT_TS, OP, "id", "name", "amount", "tags", BEFORE
+            COMMIT_LSN, SEQ, LSN, XID, COMMIT_TS, OP, "id", "name", "amount", "tags", BEFORE,
+            VERBATIM
         ]
     );
     assert!(
@@ -125,8 +128,17 @@ fn bronze_has_change_columns_source_columns_and_a_before_struct() {
             "name",
             "amount",
             "tags",
-            BEFORE_NOT_SENT
+            BEFORE_NOT_SENT,
+            VERBATIM
         ]
+    );
+    let Type::Map(verbatim) = &*schema.field_by_name(VERBATIM).unwrap().field_type else {
+        panic!("_cdc_verbatim is a map")
+    };
+    assert!(!schema.field_by_name(VERBATIM).unwrap().required);
+    assert_eq!(
+        *verbatim.value_field.field_type,
+        Type::Primitive(PrimitiveType::String)
     );
     assert_eq!(schema.identifier_field_ids().count(), 0);
 }

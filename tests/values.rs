@@ -1,0 +1,268 @@
+//! Production values: whatever PostgreSQL stores, the run goes on and the
+//! lake keeps it, in its column where the column's type holds it and
+//! verbatim in `_cdc_verbatim` where it does not (docs/values.md).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wal2iceberg::ops::run::{RunOptions, run};
+
+use crate::support::*;
+
+fn options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {
+    let mut capture = db.options(tables);
+    capture.slot = slot.to_owned();
+    RunOptions {
+        namespace: Some("shop".into()),
+        flush_interval: Duration::from_millis(200),
+        exit_when_idle: Some(Duration::from_secs(2)),
+        ..RunOptions::new(capture, lake.to_owned())
+    }
+}
+
+/// Odd values in every column but the key, as SQL literals.
+const ODD: &str = "'NaN', '24:00:00', ARRAY['a{', '{br}', '\"q\"', 'NULL', NULL, ' ', 'a,b', 'back\\slash'], \
+                   '[0:1]={1,2}', '294276-12-31 23:59:59.999999+00', '{{1,2},{3,4}}'";
+/// Plain values of the same columns.
+const PLAIN: &str = "12.50, '12:00:00', ARRAY['x'], '{1,2}', '2026-12-01 10:00:00+00', '{5}'";
+
+/// The rows of a table through pyiceberg, by id.
+async fn rows_by_id(lake: &std::path::Path, table: &str) -> std::collections::BTreeMap<i64, Value> {
+    pyiceberg(lake, table, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_i64().unwrap(), r.clone()))
+        .collect()
+}
+
+/// The `_cdc_verbatim` map of a row as pyiceberg gives it, sorted.
+fn kept(row: &Value) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = row["_cdc_verbatim"]
+        .as_array()
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|e| (e[0].as_str().unwrap().into(), e[1].as_str().unwrap().into()))
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn values_a_column_cannot_hold_are_kept_verbatim_and_the_run_goes_on() {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "CREATE TABLE odd(id int PRIMARY KEY, amount numeric(12,2), at time, ta text[],
+                          bounded int[], far timestamptz, grid int[]);
+         CREATE TABLE plain(id int PRIMARY KEY, name text);
+         INSERT INTO odd VALUES (1, {ODD}), (2, {PLAIN});
+         INSERT INTO plain VALUES (1, 'a');"
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("odd");
+    let opts = options(&db, &["odd", "plain"], &slot, dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    // The same values streamed, into a new row and over a plain one, while
+    // the other table goes on; then a verbatim value becomes plain again.
+    db.exec(&format!(
+        "INSERT INTO odd VALUES (3, {ODD});
+         UPDATE odd SET amount = 'NaN', ta = ARRAY['}}'] WHERE id = 2;
+         INSERT INTO plain VALUES (2, 'b');
+         UPDATE odd SET amount = 7.25 WHERE id = 1;
+         UPDATE plain SET name = 'c' WHERE id = 1;"
+    ))
+    .await;
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, 5);
+
+    // Every value as the source holds it, verbatim ones brought to their
+    // canonical form by PostgreSQL itself.
+    assert_reconciled(&db, "odd", dir.path(), "shop.odd").await;
+    assert_reconciled(&db, "plain", dir.path(), "shop.plain").await;
+
+    let silver = rows_by_id(dir.path(), "shop.odd").await;
+    let odd_kept = |amount: bool| {
+        let mut expected = vec![
+            ("at".to_owned(), "24:00:00".to_owned()),
+            ("bounded".to_owned(), "[0:1]={1,2}".to_owned()),
+            (
+                "far".to_owned(),
+                "294276-12-31 23:59:59.999999+00".to_owned(),
+            ),
+            ("grid".to_owned(), "{{1,2},{3,4}}".to_owned()),
+        ];
+        if amount {
+            expected.insert(0, ("amount".to_owned(), "NaN".to_owned()));
+        }
+        expected
+    };
+    assert_eq!(kept(&silver[&3]), odd_kept(true), "streamed");
+    assert_eq!(
+        kept(&silver[&1]),
+        odd_kept(false),
+        "loaded, then amount plain"
+    );
+    assert_eq!(silver[&1]["amount"], json!("7.25"));
+    assert_eq!(
+        kept(&silver[&2]),
+        vec![("amount".to_owned(), "NaN".to_owned())]
+    );
+    assert_eq!(silver[&2]["ta"], json!(["}"]));
+    for row in [&silver[&1], &silver[&3]] {
+        assert_eq!(
+            row["ta"],
+            json!([
+                "a{",
+                "{br}",
+                "\"q\"",
+                "NULL",
+                null,
+                " ",
+                "a,b",
+                "back\\slash"
+            ]),
+            "any character in a quoted array element"
+        );
+        for column in ["at", "bounded", "far", "grid"] {
+            assert_eq!(row[column], Value::Null, "{column} is null beside its text");
+        }
+    }
+
+    // Bronze keeps the verbatim values of every change, before images too.
+    let bronze = pyiceberg(dir.path(), "shop.odd_changes", "rows").await;
+    let bronze = bronze.as_array().unwrap();
+    let load = bronze
+        .iter()
+        .find(|r| r["_cdc_op"] == json!("r") && r["id"] == json!(1))
+        .unwrap();
+    assert_eq!(kept(load), odd_kept(true));
+    let insert = bronze.iter().find(|r| r["_cdc_op"] == json!("c")).unwrap();
+    assert_eq!(kept(insert), odd_kept(true));
+
+    // A second reader reads the map too.
+    let duck = duckdb(dir.path(), "shop.odd").await;
+    let duck3 = duck
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == json!(3))
+        .unwrap();
+    assert!(
+        duck3["_cdc_verbatim"].to_string().contains("294276-12-31"),
+        "{duck3}"
+    );
+
+    // verify compares verbatim values too, and finds the lake equal.
+    let lake = dir.path().display().to_string();
+    let out = cli(&[
+        "verify",
+        "--source",
+        &db.config_url(),
+        "--slot",
+        &slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--tables",
+        "public.odd,public.plain",
+    ])
+    .await;
+    assert_success(&out);
+}
+
+/// `schema` as wal2iceberg wrote it before `_cdc_verbatim` existed.
+fn without_verbatim(schema: &iceberg::spec::Schema) -> iceberg::spec::Schema {
+    use iceberg::spec::{NestedField, StructType, Type};
+    let strip = |fields: &[iceberg::spec::NestedFieldRef]| -> Vec<iceberg::spec::NestedFieldRef> {
+        fields
+            .iter()
+            .filter(|f| f.name != "_cdc_verbatim")
+            .cloned()
+            .collect()
+    };
+    let fields = strip(schema.as_struct().fields())
+        .into_iter()
+        .map(|f| match &*f.field_type {
+            Type::Struct(inner) => std::sync::Arc::new(NestedField::optional(
+                f.id,
+                &f.name,
+                Type::Struct(StructType::new(strip(inner.fields()))),
+            )),
+            _ => f,
+        })
+        .collect::<Vec<_>>();
+    iceberg::spec::Schema::builder()
+        .with_fields(fields)
+        .with_identifier_field_ids(schema.identifier_field_ids())
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn tables_written_before_verbatim_values_gain_the_column_and_keep_them() {
+    use iceberg::TableIdent;
+    use wal2iceberg::lake::catalog::{Lake, namespace};
+    use wal2iceberg::lake::schema::{bronze_schema, silver_schema};
+
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE old(id int PRIMARY KEY, amount numeric(12,2));
+         INSERT INTO old VALUES (1, 'NaN'), (2, 1.5);",
+    )
+    .await;
+    let mut capture = db.options(&["old"]);
+    capture.temporary_slot = true;
+    let (load, stream) = open_fresh(&db, &capture).await;
+    stream.stop().await.unwrap();
+    let relation = changes(&load)
+        .first()
+        .map(|c| c.relation.clone())
+        .expect("the load describes the table");
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let lake = Lake::open_embedded(dir.path()).await.unwrap();
+        let shop = namespace("shop");
+        for (name, schema) in [
+            ("old", silver_schema(&relation).unwrap()),
+            ("old_changes", bronze_schema(&relation).unwrap()),
+        ] {
+            let ident = TableIdent::new(shop.clone(), name.into());
+            lake.ensure_table(&ident, without_verbatim(&schema))
+                .await
+                .unwrap();
+        }
+    }
+    let before = pyiceberg(dir.path(), "shop.old_changes", "schema").await;
+    assert!(!before["fields"].to_string().contains("_cdc_verbatim"));
+
+    let opts = options(&db, &["old"], &unique("old"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    db.exec("INSERT INTO old VALUES (3, 'NaN'); DELETE FROM old WHERE id = 1")
+        .await;
+    run(&db.config, &opts).await.unwrap();
+
+    assert_reconciled(&db, "old", dir.path(), "shop.old").await;
+    for table in ["shop.old", "shop.old_changes"] {
+        let schema = pyiceberg(dir.path(), table, "schema").await;
+        assert_eq!(
+            schema["fields"].as_array().unwrap().last(),
+            Some(&json!("_cdc_verbatim")),
+            "{table}"
+        );
+    }
+    let bronze = pyiceberg(dir.path(), "shop.old_changes", "schema").await;
+    assert!(
+        bronze["types"]["_cdc_before"]
+            .as_str()
+            .unwrap()
+            .contains("_cdc_verbatim"),
+        "{bronze}"
+    );
+}
