@@ -266,3 +266,242 @@ async fn tables_written_before_verbatim_values_gain_the_column_and_keep_them() {
         "{bronze}"
     );
 }
+
+/// Random SQL literals of one element type, for the array property test.
+mod random {
+    use rand::Rng;
+    use rand::rngs::StdRng;
+
+    /// Characters that array input and output treat specially, and some
+    /// that need more than one byte.
+    const ODD: &[&str] = &[
+        "{", "}", ",", "\"", "\\", " ", "\t", "\n", "'", "NULL", "null", "a", "Z", "0", "ż", "🦀",
+        "=", "[", "]", ":",
+    ];
+
+    pub fn text(rng: &mut StdRng, max: usize) -> String {
+        let n = rng.random_range(0..=max);
+        let mut s = String::new();
+        while s.chars().count() < n {
+            let piece = ODD[rng.random_range(0..ODD.len())];
+            if s.chars().count() + piece.chars().count() > max {
+                break;
+            }
+            s.push_str(piece);
+        }
+        s
+    }
+
+    pub fn quote(s: &str) -> String {
+        format!("'{}'", s.replace('\'', "''"))
+    }
+
+    pub fn numeric(rng: &mut StdRng, precision: usize, scale: usize) -> String {
+        let whole: String = (0..rng.random_range(1..=precision - scale))
+            .map(|_| char::from(b'0' + rng.random_range(0..10u8)))
+            .collect();
+        let frac: String = (0..rng.random_range(0..=scale))
+            .map(|_| char::from(b'0' + rng.random_range(0..10u8)))
+            .collect();
+        let sign = if rng.random_bool(0.3) { "-" } else { "" };
+        if frac.is_empty() {
+            format!("{sign}{whole}")
+        } else {
+            format!("{sign}{whole}.{frac}")
+        }
+    }
+
+    pub fn timestamptz(rng: &mut StdRng) -> String {
+        match rng.random_range(0..20) {
+            0 => "'infinity'".into(),
+            1 => "'-infinity'".into(),
+            _ => format!(
+                "to_timestamp({})",
+                rng.random_range(-62_135_596_800.0..253_402_300_799.0f64)
+            ),
+        }
+    }
+
+    pub fn date(rng: &mut StdRng) -> String {
+        match rng.random_range(0..20) {
+            0 => "'infinity'::date".into(),
+            _ => format!(
+                "(date '2000-01-01' + {})",
+                rng.random_range(-2_000_000..2_000_000)
+            ),
+        }
+    }
+
+    pub fn bytea(rng: &mut StdRng) -> String {
+        let bytes: String = (0..rng.random_range(0..8))
+            .map(|_| format!("{:02x}", rng.random::<u8>()))
+            .collect();
+        format!("'\\x{bytes}'::bytea")
+    }
+
+    pub fn uuid(rng: &mut StdRng) -> String {
+        let h: String = (0..16)
+            .map(|_| format!("{:02x}", rng.random::<u8>()))
+            .collect();
+        format!("'{}'::uuid", h)
+    }
+
+    pub fn jsonb(rng: &mut StdRng) -> String {
+        let doc = match rng.random_range(0..4) {
+            0 => serde_json::json!(text(rng, 6)),
+            1 => serde_json::json!({ text(rng, 4): [rng.random_range(-5..5), null, true] }),
+            2 => serde_json::json!(rng.random_range(-1e6..1e6f64)),
+            _ => serde_json::json!([text(rng, 3), {"k": text(rng, 3)}]),
+        };
+        format!("{}::jsonb", quote(&doc.to_string()))
+    }
+
+    pub fn float8(rng: &mut StdRng) -> String {
+        match rng.random_range(0..10) {
+            0 => "'NaN'::float8".into(),
+            1 => "'-Infinity'::float8".into(),
+            2 => "1e-300".into(),
+            _ => format!("{:e}", rng.random_range(-1e20..1e20f64)),
+        }
+    }
+}
+
+/// One random array of the element SQL literals `element` gives, as an
+/// ARRAY constructor of type `array_type` (elements null at random).
+fn random_array(
+    rng: &mut rand::rngs::StdRng,
+    array_type: &str,
+    element: &dyn Fn(&mut rand::rngs::StdRng) -> String,
+) -> String {
+    use rand::Rng;
+    if rng.random_bool(0.05) {
+        return "NULL".into();
+    }
+    let items: Vec<String> = (0..rng.random_range(0..6))
+        .map(|_| {
+            if rng.random_bool(0.15) {
+                "NULL".to_owned()
+            } else {
+                element(rng)
+            }
+        })
+        .collect();
+    format!("ARRAY[{}]::{array_type}", items.join(", "))
+}
+
+#[tokio::test]
+async fn random_arrays_of_every_element_type_replicate_element_for_element() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("WAL2ICEBERG_ARRAY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("array property test: seed {seed} (WAL2ICEBERG_ARRAY_SEED={seed} repeats it)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+
+    type Element = Box<dyn Fn(&mut rand::rngs::StdRng) -> String>;
+    let labels = ["sad", "a b", "{x}", "q\"uote", "NULL", "c,d", "back\\slash"];
+    let columns: Vec<(&str, &str, Element)> = vec![
+        (
+            "a_text",
+            "text[]",
+            Box::new(|r| random::quote(&random::text(r, 12))),
+        ),
+        (
+            "a_vc",
+            "varchar(8)[]",
+            Box::new(|r| random::quote(&random::text(r, 8))),
+        ),
+        (
+            "a_int",
+            "int8[]",
+            Box::new(|r| r.random::<i64>().to_string()),
+        ),
+        (
+            "a_bool",
+            "bool[]",
+            Box::new(|r| r.random::<bool>().to_string()),
+        ),
+        ("a_f8", "float8[]", Box::new(random::float8)),
+        (
+            "a_num",
+            "numeric[]",
+            Box::new(|r| match r.random_range(0..10) {
+                0 => "'NaN'".into(),
+                1 => "'Infinity'".into(),
+                _ => random::numeric(r, 60, 30),
+            }),
+        ),
+        (
+            "a_dec",
+            "numeric(12,2)[]",
+            Box::new(|r| match r.random_range(0..40) {
+                0 => "'NaN'".into(),
+                _ => random::numeric(r, 12, 2),
+            }),
+        ),
+        ("a_tstz", "timestamptz[]", Box::new(random::timestamptz)),
+        ("a_date", "date[]", Box::new(random::date)),
+        ("a_uuid", "uuid[]", Box::new(random::uuid)),
+        ("a_bytea", "bytea[]", Box::new(random::bytea)),
+        ("a_jsonb", "jsonb[]", Box::new(random::jsonb)),
+        (
+            "a_enum",
+            "mood[]",
+            Box::new(move |r| random::quote(labels[r.random_range(0..labels.len())])),
+        ),
+        (
+            "a_dom",
+            "posint[]",
+            Box::new(|r| r.random_range(1..i32::MAX).to_string()),
+        ),
+    ];
+    let db = TestDb::new().await;
+    let labels_sql: Vec<String> = labels.iter().map(|l| random::quote(l)).collect();
+    db.exec(&format!(
+        "CREATE TYPE mood AS ENUM ({});
+         CREATE DOMAIN posint AS int CHECK (VALUE > 0);
+         CREATE TABLE arrays(id int PRIMARY KEY, {});",
+        labels_sql.join(", "),
+        columns
+            .iter()
+            .map(|(name, ty, _)| format!("{name} {ty}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+    .await;
+    const ROWS: usize = 500;
+    let mut insert = |db_rows: std::ops::Range<usize>| {
+        db_rows
+            .map(|id| {
+                let cells: Vec<String> = columns
+                    .iter()
+                    .map(|(_, ty, element)| random_array(&mut rng, ty, element.as_ref()))
+                    .collect();
+                format!("INSERT INTO arrays VALUES ({id}, {});", cells.join(", "))
+            })
+            .collect::<String>()
+    };
+    let loaded = insert(0..ROWS / 2);
+    let streamed = insert(ROWS / 2..ROWS);
+    db.exec(&loaded).await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options(&db, &["arrays"], &unique("arrays"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    db.exec(&streamed).await;
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, (ROWS / 2) as u64, "seed {seed}");
+    assert_reconciled(&db, "arrays", dir.path(), "shop.arrays").await;
+    // Each array is a list, not text kept verbatim, but for the one kind
+    // a list cannot hold: a decimal list with a NaN in it.
+    let silver = pyiceberg(dir.path(), "shop.arrays", "verbatim").await;
+    for row in silver.as_array().unwrap() {
+        for (column, text) in kept(row) {
+            assert!(
+                column == "a_dec" && text.contains("NaN"),
+                "seed {seed}: id {} kept {column} verbatim",
+                row["id"]
+            );
+        }
+    }
+}

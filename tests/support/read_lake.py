@@ -1,12 +1,12 @@
 """Reads a wal2iceberg lake through pyiceberg, a reader we did not write.
 
-usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical|snapshots
+usage: read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical|snapshots|verbatim
 Rows of a bronze table come sorted by (_cdc_commit_lsn, _cdc_seq).
 `canonical` gives the source columns of each row in the form the
 reconciliation helper (tests/support/reconcile.rs) compares: temporal values
 as integers (days or microseconds since 1970, "infinity" and "-infinity" for
-the stored infinities), binary as \\x-hex, decimals as plain text, float
-NaN and infinities as text, and a value kept in `_cdc_verbatim` as
+the stored infinities), binary as \\x-hex, decimals as plain text, floats
+as exact text (repr, or NaN and the infinities), and a value kept in `_cdc_verbatim` as
 {"$verbatim": its text}.
 Prints one JSON document on stdout.
 """
@@ -61,8 +61,11 @@ elif mode == "canonical":
         if pa.types.is_timestamp(t) or pa.types.is_date32(t):
             top = 2**63 - 1 if pa.types.is_timestamp(t) else 2**31 - 1
             return "infinity" if v == top else "-infinity" if v == -top else v
-        if pa.types.is_floating(t) and (math.isnan(v) or math.isinf(v)):
-            return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+        if pa.types.is_floating(t):
+            # As exact text: a JSON number would be parsed inexactly.
+            if math.isnan(v) or math.isinf(v):
+                return "NaN" if math.isnan(v) else ("Infinity" if v > 0 else "-Infinity")
+            return repr(v)
         if pa.types.is_fixed_size_binary(t):
             return str(uuid.UUID(bytes=v))
         if pa.types.is_binary(t) or pa.types.is_large_binary(t):
@@ -88,6 +91,12 @@ elif mode == "canonical":
             for column, text in kept or []:
                 if column in row:
                     row[column] = {"$verbatim": text}
+    print(json.dumps(rows))
+elif mode == "verbatim":
+    # The identifier columns and _cdc_verbatim of each row (which the
+    # other columns of `rows` may not convert to Python for, infinities).
+    key = [table.schema().find_column_name(i) for i in table.schema().identifier_field_ids]
+    rows = table.scan(selected_fields=tuple(key) + ("_cdc_verbatim",)).to_arrow().to_pylist()
     print(json.dumps(rows))
 elif mode == "summary":
     snapshot = table.current_snapshot()

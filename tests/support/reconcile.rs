@@ -74,6 +74,20 @@ async fn primary_key(db: &TestDb, table: &str) -> Vec<String> {
 /// The SQL that gives a column's canonical JSON value.
 fn canonical_sql(column: &Column) -> String {
     let c = format!("\"{}\"", column.name.replace('"', "\"\""));
+    canonical_expr(&c, &column.type_name)
+}
+
+/// The canonical JSON of `c`, of the type named `type_name`: an array's
+/// elements one by one, each in its element type's form (multi-dimensional
+/// arrays flattened, as unnest reads them).
+fn canonical_expr(c: &str, type_name: &str) -> String {
+    if let Some(element) = type_name.strip_prefix('_') {
+        return format!(
+            "CASE WHEN {c} IS NULL THEN NULL ELSE coalesce((SELECT jsonb_agg({} ORDER BY o) \
+             FROM unnest({c}) WITH ORDINALITY AS u(e, o)), '[]'::jsonb) END",
+            canonical_expr("e", element)
+        );
+    }
     let infinite = |finite: &str| {
         format!(
             "CASE WHEN {c} = 'infinity' THEN to_jsonb('infinity'::text) \
@@ -81,7 +95,7 @@ fn canonical_sql(column: &Column) -> String {
              ELSE to_jsonb({finite}) END"
         )
     };
-    match column.type_name.as_str() {
+    match type_name {
         "timestamp" | "timestamptz" => infinite(&format!(
             "(extract(epoch FROM {c}) * 1000000)::numeric(30,0)"
         )),
@@ -89,8 +103,10 @@ fn canonical_sql(column: &Column) -> String {
         "time" => format!("to_jsonb((extract(epoch FROM {c}) * 1000000)::bigint)"),
         // The lake writes the offset as +hh:mm always.
         "timetz" => format!("to_jsonb(regexp_replace({c}::text, '([+-][0-9][0-9])$', '\\1:00'))"),
-        // Exact text where to_jsonb would give a JSON number or document.
-        "numeric" | "json" | "jsonb" => format!("to_jsonb({c}::text)"),
+        // Exact text where to_jsonb would give a JSON number or document
+        // (to_jsonb of a float goes through numeric, and a JSON number
+        // through a parser that rounds).
+        "numeric" | "json" | "jsonb" | "float4" | "float8" => format!("to_jsonb({c}::text)"),
         // Everything else as its output function prints it (to_jsonb uses
         // it for types JSON has no form for; a ::text cast would differ for
         // bpchar padding and inet masks).
@@ -98,17 +114,24 @@ fn canonical_sql(column: &Column) -> String {
     }
 }
 
-/// The canonical text of a row: floats at their own width, keys sorted.
+/// The canonical text of a row: floats (exact text on both sides) as the
+/// shortest text of their own width, in arrays too; keys sorted.
 fn canonical_row(row: &serde_json::Map<String, Value>, types: &BTreeMap<&str, &str>) -> String {
+    fn float(value: &Value, width: &str) -> Value {
+        match value {
+            Value::String(text) => match width {
+                "float4" => text.parse::<f32>().map(|f| format!("{f:?}")),
+                _ => text.parse::<f64>().map(|f| format!("{f:?}")),
+            }
+            .map_or_else(|_| value.clone(), Value::String),
+            Value::Array(items) => Value::Array(items.iter().map(|v| float(v, width)).collect()),
+            other => other.clone(),
+        }
+    }
     let mut out = BTreeMap::new();
     for (name, value) in row {
-        let value = match (types.get(name.as_str()), value) {
-            (Some(&"float4"), Value::Number(n)) => {
-                Value::String(format!("{:?}", n.as_f64().expect("a float") as f32))
-            }
-            (Some(&"float8"), Value::Number(n)) => {
-                Value::String(format!("{:?}", n.as_f64().expect("a float")))
-            }
+        let value = match types.get(name.as_str()).map(|t| t.trim_start_matches('_')) {
+            Some(width @ ("float4" | "float8")) => float(value, width),
             _ => value.clone(),
         };
         out.insert(name.clone(), value);
