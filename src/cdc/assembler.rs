@@ -370,5 +370,7 @@ fn out_of_order(what: &str, lsn: Lsn) -> Error {
     Error::new(ErrorKind::Protocol, format!("the server sent {what}")).with_context("lsn", lsn)
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod script;
 #[cfg(test)]
 mod tests;

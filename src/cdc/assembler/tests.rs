@@ -1,4 +1,5 @@
 use bytes::Bytes;
+use proptest::prelude::*;
 
 use super::*;
 use crate::cdc::relation::MessageOnly;
@@ -140,4 +141,19 @@ async fn a_subtransaction_abort_discards_only_that_subtransactions_changes() {
     assert_eq!(lsns, [0x102, 0x104, 0x108]);
     assert!(matches!(events.first(), Some(Event::Begin(tx)) if tx.xid == 7));
     assert!(matches!(events.last(), Some(Event::Commit { end_lsn, .. }) if end_lsn.0 == 0x910));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    /// Random valid sessions (src/cdc/assembler/script.rs): no panic, and
+    /// exactly the events the model expects, streamed transactions with
+    /// aborted subtransactions included.
+    #[test]
+    fn random_valid_sessions_emit_what_the_model_expects(
+        data in proptest::collection::vec(any::<u8>(), 0..400)
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(super::script::check(&data));
+    }
 }
