@@ -156,6 +156,33 @@ impl From<crate::pg::wire::DecodeError> for Error {
     }
 }
 
+/// The reader of the standard output went away (EPIPE, as under
+/// `| head`): the command's normal end, not a failure.
+#[derive(Debug)]
+pub struct OutputClosed;
+
+impl fmt::Display for OutputClosed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the standard output was closed")
+    }
+}
+
+impl std::error::Error for OutputClosed {}
+
+impl Error {
+    /// True when the error is [`OutputClosed`], directly or inside the
+    /// I/O error that carried it.
+    pub fn is_output_closed(&self) -> bool {
+        self.source.as_deref().is_some_and(|source| {
+            source.is::<OutputClosed>()
+                || source
+                    .downcast_ref::<std::io::Error>()
+                    .and_then(std::io::Error::get_ref)
+                    .is_some_and(|inner| inner.is::<OutputClosed>())
+        })
+    }
+}
+
 impl From<std::io::Error> for Error {
     fn from(err: std::io::Error) -> Error {
         Error::new(ErrorKind::Io, "I/O failed").with_source(err)

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use iceberg::TableIdent;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
+use wal2iceberg::error::OutputClosed;
 use wal2iceberg::lake::catalog::{Lake, LakeLocation, namespace};
 use wal2iceberg::lake::expire::{Retention, expire_snapshots, remove_orphan_files};
 use wal2iceberg::ops::run::RunOptions;
@@ -294,11 +295,48 @@ impl LakeArgs {
     }
 }
 
+/// The standard output, with EPIPE marked as [`OutputClosed`].
+struct Stdout;
+
+impl std::io::Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stdout().lock().write(buf).map_err(closed)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().lock().flush().map_err(closed)
+    }
+}
+
+fn closed(err: std::io::Error) -> std::io::Error {
+    if err.kind() == std::io::ErrorKind::BrokenPipe {
+        std::io::Error::new(std::io::ErrorKind::BrokenPipe, OutputClosed)
+    } else {
+        err
+    }
+}
+
+/// `print!` to [`Stdout`], returning the error instead of panicking.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        std::io::Write::write_fmt(&mut Stdout, format_args!($($arg)*)).map_err(Error::from)?
+    };
+}
+
+/// `println!` to [`Stdout`], returning the error instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        out!("{}\n", format_args!($($arg)*))
+    };
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli).await {
         Ok(code) => code,
+        // `wal2iceberg show t | head -1`: the reader has what it wanted.
+        Err(err) if err.is_output_closed() => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err}");
             match err.kind() {
@@ -360,9 +398,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
             let report = wal2iceberg::ops::run::run(&settings.source, &options).await?;
-            println!(
+            outln!(
                 "applied {} changes in {} batches; confirmed {}",
-                report.changes_applied, report.batches, report.confirmed
+                report.changes_applied,
+                report.batches,
+                report.confirmed
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -371,11 +411,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let failures =
                 capture::check(&settings.source, &capture_options(&settings).await?).await?;
             if failures.is_empty() {
-                println!("all checks passed: {}", settings.source);
+                outln!("all checks passed: {}", settings.source);
                 return Ok(ExitCode::SUCCESS);
             }
             for failure in &failures {
-                println!("{failure}");
+                outln!("{failure}");
             }
             Ok(ExitCode::from(1))
         }
@@ -395,9 +435,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 let text = serde_json::to_string_pretty(&status).map_err(|e| {
                     Error::new(ErrorKind::Io, "cannot print the status").with_source(e)
                 })?;
-                println!("{text}");
+                outln!("{text}");
             } else {
-                print!("{}", status.to_text());
+                out!("{}", status.to_text());
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -415,7 +455,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ));
             }
             wal2iceberg::ops::setup::setup(&settings.source, &settings.tables).await?;
-            println!(
+            outln!(
                 "role {} may read {} table(s), published in {}; give the role a password or another way to log in",
                 wal2iceberg::ops::setup::ROLE,
                 settings.tables.len(),
@@ -441,7 +481,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 format,
                 ..ShowOptions::default()
             };
-            print!(
+            out!(
                 "{}",
                 wal2iceberg::ops::show::show(&lake, &ident, &options).await?
             );
@@ -474,9 +514,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     expired.orphans_deleted =
                         remove_orphan_files(&lake, &ident, older_than).await?;
                 }
-                println!(
+                outln!(
                     "{ident}: {} snapshots expired, {} files deleted, {} orphan files deleted",
-                    expired.snapshots, expired.files_deleted, expired.orphans_deleted
+                    expired.snapshots,
+                    expired.files_deleted,
+                    expired.orphans_deleted
                 );
             }
             Ok(ExitCode::SUCCESS)
@@ -493,7 +535,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let done =
                 wal2iceberg::ops::compact::compact(&lake, &lake_args.location(), &idents).await?;
             for (ident, c) in done {
-                println!(
+                outln!(
                     "{ident}: {} data files merged into {}, {} delete files into {}, {} rows rewritten",
                     c.data_files_removed,
                     c.data_files_added,
@@ -517,7 +559,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
             let report = wal2iceberg::ops::verify::verify(&settings.source, &options, wait).await?;
-            print!("{}", report.to_text());
+            out!("{}", report.to_text());
             Ok(if report.equal() {
                 ExitCode::SUCCESS
             } else {
@@ -530,12 +572,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 capture: capture_options(&settings).await?,
                 exit_when_idle: settings.exit_when_idle,
             };
-            tail(&settings.source, &options, &mut std::io::stdout().lock()).await?;
+            tail(&settings.source, &options, &mut Stdout).await?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Demo => {
             init_logging(LogFormat::Text);
-            wal2iceberg::ops::demo::demo(&mut std::io::stdout().lock()).await?;
+            wal2iceberg::ops::demo::demo(&mut Stdout).await?;
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -573,7 +615,7 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
         drop_tables: drop_tables.then_some((settings.lake.clone(), lake_namespace)),
     };
     let report = wal2iceberg::ops::teardown::teardown(config, &options).await?;
-    println!(
+    outln!(
         "slot {slot}: {}",
         if report.slot_dropped {
             "dropped"
@@ -581,7 +623,7 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
             "did not exist"
         }
     );
-    println!(
+    outln!(
         "publication {publication}: {}",
         if report.publication_dropped {
             "dropped"
@@ -592,7 +634,7 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
         }
     );
     for table in report.tables_dropped {
-        println!("table {table}: dropped");
+        outln!("table {table}: dropped");
     }
     Ok(ExitCode::SUCCESS)
 }

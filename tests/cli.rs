@@ -1126,3 +1126,78 @@ async fn publications(client: &wal2iceberg::pg::source::SourceClient) -> i64 {
         .unwrap()
         .get(0)
 }
+
+/// Runs the binary with its standard output a pipe whose reader is gone
+/// before anything is written (`| head -1` once head has its line): exit
+/// code and standard error.
+async fn run_into_closed_pipe(args: &[&str]) -> (i32, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(args)
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run wal2iceberg");
+    drop(child.stdout.take());
+    let out = child
+        .wait_with_output()
+        .await
+        .expect("wait for wal2iceberg");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn show_and_tail_end_quietly_with_exit_0_when_their_reader_goes_away() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free'),(2,'pro');")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("pipe");
+    let (code, _, stderr) = run(&[
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--exit-when-idle",
+        "1s",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+
+    for format in ["table", "json", "csv"] {
+        let (code, stderr) = run_into_closed_pipe(&[
+            "show",
+            "customers",
+            "--lake",
+            &lake_path,
+            "--format",
+            format,
+        ])
+        .await;
+        assert_eq!((code, stderr.as_str()), (0, ""), "show --format {format}");
+    }
+    let tail_slot = unique("pipe_tail");
+    let (code, stderr) = run_into_closed_pipe(&[
+        "tail",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &tail_slot,
+        "--exit-when-idle",
+        "1s",
+    ])
+    .await;
+    assert_eq!((code, stderr.as_str()), (0, ""), "tail");
+}

@@ -311,10 +311,57 @@ async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
-        stderr.contains("slot") && stderr.contains("is in use by process"),
-        "the error names the cause: {stderr}"
+        stderr.contains("another wal2iceberg process") && stderr.contains("lock"),
+        "the error names the cause, the lake's lock: {stderr}"
     );
     assert!(first.try_wait().unwrap().is_none(), "the first run goes on");
     first.kill().await.unwrap();
+    oracle.finish().await;
+}
+
+#[tokio::test]
+async fn a_second_run_on_a_held_lake_refuses_before_it_creates_a_slot() {
+    let mut oracle = Oracle::new(100).await;
+    let mut first = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.db.wait_until_active(&oracle.slot).await;
+    // Another table, so that nothing of the lake stops the second run
+    // before it would create its slot and publish its table.
+    oracle
+        .db
+        .exec("CREATE TABLE other(id int PRIMARY KEY)")
+        .await;
+    let first_slot = oracle.slot.clone();
+    let other = crate::support::unique("other");
+    oracle.set("--slot", &other);
+    oracle.set("--tables", "public.other");
+    let out = oracle.run_until_idle("1s").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("another wal2iceberg process") && stderr.contains("lock"),
+        "the error names the lake's lock: {stderr}"
+    );
+    assert_eq!(
+        oracle.db.confirmed_flush(&other).await,
+        None,
+        "no slot {other} was created"
+    );
+    let published: i64 = oracle
+        .db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'other'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 0, "no publication gained the table");
+    assert!(first.try_wait().unwrap().is_none(), "the first run goes on");
+    first.kill().await.unwrap();
+    oracle.set("--slot", &first_slot);
+    oracle.set("--tables", "public.accounts");
+    oracle.start_workload();
     oracle.finish().await;
 }

@@ -150,3 +150,26 @@ async fn logical_decoding_messages_arrive_in_and_outside_transactions() {
     );
     stream.stop().await.unwrap();
 }
+
+/// With `client_min_messages = debug1` the walsender reports its snapshot
+/// builder's work as NoticeResponses inside CopyBoth (snapbuild.c logs
+/// "serializing snapshot" at DEBUG1 for every running-xacts record, which a
+/// CHECKPOINT writes): the stream must read past them.
+#[tokio::test]
+async fn notices_inside_the_replication_stream_are_skipped() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE t(id int PRIMARY KEY)").await;
+    db.exec(
+        "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET client_min_messages = debug1', \
+         current_database()); END $$",
+    )
+    .await;
+    let (_, mut stream) = open_fresh(&db, &db.options(&["t"])).await;
+    db.exec("INSERT INTO t VALUES (1)").await;
+    read_commits(&mut stream, 1).await;
+    db.exec("CHECKPOINT").await;
+    db.exec("INSERT INTO t VALUES (2)").await;
+    let events = read_commits(&mut stream, 1).await;
+    assert_eq!(ops(&events), "c");
+    stream.stop().await.unwrap();
+}

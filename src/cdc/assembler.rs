@@ -19,7 +19,7 @@ use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
 
 use super::event::{BeforeImage, Change, Event, ImageKind, Op, TxInfo};
-use super::relation::{Catalog, RelationCache, RelationInfo, TupleRole};
+use super::relation::{Catalog, Describe, RelationCache, RelationInfo, TupleRole};
 use super::temporal::pg_micros_to_unix;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
@@ -95,11 +95,11 @@ struct OpenTx {
     seq: u64,
 }
 
-pub struct Assembler {
+pub struct Assembler<D = Catalog> {
     /// Changes of other tables (a publication can hold more) are dropped.
     tables: HashSet<TableName>,
     decoder: Decoder,
-    catalog: Catalog,
+    catalog: D,
     relations: RelationCache,
     open: Option<OpenTx>,
     /// The top-level xid of the open Stream Start/Stop block.
@@ -109,8 +109,8 @@ pub struct Assembler {
     ready: VecDeque<Event>,
 }
 
-impl Assembler {
-    pub fn new(catalog: Catalog, tables: &[TableName]) -> Assembler {
+impl<D: Describe> Assembler<D> {
+    pub fn new(catalog: D, tables: &[TableName]) -> Assembler<D> {
         Assembler {
             tables: tables.iter().cloned().collect(),
             decoder: Decoder::new(),
@@ -169,6 +169,17 @@ impl Assembler {
                 }
             }
             Message::StreamStop => self.streaming = None,
+            // The server ends a streamed transaction outside its chunks
+            // (pgoutput.c asserts it): one inside a block would leave the
+            // block's later changes without a spool.
+            Message::StreamAbort(_) | Message::StreamCommit { .. } if self.streaming.is_some() => {
+                let what = if matches!(message, Message::StreamAbort(_)) {
+                    "a Stream Abort inside a stream block"
+                } else {
+                    "a Stream Commit inside a stream block"
+                };
+                return Err(out_of_order(what, wal_start));
+            }
             Message::StreamAbort(a) => {
                 if a.xid == a.subxid {
                     self.spools.remove(&a.xid);
@@ -198,10 +209,12 @@ impl Assembler {
                 let top = self.streaming.ok_or_else(|| {
                     out_of_order("a streamed change outside a stream block", wal_start)
                 })?;
-                let spool = self
-                    .spools
-                    .get_mut(&top)
-                    .expect("Stream Start created the spool");
+                let spool = self.spools.get_mut(&top).ok_or_else(|| {
+                    out_of_order(
+                        "a streamed change of a transaction already ended",
+                        wal_start,
+                    )
+                })?;
                 spool.append(wal_start, subxid, &payload).await?;
             }
             Message::Origin { .. } | Message::Type(None, _) => {}
@@ -262,7 +275,7 @@ impl Assembler {
         lsn: Lsn,
     ) -> Result<()> {
         if let Message::Relation(_, rel) = message {
-            let relation = self.catalog.relation_from_message(rel).await?;
+            let relation = self.catalog.describe(rel).await?;
             self.relations.insert(relation);
             return Ok(());
         }
@@ -356,3 +369,8 @@ fn before_image(
 fn out_of_order(what: &str, lsn: Lsn) -> Error {
     Error::new(ErrorKind::Protocol, format!("the server sent {what}")).with_context("lsn", lsn)
 }
+
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod script;
+#[cfg(test)]
+mod tests;

@@ -49,6 +49,42 @@ pub enum TupleRole {
 }
 
 impl RelationInfo {
+    /// The relation of a Relation message, with its primary key and each
+    /// column's type as the catalog resolved them.
+    fn from_message(
+        rel: pgoutput::Relation,
+        primary_key: &[String],
+        types: Vec<PgType>,
+    ) -> RelationInfo {
+        let columns = rel
+            .columns
+            .into_iter()
+            .zip(types)
+            .map(|(c, pg_type)| ColumnInfo {
+                pg_type,
+                is_primary_key: primary_key.contains(&c.name),
+                name: c.name,
+                type_oid: c.type_oid,
+                type_modifier: c.type_modifier,
+                is_identity_key: c.is_key,
+            })
+            .collect();
+        RelationInfo {
+            oid: rel.oid,
+            name: TableName {
+                // pgoutput sends an empty namespace for pg_catalog.
+                schema: if rel.namespace.is_empty() {
+                    "pg_catalog".to_owned()
+                } else {
+                    rel.namespace
+                },
+                name: rel.name,
+            },
+            replica_identity: rel.replica_identity,
+            columns,
+        }
+    }
+
     /// Decodes a pgoutput tuple into a row of this relation.
     pub fn decode_tuple(
         &self,
@@ -211,31 +247,11 @@ impl Catalog {
     /// The relation a pgoutput Relation message describes.
     pub async fn relation_from_message(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
         let primary_key = source::primary_key(&self.client, rel.oid).await?;
-        let mut columns = Vec::with_capacity(rel.columns.len());
-        for c in rel.columns {
-            columns.push(ColumnInfo {
-                pg_type: self.resolve_type(c.type_oid).await?,
-                is_primary_key: primary_key.contains(&c.name),
-                name: c.name,
-                type_oid: c.type_oid,
-                type_modifier: c.type_modifier,
-                is_identity_key: c.is_key,
-            });
+        let mut types = Vec::with_capacity(rel.columns.len());
+        for c in &rel.columns {
+            types.push(self.resolve_type(c.type_oid).await?);
         }
-        Ok(RelationInfo {
-            oid: rel.oid,
-            name: TableName {
-                // pgoutput sends an empty namespace for pg_catalog.
-                schema: if rel.namespace.is_empty() {
-                    "pg_catalog".to_owned()
-                } else {
-                    rel.namespace
-                },
-                name: rel.name,
-            },
-            replica_identity: rel.replica_identity,
-            columns,
-        })
+        Ok(RelationInfo::from_message(rel, &primary_key, types))
     }
 
     /// The relation as the catalog describes it now (for the initial load).
@@ -257,6 +273,49 @@ impl Catalog {
             replica_identity: table.replica_identity,
             columns,
         })
+    }
+}
+
+/// Completes what a Relation message says into a relation: in a run, the
+/// source's [`Catalog`].
+pub trait Describe {
+    fn describe(
+        &mut self,
+        rel: pgoutput::Relation,
+    ) -> impl Future<Output = Result<RelationInfo>> + Send;
+}
+
+impl Describe for Catalog {
+    fn describe(
+        &mut self,
+        rel: pgoutput::Relation,
+    ) -> impl Future<Output = Result<RelationInfo>> + Send {
+        self.relation_from_message(rel)
+    }
+}
+
+/// Describes a relation from its Relation message alone, without a server:
+/// built-in types, anything else as text, and the replica identity's
+/// columns as the primary key. For the assembler's property test and fuzz
+/// target.
+#[cfg(any(test, feature = "fuzzing"))]
+pub struct MessageOnly;
+
+#[cfg(any(test, feature = "fuzzing"))]
+impl Describe for MessageOnly {
+    async fn describe(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
+        let primary_key: Vec<String> = rel
+            .columns
+            .iter()
+            .filter(|c| c.is_key)
+            .map(|c| c.name.clone())
+            .collect();
+        let types = rel
+            .columns
+            .iter()
+            .map(|c| PgType::builtin(c.type_oid).unwrap_or(PgType::Unknown))
+            .collect();
+        Ok(RelationInfo::from_message(rel, &primary_key, types))
     }
 }
 

@@ -21,6 +21,8 @@ pub struct WriterLock {
 
 impl WriterLock {
     /// Takes the lock of `namespace`, or fails at once naming what holds it.
+    /// The catalog's folder is created when missing (a new lake), so the
+    /// lock can be taken before the lake is opened.
     pub fn acquire(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<WriterLock> {
         let path = lock_path(lake, namespace);
         let io = |e: std::io::Error| {
@@ -28,6 +30,9 @@ impl WriterLock {
                 .with_context("file", path.display())
                 .with_source(e)
         };
+        if let Some(folder) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(folder).map_err(io)?;
+        }
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)

@@ -446,8 +446,12 @@ async fn run_once(
     total: &mut RunReport,
 ) -> Result<()> {
     let names = names(&options.capture.tables, &options.table_names)?;
-    let lake = Lake::open(&options.lake).await?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
+    // Before anything is created or changed at the source or in the lake:
+    // a run refused here leaves no slot, publication or table behind. A
+    // second run on the same slot and lake is told about the lake too.
+    let _writer = WriterLock::acquire(&options.lake, &namespace)?;
+    let lake = Lake::open(&options.lake).await?;
     let mut pipeline = Pipeline {
         lake,
         namespace,
@@ -467,9 +471,6 @@ async fn run_once(
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
     };
-    // Taken once the slot is ours: a second run on the same slot is told
-    // about the slot, one on another slot about the lake.
-    let _writer = WriterLock::acquire(&options.lake, &pipeline.namespace)?;
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
     if let Some(load) = load {
         let mut progress = ProgressLog::new();

@@ -64,8 +64,10 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
 }
 
 fn write_event(out: &mut dyn Write, event: &Event) -> Result<()> {
-    serde_json::to_writer(&mut *out, &event.to_json())
-        .map_err(|e| Error::new(ErrorKind::Io, "cannot write an event").with_source(e))?;
+    serde_json::to_writer(&mut *out, &event.to_json()).map_err(|e| {
+        // The I/O error itself, so that a closed output stays recognizable.
+        Error::new(ErrorKind::Io, "cannot write an event").with_source(std::io::Error::from(e))
+    })?;
     out.write_all(b"\n")?;
     Ok(())
 }

@@ -20,7 +20,7 @@ use bytes::{Buf, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
-use postgres_protocol::message::backend::{ErrorResponseBody, Message};
+use postgres_protocol::message::backend::{ErrorFields, Message};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, UnixStream};
@@ -39,7 +39,7 @@ pub(crate) const COPY_BOTH_RESPONSE: u8 = b'W';
 pub(crate) trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// An error the server reported, with its fields kept apart.
+/// An error or notice the server reported, with its fields kept apart.
 #[derive(Debug, Clone)]
 pub struct ServerError {
     pub severity: String,
@@ -69,7 +69,9 @@ impl fmt::Display for ServerError {
 impl std::error::Error for ServerError {}
 
 impl ServerError {
-    fn from_body(body: &ErrorResponseBody) -> ServerError {
+    /// The fields of an ErrorResponse or a NoticeResponse; a malformed
+    /// field ends the list.
+    pub(crate) fn from_fields(mut fields: ErrorFields<'_>) -> ServerError {
         let mut err = ServerError {
             severity: String::new(),
             code: String::new(),
@@ -77,7 +79,6 @@ impl ServerError {
             detail: None,
             hint: None,
         };
-        let mut fields = body.fields();
         while let Ok(Some(field)) = fields.next() {
             let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
             match field.type_() {
@@ -412,7 +413,7 @@ impl ReplicationConnection {
             .map_err(protocol_error)?
             .ok_or_else(|| unexpected("a complete frame"))?;
         if let Message::ErrorResponse(body) = &message {
-            let server = ServerError::from_body(body);
+            let server = ServerError::from_fields(body.fields());
             return Err(
                 Error::new(ErrorKind::Server, "the server reported an error").with_source(server),
             );

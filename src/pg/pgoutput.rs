@@ -458,5 +458,7 @@ fn old_kind(tag: u8) -> OldTupleKind {
     }
 }
 
+#[cfg(any(test, feature = "fuzzing"))]
+mod encode;
 #[cfg(test)]
 mod tests;

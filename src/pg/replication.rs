@@ -18,7 +18,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
 use tokio::time::{Instant, sleep_until};
 
-use super::conn::{Frame, ReplicationConnection, copy_data};
+use super::conn::{Frame, ReplicationConnection, ServerError, copy_data};
 use super::lsn::Lsn;
 use super::wire::{DecodeError, Reader};
 use crate::error::{Error, ErrorKind, Result};
@@ -244,6 +244,55 @@ pub fn standby_status_update(write: Lsn, flush: Lsn, apply: Lsn, now_pg_micros: 
     buf.freeze()
 }
 
+/// What a backend message inside CopyBoth means for the stream.
+#[derive(Debug, PartialEq)]
+enum InCopyBoth {
+    CopyData(Bytes),
+    /// The server ended the copy; ours is still to be sent.
+    CopyDone,
+    /// At a server shutdown the walsender sends what WAL is left and then
+    /// CommandComplete, without CopyDone (walsender.c, WalSndDone).
+    Ended,
+    /// Nothing for the stream.
+    Skip,
+}
+
+/// The protocol allows NoticeResponse and ParameterStatus at any time
+/// ("Asynchronous Operations" in the protocol chapter), CopyBoth included.
+fn in_copy_both(frame: Frame) -> Result<InCopyBoth> {
+    match frame {
+        Frame::Message(Message::NoticeResponse(body)) => {
+            let notice = ServerError::from_fields(body.fields());
+            tracing::warn!(
+                severity = %notice.severity,
+                code = %notice.code,
+                message = %notice.message,
+                "notice from the server inside the replication stream"
+            );
+            Ok(InCopyBoth::Skip)
+        }
+        Frame::Message(Message::ParameterStatus(body)) => {
+            tracing::debug!(
+                name = body.name().unwrap_or("?"),
+                value = body.value().unwrap_or("?"),
+                "parameter status from the server inside the replication stream"
+            );
+            Ok(InCopyBoth::Skip)
+        }
+        Frame::Message(Message::CopyDone) => Ok(InCopyBoth::CopyDone),
+        Frame::Message(Message::CommandComplete(_)) => Ok(InCopyBoth::Ended),
+        Frame::Message(m) => copy_data(m).map(InCopyBoth::CopyData).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Protocol,
+                "unexpected message inside the replication stream",
+            )
+        }),
+        Frame::CopyBothResponse => {
+            Err(Error::new(ErrorKind::Protocol, "a second CopyBothResponse"))
+        }
+    }
+}
+
 /// The running CopyBoth stream of one slot.
 pub struct ReplicationStream {
     conn: ReplicationConnection,
@@ -280,28 +329,18 @@ impl ReplicationStream {
                 frame = self.conn.read_frame() => frame,
                 () = sleep_until(self.next_status) => continue,
             };
-            let message = match frame.map_err(|e| slot_error(e, &self.slot))? {
-                Frame::Message(Message::CopyDone) => {
+            let message = match in_copy_both(frame.map_err(|e| slot_error(e, &self.slot))?)? {
+                InCopyBoth::CopyData(data) => data,
+                InCopyBoth::Skip => continue,
+                InCopyBoth::CopyDone => {
                     self.done = true;
                     self.conn.queue_copy_done();
                     self.conn.flush().await?;
                     return Ok(None);
                 }
-                // At a server shutdown the walsender sends what WAL is
-                // left and then CommandComplete, without CopyDone
-                // (walsender.c, WalSndDone): the stream ended.
-                Frame::Message(Message::CommandComplete(_)) => {
+                InCopyBoth::Ended => {
                     self.done = true;
                     return Ok(None);
-                }
-                Frame::Message(m) => copy_data(m).ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::Protocol,
-                        "unexpected message inside the replication stream",
-                    )
-                })?,
-                Frame::CopyBothResponse => {
-                    return Err(Error::new(ErrorKind::Protocol, "a second CopyBothResponse"));
                 }
             };
             let message = ReplicationMessage::decode(message)?;
@@ -474,6 +513,44 @@ mod tests {
             assert!(ReplicationMessage::decode(full.slice(..cut)).is_err());
         }
         assert!(ReplicationMessage::decode(Bytes::from_static(b"x")).is_err());
+    }
+
+    /// One backend message: tag, length, body.
+    fn backend(tag: u8, body: &[u8]) -> Frame {
+        let mut buf = BytesMut::new();
+        buf.put_u8(tag);
+        buf.put_i32(4 + body.len() as i32);
+        buf.put_slice(body);
+        Frame::Message(Message::parse(&mut buf).unwrap().unwrap())
+    }
+
+    #[test]
+    fn notices_and_parameter_status_inside_copy_both_are_skipped() {
+        let notice = backend(b'N', b"SWARNING\0VWARNING\0C01000\0Mslot is lagging\0\0");
+        assert_eq!(in_copy_both(notice).unwrap(), InCopyBoth::Skip);
+        let status = backend(b'S', b"in_hot_standby\0off\0");
+        assert_eq!(in_copy_both(status).unwrap(), InCopyBoth::Skip);
+        assert_eq!(
+            in_copy_both(backend(b'd', b"w...")).unwrap(),
+            InCopyBoth::CopyData(Bytes::from_static(b"w..."))
+        );
+        assert_eq!(
+            in_copy_both(backend(b'c', b"")).unwrap(),
+            InCopyBoth::CopyDone
+        );
+        assert_eq!(
+            in_copy_both(backend(b'C', b"COPY 0\0")).unwrap(),
+            InCopyBoth::Ended
+        );
+        let err = in_copy_both(backend(b'Z', b"I")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Protocol);
+    }
+
+    #[test]
+    fn a_malformed_notice_inside_copy_both_is_skipped_too() {
+        // A notice without its terminating NUL: logged as far as it reads.
+        let notice = backend(b'N', b"SWARNING\0Mhalf");
+        assert_eq!(in_copy_both(notice).unwrap(), InCopyBoth::Skip);
     }
 
     #[test]
