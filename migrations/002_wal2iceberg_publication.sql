@@ -9,7 +9,7 @@
 DO $$
 BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_publication WHERE pubname = 'wal2iceberg') THEN
-    CREATE PUBLICATION wal2iceberg;
+    CREATE PUBLICATION wal2iceberg WITH (publish_via_partition_root = true);
     COMMENT ON PUBLICATION wal2iceberg IS 'created by wal2iceberg';
   END IF;
 END

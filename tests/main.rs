@@ -15,6 +15,7 @@ mod initial_load;
 mod lake;
 mod maintenance;
 mod packaging;
+mod partitions;
 mod pipeline;
 mod preflight;
 mod seed_walkthrough;

@@ -26,6 +26,10 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "002_wal2iceberg_publication.sql",
         include_str!("../../migrations/002_wal2iceberg_publication.sql"),
     ),
+    (
+        "003_wal2iceberg_publish_via_root.sql",
+        include_str!("../../migrations/003_wal2iceberg_publish_via_root.sql"),
+    ),
 ];
 
 pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {

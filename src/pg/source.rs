@@ -292,6 +292,7 @@ pub async fn preflight(
     for table in tables {
         failures.extend(check_table(client, table).await?);
     }
+    failures.extend(check_partitions(client, tables, publication).await?);
 
     let publishes = client
         .query_opt(
@@ -381,6 +382,27 @@ pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<Check
         "i" => has_identity_index,
         _ => false,
     };
+    if identity_ok && relkind == "p" {
+        // Publishing a partitioned table publishes every partition: each
+        // leaf's own identity decides whether its UPDATE and DELETE work.
+        let leaves = partitions_without_identity(client, table).await?;
+        if !leaves.is_empty() {
+            failures.push(CheckFailure {
+                check: "replica_identity",
+                problem: format!(
+                    "partitions {} of {table} have no primary key and no REPLICA IDENTITY FULL \
+                     or USING INDEX; publishing {table} would make their UPDATE and DELETE fail, \
+                     so it is not added",
+                    leaves.join(", ")
+                ),
+                fix: format!(
+                    "give each a primary key or a replica identity, e.g. ALTER TABLE {} REPLICA \
+                     IDENTITY FULL;",
+                    leaves[0]
+                ),
+            });
+        }
+    }
     if !identity_ok {
         failures.push(CheckFailure {
             check: "replica_identity",
@@ -395,6 +417,157 @@ pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<Check
         });
     }
     Ok(failures)
+}
+
+/// The leaf partitions of a partitioned table whose UPDATE and DELETE would
+/// fail once published, as `schema.name` text.
+async fn partitions_without_identity(client: &Client, table: &TableName) -> Result<Vec<String>> {
+    let rows = client
+        .query(
+            "SELECT t.relid::regclass::text FROM pg_partition_tree($1::text::regclass) t \
+             JOIN pg_class c ON c.oid = t.relid \
+             WHERE t.isleaf AND NOT CASE c.relreplident \
+               WHEN 'f' THEN true \
+               WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary) \
+               WHEN 'i' THEN EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) \
+               ELSE false END \
+             ORDER BY 1",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read the table's partitions").with_context("table", table))?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Partitioned tables and their partitions against the publication, whose
+/// changes of a partition come as its root's when it publishes via the
+/// root (which wal2iceberg's own publication does):
+/// - a partitioned table needs `publish_via_partition_root`, or its changes
+///   come as its partitions', which no captured table takes;
+/// - a table and one of its partitions cannot both be captured: the
+///   partition's changes come as the root's;
+/// - a partition captured on its own gets nothing when the publication
+///   already publishes one of its ancestors via the root.
+async fn check_partitions(
+    client: &Client,
+    tables: &[TableName],
+    publication: &str,
+) -> Result<Vec<CheckFailure>> {
+    let q = |e| postgres(e, "cannot read the tables' partitioning");
+    let publication_row = client
+        .query_opt(
+            "SELECT pubviaroot, puballtables FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(q)?;
+    let mut failures = Vec::new();
+    for table in tables {
+        let Some(row) = client
+            .query_opt(
+                "SELECT c.relkind = 'p', c.relispartition, \
+                        ARRAY(SELECT an.nspname::text FROM pg_partition_ancestors(c.oid) WITH ORDINALITY a(relid, ord) \
+                              JOIN pg_class ac ON ac.oid = a.relid \
+                              JOIN pg_namespace an ON an.oid = ac.relnamespace \
+                              WHERE a.relid <> c.oid ORDER BY a.ord), \
+                        ARRAY(SELECT ac.relname::text FROM pg_partition_ancestors(c.oid) WITH ORDINALITY a(relid, ord) \
+                              JOIN pg_class ac ON ac.oid = a.relid \
+                              WHERE a.relid <> c.oid ORDER BY a.ord) \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2",
+                &[&table.schema, &table.name],
+            )
+            .await
+            .map_err(q)?
+        else {
+            continue;
+        };
+        let (partitioned, is_partition): (bool, bool) = (row.get(0), row.get(1));
+        // Nearest first.
+        let ancestors: Vec<TableName> = row
+            .get::<_, Vec<String>>(2)
+            .into_iter()
+            .zip(row.get::<_, Vec<String>>(3))
+            .map(|(schema, name)| TableName { schema, name })
+            .collect();
+        if partitioned
+            && let Some(publication_row) = &publication_row
+            && !publication_row.get::<_, bool>(0)
+        {
+            failures.push(CheckFailure {
+                check: "publish_via_partition_root",
+                problem: format!(
+                    "{table} is partitioned and publication {publication:?} publishes the changes \
+                     of its partitions as theirs, not as {table}'s"
+                ),
+                fix: format!(
+                    "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
+                    quote_ident(publication)
+                ),
+            });
+        }
+        if !is_partition {
+            continue;
+        }
+        let named = tables.iter().find(|t| ancestors.contains(t));
+        if let Some(root) = named {
+            failures.push(CheckFailure {
+                check: "partition_and_root",
+                problem: format!(
+                    "{table} is a partition of {root}, which is captured too: its changes come as \
+                     {root}'s"
+                ),
+                fix: format!("capture {root} alone, which holds {table}'s rows"),
+            });
+            continue;
+        }
+        let Some(publication_row) = &publication_row else {
+            continue;
+        };
+        let (via_root, all_tables): (bool, bool) = (publication_row.get(0), publication_row.get(1));
+        let published_ancestor = if all_tables {
+            ancestors.last().cloned()
+        } else {
+            let published = published_relations(client, publication).await?;
+            ancestors.into_iter().find(|a| published.contains(a))
+        };
+        if via_root && let Some(ancestor) = published_ancestor {
+            failures.push(CheckFailure {
+                check: "partition_published_via_root",
+                problem: format!(
+                    "{table} is a partition of {ancestor}, which publication {publication:?} \
+                     publishes via the root: {table}'s changes come as {ancestor}'s"
+                ),
+                fix: format!("capture {ancestor} instead, which holds {table}'s rows"),
+            });
+        }
+    }
+    Ok(failures)
+}
+
+/// The relations named in a publication (`pg_publication_rel`: a
+/// partitioned table itself, not its partitions).
+async fn published_relations(client: &Client, publication: &str) -> Result<Vec<TableName>> {
+    let rows = client
+        .query(
+            "SELECT n.nspname::text, c.relname::text FROM pg_publication_rel r \
+             JOIN pg_publication p ON p.oid = r.prpubid \
+             JOIN pg_class c ON c.oid = r.prrelid \
+             JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE p.pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot read pg_publication_rel").with_context("publication", publication)
+        })?;
+    Ok(rows
+        .iter()
+        .map(|r| TableName {
+            schema: r.get(0),
+            name: r.get(1),
+        })
+        .collect())
 }
 
 /// The tables a publication publishes, in name order; empty when it does
@@ -442,7 +615,8 @@ pub async fn ensure_publication(
     let list = |ts: &[&TableName]| ts.iter().map(|t| t.quoted()).collect::<Vec<_>>().join(", ");
     let sql = match exists {
         None => format!(
-            "CREATE PUBLICATION {name} FOR TABLE {}; COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
+            "CREATE PUBLICATION {name} FOR TABLE {} WITH (publish_via_partition_root = true); \
+             COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
             list(&tables.iter().collect::<Vec<_>>()),
             name = quote_ident(publication),
         ),
@@ -489,6 +663,8 @@ pub struct CatalogColumn {
 pub struct CatalogTable {
     pub oid: u32,
     pub name: TableName,
+    /// A partitioned table: its rows are its partitions'.
+    pub partitioned: bool,
     pub replica_identity: u8,
     pub columns: Vec<CatalogColumn>,
 }
@@ -498,7 +674,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
         .query(
             "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
                     COALESCE(a.attnum = ANY (pk.indkey::int2[]), false), \
-                    COALESCE(a.attnum = ANY (ri.indkey::int2[]), false) \
+                    COALESCE(a.attnum = ANY (ri.indkey::int2[]), false), c.relkind = 'p' \
              FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
@@ -522,6 +698,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
     Ok(CatalogTable {
         oid: first.get(0),
         name: table.clone(),
+        partitioned: first.get(7),
         replica_identity: identity,
         columns: rows
             .iter()
@@ -610,7 +787,9 @@ pub async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> 
 /// Locks `tables` (ACCESS SHARE, until the transaction ends) so that no
 /// TRUNCATE or rewrite can commit while they are read, and checks that none
 /// did since the transaction's snapshot: the snapshot's `pg_class` row
-/// names the storage each table has now.
+/// names the storage each table has now. A partitioned table has no
+/// storage of its own: its leaf partitions are checked (LOCK locks them
+/// too).
 pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]) -> Result<()> {
     let Some(first) = tables.first() else {
         return Ok(());
@@ -629,8 +808,10 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
     for table in tables {
         let unchanged: bool = client
             .query_one(
-                "SELECT relfilenode = pg_relation_filenode(oid) FROM pg_class \
-                 WHERE oid = $1::text::regclass",
+                "SELECT coalesce(bool_and(relfilenode = pg_relation_filenode(oid)), true) \
+                 FROM pg_class WHERE relkind <> 'p' AND oid IN ( \
+                   SELECT $1::text::regclass \
+                   UNION SELECT relid FROM pg_partition_tree($1::text::regclass) WHERE isleaf)",
                 &[&table.quoted()],
             )
             .await
@@ -655,8 +836,10 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
 /// ONLY table) TO STDOUT (FORMAT binary)`, the columns `casts` flags as
 /// their type's text output. That is `format('%s', c)`, which calls the
 /// output function, and not `c::text`: some casts to text differ from the
-/// output (`inet` gains its netmask, `bpchar` loses its padding). `ONLY`,
-/// as `COPY table TO` reads no child table either.
+/// output (`inet` gains its netmask, `bpchar` loses its padding). `ONLY`
+/// for an ordinary table, as `COPY table TO` reads no child table of an
+/// inheritance either; a partitioned table is read whole, every partition
+/// at every level, as its changes are published (publish_via_partition_root).
 pub async fn copy_out(
     client: &Client,
     table: &CatalogTable,
@@ -676,9 +859,10 @@ pub async fn copy_out(
         })
         .collect::<Vec<_>>()
         .join(", ");
+    let only = if table.partitioned { "" } else { "ONLY " };
     client
         .copy_out(&format!(
-            "COPY (SELECT {columns} FROM ONLY {}) TO STDOUT (FORMAT binary)",
+            "COPY (SELECT {columns} FROM {only}{}) TO STDOUT (FORMAT binary)",
             table.name.quoted()
         ))
         .await
