@@ -408,8 +408,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Check { settings: args } => {
             let settings = settings(args)?;
-            let failures =
-                capture::check(&settings.source, &capture_options(&settings).await?).await?;
+            let mut options = capture_options(&settings).await?;
+            // What `run` checks: its tables go to the lake.
+            options.keyed = true;
+            let failures = capture::check(&settings.source, &options).await?;
             if failures.is_empty() {
                 outln!("all checks passed: {}", settings.source);
                 return Ok(ExitCode::SUCCESS);

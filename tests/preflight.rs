@@ -104,10 +104,15 @@ async fn a_table_without_key_or_full_identity_is_never_published() {
     db.exec("UPDATE nokey SET v = 'b'; DELETE FROM nokey;")
         .await;
 
-    // With REPLICA IDENTITY FULL the same table is accepted.
+    // With REPLICA IDENTITY FULL the same table may be published (tail
+    // reads it); the lake still needs its key.
     db.exec("ALTER TABLE nokey REPLICA IDENTITY FULL").await;
     let failures = capture::check(&db.config, &options).await.unwrap();
     assert!(failures.is_empty(), "{failures:?}");
+    let mut keyed = options.clone();
+    keyed.keyed = true;
+    let failures = capture::check(&db.config, &keyed).await.unwrap();
+    assert_eq!(find(&failures, "primary_key").check, "primary_key");
 }
 
 #[tokio::test]
@@ -221,5 +226,58 @@ async fn malformed_options_are_rejected_before_connecting() {
         let err = capture::check(&unreachable, &o).await.err().unwrap();
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
         assert!(err.to_string().contains(needle), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_table_silver_cannot_keep_is_refused_by_check_and_run_alike_before_anything_is_created() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE nokey(id int, v text); ALTER TABLE nokey REPLICA IDENTITY FULL;
+         CREATE TABLE reserved(id int PRIMARY KEY, _cdc_op text);",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().join("lake");
+    let slot = unique("refused");
+    for (table, check, problem) in [
+        ("public.nokey", "primary_key", "has no primary key"),
+        ("public.reserved", "reserved_column_names", "_cdc_op"),
+    ] {
+        let place = [
+            "--source",
+            &db.config_url(),
+            "--tables",
+            table,
+            "--slot",
+            &slot,
+            "--publication",
+            "refused",
+        ];
+        let checked = cli(&[&["check"][..], &place[..]].concat()).await;
+        let said = String::from_utf8_lossy(&checked.stdout);
+        assert_eq!(checked.status.code(), Some(1), "{said}");
+        assert!(said.contains(check) && said.contains(problem), "{said}");
+
+        let lake_arg = lake.display().to_string();
+        let ran = cli(&[&["run"][..], &place[..], &["--lake", &lake_arg][..]].concat()).await;
+        let stderr = String::from_utf8_lossy(&ran.stderr);
+        assert!(!ran.status.success());
+        assert!(
+            stderr.contains(problem) && stderr.contains(table),
+            "{stderr}"
+        );
+        assert_eq!(db.slot_count().await, 0, "no slot for {table}");
+        assert!(!lake.exists(), "no lake folder for {table}");
+        let publication: i64 = db
+            .client
+            .query_one(
+                "SELECT count(*) FROM pg_publication WHERE pubname = 'refused'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(publication, 0, "no publication for {table}");
     }
 }

@@ -38,6 +38,10 @@ pub struct CaptureOptions {
     /// the old slot and the new one), and on an existing slot the tables
     /// not held are loaded from a temporary slot's snapshot.
     pub held_tables: Option<Vec<TableName>>,
+    /// Every table must have a primary key and no column named like the
+    /// lake's own (`_cdc_*`): silver keeps rows in step by key. `run` and
+    /// `check` need this; `tail` does not.
+    pub keyed: bool,
 }
 
 impl CaptureOptions {
@@ -51,6 +55,7 @@ impl CaptureOptions {
             messages: true,
             temporary_slot: false,
             held_tables: None,
+            keyed: false,
         }
     }
 
@@ -175,11 +180,17 @@ pub fn preflight_error(failures: &[CheckFailure]) -> Error {
 pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<CheckFailure>> {
     options.validate()?;
     let client = SourceClient::connect(config).await?;
+    preflight(&client, options).await
+}
+
+/// The preflight checks of `options`, on `client`.
+async fn preflight(client: &SourceClient, options: &CaptureOptions) -> Result<Vec<CheckFailure>> {
     source::preflight(
-        &client,
+        client,
         &options.tables,
         &options.slot,
         &options.publication,
+        options.keyed,
     )
     .await
 }
@@ -187,13 +198,7 @@ pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<Ch
 pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture> {
     options.validate()?;
     let client = Arc::new(SourceClient::connect(config).await?);
-    let failures = source::preflight(
-        &client,
-        &options.tables,
-        &options.slot,
-        &options.publication,
-    )
-    .await?;
+    let failures = preflight(&client, options).await?;
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use super::monitor::{self, MonitorOptions};
 use super::shutdown::Shutdown;
-use crate::cdc::capture::{self, Capture, CaptureOptions};
+use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
 use crate::cdc::event::{Change, Event, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
@@ -447,9 +447,16 @@ async fn run_once(
 ) -> Result<()> {
     let names = names(&options.capture.tables, &options.table_names)?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
-    // Before anything is created or changed at the source or in the lake:
-    // a run refused here leaves no slot, publication or table behind. A
-    // second run on the same slot and lake is told about the lake too.
+    // Every check before anything is created or changed at the source or
+    // in the lake: a run refused here leaves no slot, publication, lake
+    // folder or table behind; `check` gives the same answer. A second run
+    // on the same slot and lake is told about the lake too.
+    let mut capture_options = options.capture.clone();
+    capture_options.keyed = true;
+    let failures = capture::check(config, &capture_options).await?;
+    if !failures.is_empty() {
+        return Err(preflight_error(&failures));
+    }
     let _writer = WriterLock::acquire(&options.lake, &namespace)?;
     let lake = Lake::open(&options.lake).await?;
     let mut pipeline = Pipeline {
@@ -465,7 +472,6 @@ async fn run_once(
         retention: options.retention,
         report: total,
     };
-    let mut capture_options = options.capture.clone();
     capture_options.held_tables = Some(pipeline.loaded_tables(&options.capture.tables).await?);
     let (load, mut pending, new_slot) = match capture::open(config, &capture_options).await? {
         Capture::Fresh { load, pending } => (Some(load), pending, true),

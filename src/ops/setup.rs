@@ -37,7 +37,7 @@ pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {
     let mut failures = Vec::new();
     for table in tables {
         failures.extend(
-            source::check_table(&client, table)
+            source::check_table(&client, table, true)
                 .await?
                 .into_iter()
                 .filter(|f| f.check != "select_privilege"),

@@ -164,11 +164,14 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> 
 }
 
 /// Runs every preflight check and returns all failures at once.
+/// `keyed`: the tables go to the lake, which needs a primary key
+/// ([`check_table`]).
 pub async fn preflight(
     client: &Client,
     tables: &[TableName],
     slot: &str,
     publication: &str,
+    keyed: bool,
 ) -> Result<Vec<CheckFailure>> {
     let mut failures = Vec::new();
     let q = |e| postgres(e, "preflight check query failed");
@@ -290,7 +293,7 @@ pub async fn preflight(
     }
 
     for table in tables {
-        failures.extend(check_table(client, table).await?);
+        failures.extend(check_table(client, table, keyed).await?);
     }
     failures.extend(check_partitions(client, tables, publication).await?);
 
@@ -330,15 +333,23 @@ pub async fn preflight(
     Ok(failures)
 }
 
-/// Checks one table: it exists, we may read it, and publishing it cannot
-/// break the application's UPDATE and DELETE.
-pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<CheckFailure>> {
+/// Checks one table: it exists, we may read it, publishing it cannot
+/// break the application's UPDATE and DELETE, and, when it goes to the
+/// lake (`keyed`), it has a primary key and no column of a reserved name.
+pub async fn check_table(
+    client: &Client,
+    table: &TableName,
+    keyed: bool,
+) -> Result<Vec<CheckFailure>> {
     let row = client
         .query_opt(
             "SELECT c.relkind::text, c.relreplident::text, \
                     has_table_privilege(c.oid, 'SELECT'), \
                     EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), \
-                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident) \
+                    EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident), \
+                    ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid \
+                          AND a.attnum > 0 AND NOT a.attisdropped AND a.attname LIKE '\\_cdc\\_%' \
+                          ORDER BY a.attnum) \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2",
             &[&table.schema, &table.name],
@@ -359,7 +370,35 @@ pub async fn check_table(client: &Client, table: &TableName) -> Result<Vec<Check
         bool,
         bool,
     ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let reserved: Vec<String> = row.get(5);
     let mut failures = Vec::new();
+    if keyed && !has_pk {
+        failures.push(CheckFailure {
+            check: "primary_key",
+            problem: format!(
+                "{table} has no primary key: the lake's current-state table (silver) keeps rows \
+                 in step with the source by key"
+            ),
+            fix: format!(
+                "add one: ALTER TABLE {} ADD PRIMARY KEY (<columns>);",
+                table.quoted()
+            ),
+        });
+    }
+    if keyed && !reserved.is_empty() {
+        failures.push(CheckFailure {
+            check: "reserved_column_names",
+            problem: format!(
+                "{table} has columns {reserved:?}: the prefix _cdc_ is reserved for the lake's \
+                 own columns"
+            ),
+            fix: format!(
+                "rename them: ALTER TABLE {} RENAME COLUMN {} TO <name>;",
+                table.quoted(),
+                quote_ident(&reserved[0])
+            ),
+        });
+    }
     if relkind != "r" && relkind != "p" {
         failures.push(CheckFailure {
             check: "table_kind",
