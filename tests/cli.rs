@@ -1116,6 +1116,60 @@ async fn setup_prepares_the_source_so_a_least_privileged_role_runs_the_pipeline(
     assert_eq!(owner, "postgres");
 }
 
+#[tokio::test]
+async fn setup_again_takes_a_partitioned_table_into_a_publication_an_older_setup_made() {
+    let db = TestDb::new().await;
+    // The publication as migration 002 made it before partitioned tables
+    // were captured: without publish_via_partition_root.
+    db.exec(
+        "CREATE PUBLICATION wal2iceberg; COMMENT ON PUBLICATION wal2iceberg IS 'created by wal2iceberg';
+         CREATE TABLE ev(id int PRIMARY KEY, v int) PARTITION BY RANGE (id);
+         CREATE TABLE ev_a PARTITION OF ev FOR VALUES FROM (0) TO (10);
+         CREATE TABLE ev_b PARTITION OF ev FOR VALUES FROM (10) TO (MAXVALUE);
+         INSERT INTO ev SELECT i, i FROM generate_series(0, 19) i;",
+    )
+    .await;
+    let admin = db.config_url();
+    for _ in 0..2 {
+        let (code, _, stderr) = run(&["setup", "--source", &admin, "--tables", "public.ev"]).await;
+        assert_eq!(code, 0, "{stderr}");
+    }
+    let via_root: bool = db
+        .client
+        .query_one(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = 'wal2iceberg'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(via_root);
+    let least = admin.replace("postgres@", "wal2iceberg@");
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("parts");
+    let args = [
+        "run",
+        "--source",
+        &least,
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--namespace",
+        "shop",
+        "--exit-when-idle",
+        "1s",
+    ];
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    db.exec("UPDATE ev SET id = id + 100 WHERE id < 5; DELETE FROM ev WHERE id = 15; INSERT INTO ev VALUES (3, 3);")
+        .await;
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_reconciled(&db, "ev", lake.path(), "shop.ev").await;
+}
+
 async fn publications(client: &wal2iceberg::pg::source::SourceClient) -> i64 {
     client
         .query_one(

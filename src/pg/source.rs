@@ -661,7 +661,10 @@ pub async fn ensure_publication(
         ),
         Some(row) if row.get::<_, bool>(0) => return Ok(()),
         Some(_) => {
-            let published = published_tables(client, publication).await?;
+            // Members named in it (a partitioned table itself) or through
+            // it (a table of a published schema, a partition).
+            let mut published = published_tables(client, publication).await?;
+            published.extend(published_relations(client, publication).await?);
             let missing: Vec<&TableName> =
                 tables.iter().filter(|t| !published.contains(t)).collect();
             if missing.is_empty() {
