@@ -505,3 +505,54 @@ async fn random_arrays_of_every_element_type_replicate_element_for_element() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_undecodable_key_stops_the_run_naming_table_column_lsn_and_xid_and_an_uncaptured_table_stops_nothing()
+ {
+    let db = TestDb::new().await;
+    // A timestamp past 294246 is a key silver cannot hold: no column
+    // value stands in for a key.
+    db.exec(
+        "CREATE TABLE t(id int PRIMARY KEY, v text);
+         CREATE TABLE far(at timestamptz PRIMARY KEY);
+         CREATE PUBLICATION both_tables FOR TABLE t, far;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = options(&db, &["t"], &unique("keys"), dir.path());
+    opts.capture.publication = "both_tables".into();
+    run(&db.config, &opts).await.unwrap();
+    db.exec(
+        "INSERT INTO far VALUES ('294276-12-31 23:59:59+00');
+         INSERT INTO t VALUES (1, 'a');",
+    )
+    .await;
+    // A table the run does not capture, though published, stops nothing.
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "t", dir.path(), "shop.t").await;
+
+    let far_dir = tempfile::tempdir().unwrap();
+    let far_opts = options(&db, &["far"], &unique("far"), far_dir.path());
+    let err = run(&db.config, &far_opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("table=public.far") && err.contains("column=at") && err.contains("lsn="),
+        "{err}"
+    );
+    assert!(
+        !err.contains("294276"),
+        "the value stays out of errors: {err}"
+    );
+    db.exec("INSERT INTO far VALUES ('294276-12-31 23:59:58+00')")
+        .await;
+    let streamed = tempfile::tempdir().unwrap();
+    let far_opts = options(&db, &["far"], &unique("far"), streamed.path());
+    db.exec("DELETE FROM far").await;
+    run(&db.config, &far_opts).await.unwrap();
+    db.exec("INSERT INTO far VALUES ('294276-12-31 23:59:57+00')")
+        .await;
+    let err = run(&db.config, &far_opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("table=public.far") && err.contains("column=at") && err.contains("xid="),
+        "{err}"
+    );
+}

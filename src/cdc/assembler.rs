@@ -313,24 +313,44 @@ impl<D: Describe> Assembler<D> {
             }));
             *seq += 1;
         };
+        // Rows of tables not captured are not decoded: a value of theirs
+        // must not stop the captured ones.
+        let captured = |oid| -> Result<Option<Arc<RelationInfo>>> {
+            let relation = self.relations.get(oid, lsn)?;
+            Ok(tables.contains(&relation.name).then_some(relation))
+        };
+        let xid = tx.xid;
+        let with_xid = |e: Error| e.with_context("xid", xid);
         match message {
             Message::Insert(_, m) => {
-                let relation = self.relations.get(m.relation_oid, lsn)?;
-                let after = relation.decode_tuple(m.new, TupleRole::Complete, lsn)?;
+                let Some(relation) = captured(m.relation_oid)? else {
+                    return Ok(());
+                };
+                let after = relation
+                    .decode_tuple(m.new, TupleRole::Complete, lsn)
+                    .map_err(with_xid)?;
                 emit(relation, Op::Insert, None, Some(after), 0);
             }
             Message::Update(_, m) => {
-                let relation = self.relations.get(m.relation_oid, lsn)?;
+                let Some(relation) = captured(m.relation_oid)? else {
+                    return Ok(());
+                };
                 let before = match m.old {
-                    Some((kind, old)) => Some(before_image(&relation, kind, old, lsn)?),
+                    Some((kind, old)) => {
+                        Some(before_image(&relation, kind, old, lsn).map_err(with_xid)?)
+                    }
                     None => None,
                 };
-                let after = relation.decode_tuple(m.new, TupleRole::Complete, lsn)?;
+                let after = relation
+                    .decode_tuple(m.new, TupleRole::Complete, lsn)
+                    .map_err(with_xid)?;
                 emit(relation, Op::Update, before, Some(after), 0);
             }
             Message::Delete(_, m) => {
-                let relation = self.relations.get(m.relation_oid, lsn)?;
-                let before = before_image(&relation, m.old_kind, m.old, lsn)?;
+                let Some(relation) = captured(m.relation_oid)? else {
+                    return Ok(());
+                };
+                let before = before_image(&relation, m.old_kind, m.old, lsn).map_err(with_xid)?;
                 emit(relation, Op::Delete, Some(before), None, 0);
             }
             Message::Truncate(_, m) => {

@@ -290,6 +290,19 @@ impl ColumnBuilder {
         if self.try_append(v)? {
             return Ok(());
         }
+        if !self.field.is_nullable() {
+            // A primary-key column: its value is the row's identity.
+            return Err(Error::new(
+                ErrorKind::Decode,
+                format!(
+                    "a {} value does not fit the key column's type {}, and a key cannot be \
+                     kept verbatim (docs/values.md)",
+                    value_kind(v),
+                    self.field.data_type()
+                ),
+            )
+            .with_context("column", self.field.name()));
+        }
         let text = verbatim_text(v).ok_or_else(|| self.mismatch(v))?;
         self.append_null();
         verbatim.keep(row, self.field.name(), text.into_owned());
@@ -607,7 +620,10 @@ pub fn load_columns(
             let value = relation.decode_field(column, *wire, bytes, lsn)?;
             builder
                 .append_keeping(Some(&value), row, &mut verbatim)
-                .map_err(|e| e.with_context("table", &relation.name))?;
+                .map_err(|e| {
+                    e.with_context("table", &relation.name)
+                        .with_context("lsn", lsn)
+                })?;
         }
         row += 1;
         Ok::<(), Error>(())

@@ -269,6 +269,7 @@ impl SilverTable {
         self.codec.encode_values(&fields, &values).map_err(|e| {
             e.with_context("table", &change.relation.name)
                 .with_context("lsn", change.lsn)
+                .with_context("xid", change.tx.xid)
         })
     }
 
