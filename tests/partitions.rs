@@ -178,3 +178,34 @@ async fn partitioning_that_cannot_be_captured_is_refused_before_anything_is_crea
     );
     assert_eq!(db.slot_count().await, slots, "no slot was created");
 }
+
+#[tokio::test]
+async fn a_partitioned_table_under_a_random_workload_a_new_partition_and_crashes_loses_and_repeats_nothing()
+ {
+    let mut oracle = crate::support::oracle::Oracle::partitioned(500).await;
+    // A crash between bronze's and silver's commits of a streamed batch,
+    // while rows move between partitions and levels.
+    let point = "between-bronze-and-silver";
+    let crashing = oracle.spawn_crashing_at(point, 3);
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    oracle.expect_crash(crashing, point).await;
+    // A partition created while the workload goes on, and rows in it,
+    // then a run killed mid-stream.
+    oracle
+        .db
+        .exec(
+            "CREATE TABLE accounts_far PARTITION OF accounts FOR VALUES FROM (100000000) TO (200000000);
+             INSERT INTO accounts SELECT i, 'far ' || i, i, NULL FROM generate_series(100000000, 100000200) i;
+             UPDATE accounts SET id = id - 99999000 WHERE id BETWEEN 100000000 AND 100000010;",
+        )
+        .await;
+    let mut killed = oracle.spawn();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    killed.kill().await.unwrap();
+    let (changes, rows) = oracle.finish().await;
+    assert!(
+        changes > 100 && rows > 100,
+        "{changes} changes, {rows} rows"
+    );
+}

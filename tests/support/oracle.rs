@@ -38,6 +38,19 @@ const SCHEMA: &str = "
       RETURN NULL;
     END $$;";
 
+/// `accounts` as a partitioned table, at two levels and with a default
+/// partition; the workload's key updates move rows between partitions.
+/// [`SCHEMA`] with this in place of its `accounts`.
+const PARTITIONED_ACCOUNTS: &str = "
+    CREATE TABLE accounts(id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL, note text)
+      PARTITION BY RANGE (id);
+    CREATE TABLE accounts_low PARTITION OF accounts FOR VALUES FROM (MINVALUE) TO (300)
+      PARTITION BY HASH (id);
+    CREATE TABLE accounts_low_0 PARTITION OF accounts_low FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+    CREATE TABLE accounts_low_1 PARTITION OF accounts_low FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+    CREATE TABLE accounts_mid PARTITION OF accounts FOR VALUES FROM (300) TO (2000);
+    CREATE TABLE accounts_rest PARTITION OF accounts DEFAULT;";
+
 /// The triggers go on after the rows of the initial load are in: the load
 /// is checked by count, the audit holds only what the stream must carry.
 const TRIGGERS: &str = "
@@ -163,9 +176,26 @@ impl Oracle {
         Oracle::in_db(TestDb::new().await, initial_rows).await
     }
 
+    /// A scenario whose `accounts` is partitioned ([`PARTITIONED_ACCOUNTS`]).
+    pub async fn partitioned(initial_rows: u64) -> Oracle {
+        let (_, rest) = SCHEMA
+            .split_once("note text);")
+            .expect("SCHEMA creates accounts first");
+        Oracle::with_schema(
+            TestDb::new().await,
+            &format!("{PARTITIONED_ACCOUNTS}{rest}"),
+            initial_rows,
+        )
+        .await
+    }
+
     /// A scenario in `db`, whose table starts with `initial_rows` rows.
     pub async fn in_db(db: TestDb, initial_rows: u64) -> Oracle {
-        db.exec(SCHEMA).await;
+        Oracle::with_schema(db, SCHEMA, initial_rows).await
+    }
+
+    async fn with_schema(db: TestDb, schema: &str, initial_rows: u64) -> Oracle {
+        db.exec(schema).await;
         db.exec(&format!(
             "INSERT INTO accounts SELECT i, 'owner ' || i, i, NULL FROM generate_series(1, {initial_rows}) i;"
         ))
