@@ -209,7 +209,7 @@ async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_l
         env!("CARGO_MANIFEST_DIR")
     );
     let lake = oracle.lake.path().display().to_string();
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(crate::support::python())
         .args([&script, &lake, "8"])
         .args(["accounts", "accounts_changes"].map(|t| format!("{NAMESPACE}.{t}")))
         .output()

@@ -532,7 +532,7 @@ mod silver {
     /// rows freshly written (`benches/scan_silver.py`).
     async fn print_scan_ratio(dir: &std::path::Path, when: &str, rows: usize) {
         let script = format!("{}/benches/scan_silver.py", env!("CARGO_MANIFEST_DIR"));
-        let out = tokio::process::Command::new("python3")
+        let out = tokio::process::Command::new(crate::support::python())
             .arg(script)
             .arg(dir)
             .arg("shop.accounts")

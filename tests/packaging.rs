@@ -11,7 +11,7 @@ use crate::support::assert_success;
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 async fn compose() -> Value {
-    let out = Command::new("python3")
+    let out = Command::new(crate::support::python())
         .args([
             "-c",
             "import json, sys, yaml; print(json.dumps(yaml.safe_load(open(sys.argv[1]))))",

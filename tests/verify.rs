@@ -38,7 +38,7 @@ fn rows(line: &str) -> u64 {
 
 async fn tamper(oracle: &Oracle, args: &[&str]) {
     let script = format!("{}/tests/support/tamper.py", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new("python3")
+    let out = Command::new(crate::support::python())
         .arg(script)
         .arg(oracle.lake.path())
         .arg(format!("{NAMESPACE}.accounts"))

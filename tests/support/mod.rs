@@ -20,9 +20,11 @@ use wal2iceberg::pg::source::{SourceClient, TableName};
 
 pub mod alloc;
 pub mod oracle;
+pub mod python;
 pub mod readers;
 pub mod reconcile;
 
+pub use python::python;
 pub use readers::{duckdb, id_plan_pairs, id_plan_rows, pyiceberg};
 pub use reconcile::assert_reconciled;
 

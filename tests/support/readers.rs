@@ -6,12 +6,12 @@ use serde_json::Value;
 /// Runs one of the reader scripts in tests/support; its output as JSON.
 async fn read_with(script: &str, args: &[&str]) -> Value {
     let script = format!("{}/tests/support/{script}", env!("CARGO_MANIFEST_DIR"));
-    let out = tokio::process::Command::new("python3")
+    let out = tokio::process::Command::new(crate::support::python())
         .arg(&script)
         .args(args)
         .output()
         .await
-        .expect("run python3");
+        .expect("run the readers' python");
     assert!(
         out.status.success(),
         "{script} failed: {}",
