@@ -287,13 +287,18 @@ const IDLE_COMPACTION_FLUSHES: u32 = 5;
 /// at a transaction's end once it reached a limit or its interval, or when
 /// the stream goes quiet between transactions; never inside a transaction,
 /// however long its changes take to arrive, so a snapshot never holds part
-/// of one.
+/// of one. The stream is never idle while a streamed transaction is open:
+/// its chunks are changes arriving, though they become events only at its
+/// Stream Commit.
 struct FlushPolicy {
     interval: Duration,
     max_rows: usize,
     max_bytes: usize,
     exit_when_idle: Option<Duration>,
     in_tx: bool,
+    /// Whether the server is streaming a transaction not yet ended
+    /// ([`ChangeStream::in_streamed_transaction`]).
+    in_streamed_tx: bool,
     /// When the complete transactions waiting in the batch are due.
     flush_at: Option<Instant>,
     last_event: Instant,
@@ -307,6 +312,7 @@ impl FlushPolicy {
             max_bytes: options.max_batch_bytes,
             exit_when_idle: options.exit_when_idle,
             in_tx: false,
+            in_streamed_tx: false,
             flush_at: None,
             last_event: now,
         }
@@ -319,7 +325,10 @@ impl FlushPolicy {
         if self.in_tx {
             return poll;
         }
-        let idle_at = self.exit_when_idle.map(|d| self.last_event + d);
+        let idle_at = self
+            .exit_when_idle
+            .filter(|_| !self.in_streamed_tx)
+            .map(|d| self.last_event + d);
         [self.flush_at, idle_at, Some(poll)]
             .into_iter()
             .flatten()
@@ -337,6 +346,15 @@ impl FlushPolicy {
         } else {
             Step::Exit
         }
+    }
+
+    /// After each wait for the stream: while a streamed transaction is
+    /// open, and when it ends, changes were arriving just now.
+    fn streamed(&mut self, open: bool, now: Instant) {
+        if open || self.in_streamed_tx {
+            self.last_event = now;
+        }
+        self.in_streamed_tx = open;
     }
 
     fn saw(&mut self, event: &Event, now: Instant) {
@@ -367,9 +385,10 @@ impl FlushPolicy {
             Step::Wait
         } else if complete {
             Step::Flush
-        } else if self
-            .exit_when_idle
-            .is_some_and(|d| now >= self.last_event + d)
+        } else if !self.in_streamed_tx
+            && self
+                .exit_when_idle
+                .is_some_and(|d| now >= self.last_event + d)
         {
             Step::Exit
         } else {
@@ -643,10 +662,11 @@ impl Pipeline<'_> {
         // last change.
         let mut settled = false;
         loop {
-            let step = match stream
+            let next = stream
                 .next_before(Some(policy.deadline(Instant::now())))
-                .await?
-            {
+                .await?;
+            policy.streamed(stream.in_streamed_transaction(), Instant::now());
+            let step = match next {
                 Next::Event(event) => {
                     let now = Instant::now();
                     settled &= !matches!(event, Event::Change(_));
@@ -1022,6 +1042,29 @@ mod tests {
         assert_eq!(p.on_shutdown(false), Step::Exit);
         p.saw(&commit(), t0);
         assert_eq!(p.on_shutdown(true), Step::FlushAndExit);
+    }
+
+    #[test]
+    fn an_open_streamed_transaction_keeps_the_stream_from_going_idle() {
+        let t0 = Instant::now();
+        let mut p = policy(t0);
+        p.streamed(true, t0 + Duration::from_secs(1));
+        assert_eq!(
+            p.deadline(t0 + Duration::from_secs(1)),
+            t0 + Duration::from_secs(1) + SHUTDOWN_POLL
+        );
+        // Its chunks stall far past the idle exit; it is still open.
+        assert_eq!(p.on_idle(t0 + Duration::from_secs(60), false), Step::Wait);
+        // It ended (aborted: no event): the idle clock starts there.
+        let ended = t0 + Duration::from_secs(61);
+        p.streamed(false, ended);
+        assert_eq!(p.on_idle(ended + Duration::from_secs(4), false), Step::Wait);
+        assert_eq!(p.deadline(ended), ended + SHUTDOWN_POLL);
+        assert_eq!(
+            p.deadline(ended + Duration::from_millis(4900)),
+            ended + Duration::from_secs(5)
+        );
+        assert_eq!(p.on_idle(ended + Duration::from_secs(5), false), Step::Exit);
     }
 
     #[test]
