@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use arrow_array::ArrayRef;
 use arrow_schema::FieldRef;
+use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
@@ -528,6 +529,13 @@ async fn run_once(
     for relation in pending.describe_tables().await? {
         pipeline.ensure_sink(&relation).await?;
     }
+    for sink in pipeline.sinks.values_mut() {
+        if let (Some(at), None) = (sink.bronze_at, sink.silver_at)
+            && at.is_load()
+        {
+            sink.load_silver_from_bronze(&pipeline.lake, at).await?;
+        }
+    }
     let _monitor = monitor::start(
         config,
         MonitorOptions {
@@ -568,6 +576,35 @@ pub(crate) fn idents(
 }
 
 impl TableSink {
+    /// Loads silver from bronze's initial load at `at`, all bronze holds:
+    /// what a crash between the two load commits leaves to do. Loaded from
+    /// a newer snapshot instead, silver would hold the changes in between
+    /// while bronze streams them, and their unchanged TOAST values would
+    /// have no row to be filled from as it was then.
+    async fn load_silver_from_bronze(&mut self, lake: &Lake, at: Position) -> Result<()> {
+        tracing::info!(table = %self.silver.ident(), lsn = %at.commit_lsn, "loading silver from bronze's initial load");
+        let tx = TxInfo {
+            xid: 0,
+            commit_lsn: at.commit_lsn,
+            commit_ts: at.commit_ts,
+        };
+        let mut rows = std::pin::pin!(self.bronze.load_rows(lake, at).await?);
+        while let Some((batch, verbatim)) = rows.try_next().await? {
+            self.silver
+                .stage_load(
+                    lake,
+                    tx,
+                    batch.schema().fields(),
+                    batch.columns(),
+                    &verbatim,
+                )
+                .await?;
+        }
+        self.silver.commit(lake, at).await?;
+        self.silver_at = Some(at);
+        Ok(())
+    }
+
     /// After a commit or an idle compaction: the metrics, and snapshot
     /// expiry for both tables once silver compacted or
     /// [`EXPIRE_EVERY_COMMITS`] commits went by. An expiry that fails
@@ -853,22 +890,32 @@ impl Pipeline<'_> {
         idents(&self.namespace, &self.names, table)
     }
 
-    /// The tables whose bronze and silver both hold their initial load.
+    /// The tables whose bronze holds its initial load, and silver too or
+    /// can take it from bronze ([`TableSink::load_silver_from_bronze`]).
     async fn loaded_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
         let mut loaded = Vec::new();
         for table in tables {
-            let mut complete = true;
-            for ident in <[TableIdent; 2]>::from(self.idents(table)) {
-                complete &= match self.lake.table_if_exists(&ident).await? {
-                    Some(t) => Position::of(&t)?.is_some(),
-                    None => false,
-                };
-            }
-            if complete {
+            let [bronze_at, silver_at] = self.positions(table).await?;
+            if bronze_at.is_some_and(|at| silver_at.is_some() || at.is_load()) {
                 loaded.push(table.clone());
             }
         }
         Ok(loaded)
+    }
+
+    /// What bronze and silver of `table` hold, `None` for one that does not
+    /// exist or holds no initial load.
+    async fn positions(&self, table: &TableName) -> Result<[Option<Position>; 2]> {
+        let mut held = [None, None];
+        for (at, ident) in held
+            .iter_mut()
+            .zip(<[TableIdent; 2]>::from(self.idents(table)))
+        {
+            if let Some(t) = self.lake.table_if_exists(&ident).await? {
+                *at = Position::of(&t)?;
+            }
+        }
+        Ok(held)
     }
 
     async fn ensure_sink(&mut self, relation: &RelationInfo) -> Result<()> {
