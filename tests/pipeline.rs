@@ -302,8 +302,10 @@ async fn tables_the_lake_lacks_are_loaded_from_a_new_snapshot_while_the_others_s
     assert_eq!(bronze_ops(dir.path(), "shop.b_changes").await, "rrrrud");
     assert_reconciled(&db, "b", dir.path(), "shop.b").await;
 
-    // A crash between b's bronze and silver commits of a load leaves
-    // bronze loaded and silver not: only silver is loaded again.
+    // Silver lost while bronze holds changes after its load (a crash
+    // between the load commits leaves bronze with its load alone, which
+    // silver is then loaded from): only silver is loaded again, from a new
+    // snapshot.
     let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
         .await
         .unwrap();

@@ -1,9 +1,12 @@
 //! Large transactions, streamed transactions with aborts, and logical
 //! decoding messages.
 
+use std::time::Duration;
+
 use wal2iceberg::cdc::capture::CaptureOptions;
 use wal2iceberg::cdc::event::{Event, Op};
 use wal2iceberg::cdc::stream::Next;
+use wal2iceberg::ops::run::{RunOptions, run};
 
 use crate::support::alloc;
 use crate::support::*;
@@ -73,6 +76,43 @@ async fn a_100k_row_streamed_transaction_is_spooled_not_held_in_memory() {
     let (seen, peak) = consume_big_transaction(&db, &options).await;
     assert_eq!(seen, ROWS);
     assert!(peak < FLAT_BOUND, "held {peak} bytes at peak");
+}
+
+/// The test server streams past 64 kB (`logical_decoding_work_mem`), so
+/// the open transaction's first 20,000 rows arrive as chunks at once; the
+/// pauses inside it are longer than the idle exit. Only its Stream Commit
+/// makes events, and the run must wait for it.
+#[tokio::test]
+async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)")
+        .await;
+    let lake = tempfile::tempdir().unwrap();
+    let mut capture = db.options(&["big"]);
+    capture.streaming = true;
+    let options = RunOptions {
+        namespace: Some("shop".into()),
+        flush_interval: Duration::from_millis(200),
+        exit_when_idle: Some(Duration::from_secs(1)),
+        ..RunOptions::new(capture, lake.path().to_owned())
+    };
+    run(&db.config, &options).await.unwrap();
+
+    let writer = TestDb::connect(db.config_url()).await;
+    let insert = |from: i64| {
+        format!(
+            "INSERT INTO big SELECT g, md5(g::text) FROM generate_series({from}, {}) g;",
+            from + 19_999
+        )
+    };
+    writer.exec(&format!("BEGIN; {}", insert(1))).await;
+    let rest = format!(
+        "SELECT pg_sleep(2); {} SELECT pg_sleep(2); COMMIT;",
+        insert(20_001)
+    );
+    let (report, ()) = tokio::join!(run(&db.config, &options), writer.exec(&rest));
+    assert_eq!(report.unwrap().changes_applied, 40_000);
+    assert_reconciled(&db, "big", lake.path(), "shop.big").await;
 }
 
 #[tokio::test]

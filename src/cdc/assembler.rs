@@ -128,9 +128,15 @@ impl<D: Describe> Assembler<D> {
     /// keepalive's position may then be confirmed.
     pub fn is_idle(&self) -> bool {
         self.open.is_none()
-            && self.spools.is_empty()
+            && !self.in_streamed_transaction()
             && self.replay.is_none()
             && self.ready.is_empty()
+    }
+
+    /// True from the first Stream Start of a transaction to its Stream
+    /// Commit or Abort: its changes are arriving, only not as events yet.
+    pub fn in_streamed_transaction(&self) -> bool {
+        !self.spools.is_empty()
     }
 
     /// Takes one XLogData payload.

@@ -89,6 +89,13 @@ impl ChangeStream {
         self.replication.set_status_interval(interval);
     }
 
+    /// Whether a streamed transaction is open: the server is sending its
+    /// changes in chunks, which become events only at its Stream Commit.
+    /// A consumer waiting for the stream to go quiet must wait for it too.
+    pub fn in_streamed_transaction(&self) -> bool {
+        self.assembler.in_streamed_transaction()
+    }
+
     pub fn confirmed(&self) -> Lsn {
         self.replication.confirmed()
     }

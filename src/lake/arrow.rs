@@ -81,6 +81,17 @@ impl Verbatim {
             .push((column.to_owned(), text));
     }
 
+    /// What a `_cdc_verbatim` column read back from a table holds.
+    pub fn of_column(array: &dyn Array) -> Verbatim {
+        let mut verbatim = Verbatim::default();
+        for row in 0..array.len() {
+            for (column, text) in verbatim_entries(array, row) {
+                verbatim.keep(row, &column, text);
+            }
+        }
+        verbatim
+    }
+
     /// The entries of `row`, sorted.
     pub fn entries(&self, row: usize) -> Vec<(String, String)> {
         let mut entries = self.rows.get(&row).cloned().unwrap_or_default();
@@ -1044,6 +1055,10 @@ mod tests {
             let mut entries = verbatim_entries(map.as_ref(), row);
             entries.sort();
             assert_eq!(entries, verbatim.entries(row));
+        }
+        let read_back = Verbatim::of_column(map.as_ref());
+        for row in 0..4 {
+            assert_eq!(read_back.entries(row), verbatim.entries(row), "row {row}");
         }
     }
 

@@ -15,23 +15,28 @@
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder, TimestampMicrosecondBuilder};
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
 use arrow_array::{
     ArrayRef, Int64Array, RecordBatch, StringArray, StructArray, TimestampMicrosecondArray,
     new_null_array,
 };
 use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, FieldRef, Fields, Schema as ArrowSchema};
+use futures_util::{Stream, StreamExt};
 
 use iceberg::TableIdent;
 use iceberg::spec::DataFile;
 
 use super::arrow::{Verbatim, build_array_keeping, load_source_column, with_verbatim};
-use super::catalog::Lake;
+use super::catalog::{Lake, iceberg_error};
 use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, VERBATIM, XID,
 };
-use super::writer::{LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
+use super::writer::{
+    LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, scan, write_data_files,
+};
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
@@ -60,6 +65,38 @@ impl BronzeTable {
 
     pub fn ident(&self) -> &TableIdent {
         &self.ident
+    }
+
+    /// Bronze's rows, which must all be of its initial load at `at`, batch
+    /// by batch as silver's load takes them: the source columns (by name,
+    /// the before images left out) and the values each row kept verbatim.
+    /// Silver is loaded from them when a crash came between the two load
+    /// commits, so that both start at the same position.
+    pub async fn load_rows(
+        &self,
+        lake: &Lake,
+        at: Position,
+    ) -> Result<impl Stream<Item = Result<(RecordBatch, Verbatim)>> + use<>> {
+        let table = lake.catalog_table(&self.ident).await?;
+        let columns: Vec<String> = table
+            .metadata()
+            .current_schema()
+            .as_struct()
+            .fields()
+            .iter()
+            .map(|f| f.name.clone())
+            .filter(|name| name != BEFORE)
+            .collect();
+        let ident = self.ident.clone();
+        let rows = scan(&table, &columns).await?.map(move |batch| {
+            let batch = batch.map_err(|e| {
+                iceberg_error(e, "cannot read the table").with_context("table", &ident)
+            })?;
+            let verbatim =
+                load_verbatim(&batch, at).map_err(|e| e.with_context("table", &ident))?;
+            Ok((batch, verbatim))
+        });
+        Ok(rows)
     }
 
     /// Adds a change of about `bytes` (`Change::approx_bytes`) to the open
@@ -357,6 +394,36 @@ fn list_element(data_type: &DataType) -> Result<Arc<arrow_schema::Field>> {
         DataType::List(element) => Ok(element.clone()),
         _ => Err(schema_error(BEFORE_NOT_SENT)),
     }
+}
+
+/// The values a batch of bronze's initial load at `at` kept verbatim;
+/// an error if a row is not of that load.
+fn load_verbatim(batch: &RecordBatch, at: Position) -> Result<Verbatim> {
+    let long = |name: &str| {
+        batch
+            .column_by_name(name)
+            .and_then(|c| c.as_primitive_opt::<Int64Type>())
+            .ok_or_else(|| schema_error(name))
+    };
+    let ops = batch
+        .column_by_name(OP)
+        .and_then(|c| c.as_string_opt::<i32>())
+        .ok_or_else(|| schema_error(OP))?;
+    let commit_lsns = long(COMMIT_LSN)?;
+    let load = at.commit_lsn.0 as i64;
+    let only_load = ops.iter().all(|op| op == Some(Op::Read.code()))
+        && commit_lsns.iter().all(|lsn| lsn == Some(load));
+    if !only_load {
+        return Err(Error::new(
+            ErrorKind::Lake,
+            "bronze holds more than its initial load, so silver cannot be loaded from it",
+        )
+        .with_context("lsn", at.commit_lsn));
+    }
+    Ok(batch
+        .column_by_name(VERBATIM)
+        .map(|c| Verbatim::of_column(c))
+        .unwrap_or_default())
 }
 
 fn schema_error(column: &str) -> Error {

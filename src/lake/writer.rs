@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use iceberg::TableIdent;
+use iceberg::scan::ArrowRecordBatchStream;
 use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
@@ -79,6 +80,13 @@ impl Position {
     /// Whether the transaction committed at `commit_lsn` is already held.
     pub fn holds(self, commit_lsn: Lsn) -> bool {
         commit_lsn < self.end_lsn
+    }
+
+    /// Whether this is an initial load's position, which ends where it
+    /// commits (the snapshot's consistent point), and not a streamed
+    /// transaction's.
+    pub fn is_load(self) -> bool {
+        self.commit_lsn == self.end_lsn
     }
 
     /// The snapshot summary properties that record this position.
@@ -365,6 +373,21 @@ pub async fn read_parquet(
         .and_then(|b| b.build())
         .map_err(|e| bad(e.into()))?;
     Ok(reader.map(move |batch| batch.map_err(|e| bad(e.into()))))
+}
+
+/// A scan of `table`'s current snapshot, positional deletes applied.
+pub async fn scan(table: &Table, columns: &[String]) -> Result<ArrowRecordBatchStream> {
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot read the table").with_context("table", table.identifier())
+    };
+    table
+        .scan()
+        .select(columns.iter().map(String::as_str))
+        .build()
+        .map_err(context)?
+        .to_arrow()
+        .await
+        .map_err(context)
 }
 
 /// The Arrow schema of the table's current schema, with field ids.

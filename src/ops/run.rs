@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use arrow_array::ArrayRef;
 use arrow_schema::FieldRef;
+use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
@@ -287,13 +288,18 @@ const IDLE_COMPACTION_FLUSHES: u32 = 5;
 /// at a transaction's end once it reached a limit or its interval, or when
 /// the stream goes quiet between transactions; never inside a transaction,
 /// however long its changes take to arrive, so a snapshot never holds part
-/// of one.
+/// of one. The stream is never idle while a streamed transaction is open:
+/// its chunks are changes arriving, though they become events only at its
+/// Stream Commit.
 struct FlushPolicy {
     interval: Duration,
     max_rows: usize,
     max_bytes: usize,
     exit_when_idle: Option<Duration>,
     in_tx: bool,
+    /// Whether the server is streaming a transaction not yet ended
+    /// ([`ChangeStream::in_streamed_transaction`]).
+    in_streamed_tx: bool,
     /// When the complete transactions waiting in the batch are due.
     flush_at: Option<Instant>,
     last_event: Instant,
@@ -307,6 +313,7 @@ impl FlushPolicy {
             max_bytes: options.max_batch_bytes,
             exit_when_idle: options.exit_when_idle,
             in_tx: false,
+            in_streamed_tx: false,
             flush_at: None,
             last_event: now,
         }
@@ -319,7 +326,10 @@ impl FlushPolicy {
         if self.in_tx {
             return poll;
         }
-        let idle_at = self.exit_when_idle.map(|d| self.last_event + d);
+        let idle_at = self
+            .exit_when_idle
+            .filter(|_| !self.in_streamed_tx)
+            .map(|d| self.last_event + d);
         [self.flush_at, idle_at, Some(poll)]
             .into_iter()
             .flatten()
@@ -337,6 +347,15 @@ impl FlushPolicy {
         } else {
             Step::Exit
         }
+    }
+
+    /// After each wait for the stream: while a streamed transaction is
+    /// open, and when it ends, changes were arriving just now.
+    fn streamed(&mut self, open: bool, now: Instant) {
+        if open || self.in_streamed_tx {
+            self.last_event = now;
+        }
+        self.in_streamed_tx = open;
     }
 
     fn saw(&mut self, event: &Event, now: Instant) {
@@ -367,9 +386,10 @@ impl FlushPolicy {
             Step::Wait
         } else if complete {
             Step::Flush
-        } else if self
-            .exit_when_idle
-            .is_some_and(|d| now >= self.last_event + d)
+        } else if !self.in_streamed_tx
+            && self
+                .exit_when_idle
+                .is_some_and(|d| now >= self.last_event + d)
         {
             Step::Exit
         } else {
@@ -515,6 +535,13 @@ async fn run_once(
     for relation in pending.describe_tables().await? {
         pipeline.ensure_sink(&relation).await?;
     }
+    for sink in pipeline.sinks.values_mut() {
+        if let (Some(at), None) = (sink.bronze_at, sink.silver_at)
+            && at.is_load()
+        {
+            sink.load_silver_from_bronze(&pipeline.lake, at).await?;
+        }
+    }
     let _monitor = monitor::start(
         config,
         MonitorOptions {
@@ -555,6 +582,35 @@ pub(crate) fn idents(
 }
 
 impl TableSink {
+    /// Loads silver from bronze's initial load at `at`, all bronze holds:
+    /// what a crash between the two load commits leaves to do. Loaded from
+    /// a newer snapshot instead, silver would hold the changes in between
+    /// while bronze streams them, and their unchanged TOAST values would
+    /// have no row to be filled from as it was then.
+    async fn load_silver_from_bronze(&mut self, lake: &Lake, at: Position) -> Result<()> {
+        tracing::info!(table = %self.silver.ident(), lsn = %at.commit_lsn, "loading silver from bronze's initial load");
+        let tx = TxInfo {
+            xid: 0,
+            commit_lsn: at.commit_lsn,
+            commit_ts: at.commit_ts,
+        };
+        let mut rows = std::pin::pin!(self.bronze.load_rows(lake, at).await?);
+        while let Some((batch, verbatim)) = rows.try_next().await? {
+            self.silver
+                .stage_load(
+                    lake,
+                    tx,
+                    batch.schema().fields(),
+                    batch.columns(),
+                    &verbatim,
+                )
+                .await?;
+        }
+        self.silver.commit(lake, at).await?;
+        self.silver_at = Some(at);
+        Ok(())
+    }
+
     /// After a commit or an idle compaction: the metrics, and snapshot
     /// expiry for both tables once silver compacted or
     /// [`EXPIRE_EVERY_COMMITS`] commits went by. An expiry that fails
@@ -649,10 +705,11 @@ impl Pipeline<'_> {
         // last change.
         let mut settled = false;
         loop {
-            let step = match stream
+            let next = stream
                 .next_before(Some(policy.deadline(Instant::now())))
-                .await?
-            {
+                .await?;
+            policy.streamed(stream.in_streamed_transaction(), Instant::now());
+            let step = match next {
                 Next::Event(event) => {
                     let now = Instant::now();
                     settled &= !matches!(event, Event::Change(_));
@@ -839,22 +896,32 @@ impl Pipeline<'_> {
         idents(&self.namespace, &self.names, table)
     }
 
-    /// The tables whose bronze and silver both hold their initial load.
+    /// The tables whose bronze holds its initial load, and silver too or
+    /// can take it from bronze ([`TableSink::load_silver_from_bronze`]).
     async fn loaded_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
         let mut loaded = Vec::new();
         for table in tables {
-            let mut complete = true;
-            for ident in <[TableIdent; 2]>::from(self.idents(table)) {
-                complete &= match self.lake.table_if_exists(&ident).await? {
-                    Some(t) => Position::of(&t)?.is_some(),
-                    None => false,
-                };
-            }
-            if complete {
+            let [bronze_at, silver_at] = self.positions(table).await?;
+            if bronze_at.is_some_and(|at| silver_at.is_some() || at.is_load()) {
                 loaded.push(table.clone());
             }
         }
         Ok(loaded)
+    }
+
+    /// What bronze and silver of `table` hold, `None` for one that does not
+    /// exist or holds no initial load.
+    async fn positions(&self, table: &TableName) -> Result<[Option<Position>; 2]> {
+        let mut held = [None, None];
+        for (at, ident) in held
+            .iter_mut()
+            .zip(<[TableIdent; 2]>::from(self.idents(table)))
+        {
+            if let Some(t) = self.lake.table_if_exists(&ident).await? {
+                *at = Position::of(&t)?;
+            }
+        }
+        Ok(held)
     }
 
     async fn ensure_sink(&mut self, relation: &RelationInfo) -> Result<()> {
@@ -1028,6 +1095,29 @@ mod tests {
         assert_eq!(p.on_shutdown(false), Step::Exit);
         p.saw(&commit(), t0);
         assert_eq!(p.on_shutdown(true), Step::FlushAndExit);
+    }
+
+    #[test]
+    fn an_open_streamed_transaction_keeps_the_stream_from_going_idle() {
+        let t0 = Instant::now();
+        let mut p = policy(t0);
+        p.streamed(true, t0 + Duration::from_secs(1));
+        assert_eq!(
+            p.deadline(t0 + Duration::from_secs(1)),
+            t0 + Duration::from_secs(1) + SHUTDOWN_POLL
+        );
+        // Its chunks stall far past the idle exit; it is still open.
+        assert_eq!(p.on_idle(t0 + Duration::from_secs(60), false), Step::Wait);
+        // It ended (aborted: no event): the idle clock starts there.
+        let ended = t0 + Duration::from_secs(61);
+        p.streamed(false, ended);
+        assert_eq!(p.on_idle(ended + Duration::from_secs(4), false), Step::Wait);
+        assert_eq!(p.deadline(ended), ended + SHUTDOWN_POLL);
+        assert_eq!(
+            p.deadline(ended + Duration::from_millis(4900)),
+            ended + Duration::from_secs(5)
+        );
+        assert_eq!(p.on_idle(ended + Duration::from_secs(5), false), Step::Exit);
     }
 
     #[test]

@@ -50,7 +50,7 @@ use crate::lake::catalog::{Lake, iceberg_error, namespace};
 use crate::lake::compaction::align;
 use crate::lake::key::{Key, KeyCodec};
 use crate::lake::schema::{VERBATIM, source_arrow_fields};
-use crate::lake::writer::Position;
+use crate::lake::writer::{Position, scan};
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{Decoder, Message};
@@ -576,21 +576,6 @@ fn old_keys(
         old[i] = Some(key);
     }
     Ok(old)
-}
-
-/// A scan of `table`'s current snapshot, positional deletes applied.
-async fn scan(table: &Table, columns: &[String]) -> Result<iceberg::scan::ArrowRecordBatchStream> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot read the table").with_context("table", table.identifier())
-    };
-    table
-        .scan()
-        .select(columns.iter().map(String::as_str))
-        .build()
-        .map_err(context)?
-        .to_arrow()
-        .await
-        .map_err(context)
 }
 
 /// One side's rows checked off against bronze's.
