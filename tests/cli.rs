@@ -1089,28 +1089,14 @@ async fn setup_prepares_the_source_so_a_least_privileged_role_runs_the_pipeline(
     assert_eq!(publications(&db.client).await, 1);
 
     // The role owns nothing and may only read the table and replicate.
-    let least = admin.replace("postgres@", "wal2iceberg@");
     let lake = tempfile::tempdir().unwrap();
-    let lake_path = lake.path().display().to_string();
     let slot = unique("least");
     // No --tables: the publication setup made says which.
-    let args = [
-        "run",
-        "--source",
-        &least,
-        "--slot",
-        &slot,
-        "--lake",
-        &lake_path,
-        "--namespace",
-        "shop",
-        "--exit-when-idle",
-        "1s",
-    ];
-    let (code, _, stderr) = run(&args).await;
+    let run_least = || run_as_setup_role(&admin, &slot, lake.path());
+    let (code, _, stderr) = run_least().await;
     assert_eq!(code, 0, "{stderr}");
     db.exec("UPDATE customers SET plan = 'pro'").await;
-    let (code, _, stderr) = run(&args).await;
+    let (code, _, stderr) = run_least().await;
     assert_eq!(code, 0, "{stderr}");
     assert_reconciled(&db, "customers", lake.path(), "shop.customers").await;
     let owner: String = db
@@ -1153,30 +1139,41 @@ async fn setup_again_takes_a_partitioned_table_into_a_publication_an_older_setup
         .unwrap()
         .get(0);
     assert!(via_root);
-    let least = admin.replace("postgres@", "wal2iceberg@");
     let lake = tempfile::tempdir().unwrap();
-    let lake_path = lake.path().display().to_string();
     let slot = unique("parts");
-    let args = [
+    let run_least = || run_as_setup_role(&admin, &slot, lake.path());
+    let (code, _, stderr) = run_least().await;
+    assert_eq!(code, 0, "{stderr}");
+    db.exec("UPDATE ev SET id = id + 100 WHERE id < 5; DELETE FROM ev WHERE id = 15; INSERT INTO ev VALUES (3, 3);")
+        .await;
+    let (code, _, stderr) = run_least().await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_reconciled(&db, "ev", lake.path(), "shop.ev").await;
+}
+
+/// `run` as the role setup made, on the publication's tables, until the
+/// stream is quiet for a second.
+async fn run_as_setup_role(
+    admin: &str,
+    slot: &str,
+    lake: &std::path::Path,
+) -> (i32, String, String) {
+    let least = admin.replace("postgres@", "wal2iceberg@");
+    let lake = lake.display().to_string();
+    run(&[
         "run",
         "--source",
         &least,
         "--slot",
-        &slot,
+        slot,
         "--lake",
-        &lake_path,
+        &lake,
         "--namespace",
         "shop",
         "--exit-when-idle",
         "1s",
-    ];
-    let (code, _, stderr) = run(&args).await;
-    assert_eq!(code, 0, "{stderr}");
-    db.exec("UPDATE ev SET id = id + 100 WHERE id < 5; DELETE FROM ev WHERE id = 15; INSERT INTO ev VALUES (3, 3);")
-        .await;
-    let (code, _, stderr) = run(&args).await;
-    assert_eq!(code, 0, "{stderr}");
-    assert_reconciled(&db, "ev", lake.path(), "shop.ev").await;
+    ])
+    .await
 }
 
 async fn publications(client: &wal2iceberg::pg::source::SourceClient) -> i64 {

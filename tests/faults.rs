@@ -84,15 +84,20 @@ async fn a_crash_during_the_initial_load_shows_readers_nothing_and_the_restart_l
     oracle.finish().await;
 }
 
-#[tokio::test]
-async fn a_crash_between_the_load_commits_of_bronze_and_silver_loads_silver_again_only() {
-    let mut oracle = Oracle::new(500).await;
+/// A first run that crashes after bronze's load commit, before silver's.
+async fn crash_between_the_load_commits(oracle: &Oracle) {
     let crashing = oracle.spawn_crashing_at("between-bronze-and-silver", 1);
     oracle
         .expect_crash(crashing, "between-bronze-and-silver")
         .await;
     let [bronze, silver] = oracle.positions().await;
     assert!(bronze.is_some() && silver.is_none());
+}
+
+#[tokio::test]
+async fn a_crash_between_the_load_commits_of_bronze_and_silver_loads_silver_again_only() {
+    let mut oracle = Oracle::new(500).await;
+    crash_between_the_load_commits(&oracle).await;
     // Changes made now come after bronze's load; silver, loaded from it,
     // streams them too.
     oracle.start_workload();
@@ -102,12 +107,7 @@ async fn a_crash_between_the_load_commits_of_bronze_and_silver_loads_silver_agai
 #[tokio::test]
 async fn an_unchanged_toast_update_between_the_load_commits_reaches_bronze_with_its_value() {
     let oracle = Oracle::new(500).await;
-    let crashing = oracle.spawn_crashing_at("between-bronze-and-silver", 1);
-    oracle
-        .expect_crash(crashing, "between-bronze-and-silver")
-        .await;
-    let [bronze, silver] = oracle.positions().await;
-    assert!(bronze.is_some() && silver.is_none());
+    crash_between_the_load_commits(&oracle).await;
     // The notes (6,400 bytes, stored out of line) are left alone by the
     // updates after the first, so the server sends them as unchanged:
     // bronze must show their value, from a silver that starts where it does.

@@ -3,24 +3,11 @@
 //! alone is a table of its own; what cannot work is refused before
 //! anything is created (docs/tables.md, Partitioned tables).
 
-use std::time::Duration;
-
 use serde_json::json;
 use wal2iceberg::cdc::capture;
-use wal2iceberg::ops::run::{RunOptions, run};
+use wal2iceberg::ops::run::run;
 
 use crate::support::*;
-
-fn options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {
-    let mut capture = db.options(tables);
-    capture.slot = slot.to_owned();
-    RunOptions {
-        namespace: Some("shop".into()),
-        flush_interval: Duration::from_millis(200),
-        exit_when_idle: Some(Duration::from_secs(2)),
-        ..RunOptions::new(capture, lake.to_owned())
-    }
-}
 
 /// `ev`, list-partitioned by region; `eu` sub-partitioned by id range, and
 /// a default partition.
@@ -44,7 +31,7 @@ async fn a_partitioned_table_is_one_lake_table_of_all_its_partitions() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("parts");
-    let opts = options(&db, &["ev"], &slot, dir.path());
+    let opts = run_options(&db, &["ev"], &slot, dir.path());
     run(&db.config, &opts).await.unwrap();
     assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
 
@@ -108,7 +95,7 @@ async fn a_partition_named_alone_is_a_table_of_its_own() {
     ))
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let opts = options(&db, &["ev_us"], &unique("leaf"), dir.path());
+    let opts = run_options(&db, &["ev_us"], &unique("leaf"), dir.path());
     run(&db.config, &opts).await.unwrap();
     db.exec(
         "INSERT INTO ev VALUES (51, 'us', 0, 'y'), (52, 'eu', 0, 'y'); UPDATE ev_us SET v = -v;",
@@ -167,7 +154,7 @@ async fn partitioning_that_cannot_be_captured_is_refused_before_anything_is_crea
     let slots = db.slot_count().await;
     let err = run(
         &db.config,
-        &options(&db, &["ev", "ev_us"], &unique("no"), dir.path()),
+        &run_options(&db, &["ev", "ev_us"], &unique("no"), dir.path()),
     )
     .await
     .unwrap_err()
@@ -201,7 +188,7 @@ async fn a_partitioned_table_under_a_random_workload_a_new_partition_and_crashes
         )
         .await;
     let mut killed = oracle.spawn();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     killed.kill().await.unwrap();
     let (changes, rows) = oracle.finish().await;
     assert!(

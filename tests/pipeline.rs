@@ -9,14 +9,7 @@ use wal2iceberg::ops::run::{RunOptions, run};
 use crate::support::*;
 
 fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
-    let mut capture = db.options(&["customers"]);
-    capture.slot = slot.to_owned();
-    RunOptions {
-        namespace: Some("shop".into()),
-        flush_interval: Duration::from_millis(200),
-        exit_when_idle: Some(Duration::from_secs(2)),
-        ..RunOptions::new(capture, lake.to_owned())
-    }
+    run_options(db, &["customers"], slot, lake)
 }
 
 async fn ops_and_plans(lake: &std::path::Path) -> (String, Vec<(i64, String)>) {
@@ -181,10 +174,7 @@ async fn default_and_full_identity_give_the_same_silver_across_one_transaction()
 }
 
 fn options_for(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {
-    let mut opts = options(db, slot, lake);
-    opts.capture = db.options(tables);
-    opts.capture.slot = slot.to_owned();
-    opts
+    run_options(db, tables, slot, lake)
 }
 
 /// The `_cdc_op` codes of a bronze table, in commit order.

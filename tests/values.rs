@@ -2,23 +2,10 @@
 //! lake keeps it, in its column where the column's type holds it and
 //! verbatim in `_cdc_verbatim` where it does not (docs/values.md).
 
-use std::time::Duration;
-
 use serde_json::{Value, json};
-use wal2iceberg::ops::run::{RunOptions, run};
+use wal2iceberg::ops::run::run;
 
 use crate::support::*;
-
-fn options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {
-    let mut capture = db.options(tables);
-    capture.slot = slot.to_owned();
-    RunOptions {
-        namespace: Some("shop".into()),
-        flush_interval: Duration::from_millis(200),
-        exit_when_idle: Some(Duration::from_secs(2)),
-        ..RunOptions::new(capture, lake.to_owned())
-    }
-}
 
 /// Odd values in every column but the key, as SQL literals.
 const ODD: &str = "'NaN', '24:00:00', ARRAY['a{', '{br}', '\"q\"', 'NULL', NULL, ' ', 'a,b', 'back\\slash'], \
@@ -65,7 +52,7 @@ async fn values_a_column_cannot_hold_are_kept_verbatim_and_the_run_goes_on() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("odd");
-    let opts = options(&db, &["odd", "plain"], &slot, dir.path());
+    let opts = run_options(&db, &["odd", "plain"], &slot, dir.path());
     run(&db.config, &opts).await.unwrap();
 
     // The same values streamed, into a new row and over a plain one, while
@@ -242,7 +229,7 @@ async fn tables_written_before_verbatim_values_gain_the_column_and_keep_them() {
     let before = pyiceberg(dir.path(), "shop.old_changes", "schema").await;
     assert!(!before["fields"].to_string().contains("_cdc_verbatim"));
 
-    let opts = options(&db, &["old"], &unique("old"), dir.path());
+    let opts = run_options(&db, &["old"], &unique("old"), dir.path());
     run(&db.config, &opts).await.unwrap();
     db.exec("INSERT INTO old VALUES (3, 'NaN'); DELETE FROM old WHERE id = 1")
         .await;
@@ -486,7 +473,7 @@ async fn random_arrays_of_every_element_type_replicate_element_for_element() {
     let streamed = insert(ROWS / 2..ROWS);
     db.exec(&loaded).await;
     let dir = tempfile::tempdir().unwrap();
-    let opts = options(&db, &["arrays"], &unique("arrays"), dir.path());
+    let opts = run_options(&db, &["arrays"], &unique("arrays"), dir.path());
     run(&db.config, &opts).await.unwrap();
     db.exec(&streamed).await;
     let report = run(&db.config, &opts).await.unwrap();
@@ -519,7 +506,7 @@ async fn an_undecodable_key_stops_the_run_naming_table_column_lsn_and_xid_and_an
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let mut opts = options(&db, &["t"], &unique("keys"), dir.path());
+    let mut opts = run_options(&db, &["t"], &unique("keys"), dir.path());
     opts.capture.publication = "both_tables".into();
     run(&db.config, &opts).await.unwrap();
     db.exec(
@@ -532,7 +519,7 @@ async fn an_undecodable_key_stops_the_run_naming_table_column_lsn_and_xid_and_an
     assert_reconciled(&db, "t", dir.path(), "shop.t").await;
 
     let far_dir = tempfile::tempdir().unwrap();
-    let far_opts = options(&db, &["far"], &unique("far"), far_dir.path());
+    let far_opts = run_options(&db, &["far"], &unique("far"), far_dir.path());
     let err = run(&db.config, &far_opts).await.unwrap_err().to_string();
     assert!(
         err.contains("table=public.far") && err.contains("column=at") && err.contains("lsn="),
@@ -545,7 +532,7 @@ async fn an_undecodable_key_stops_the_run_naming_table_column_lsn_and_xid_and_an
     db.exec("INSERT INTO far VALUES ('294276-12-31 23:59:58+00')")
         .await;
     let streamed = tempfile::tempdir().unwrap();
-    let far_opts = options(&db, &["far"], &unique("far"), streamed.path());
+    let far_opts = run_options(&db, &["far"], &unique("far"), streamed.path());
     db.exec("DELETE FROM far").await;
     run(&db.config, &far_opts).await.unwrap();
     db.exec("INSERT INTO far VALUES ('294276-12-31 23:59:57+00')")

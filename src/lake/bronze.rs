@@ -33,6 +33,7 @@ use super::catalog::{Lake, iceberg_error};
 use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, VERBATIM, XID,
+    column_names,
 };
 use super::writer::{
     LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, scan, write_data_files,
@@ -78,13 +79,8 @@ impl BronzeTable {
         at: Position,
     ) -> Result<impl Stream<Item = Result<(RecordBatch, Verbatim)>> + use<>> {
         let table = lake.catalog_table(&self.ident).await?;
-        let columns: Vec<String> = table
-            .metadata()
-            .current_schema()
-            .as_struct()
-            .fields()
-            .iter()
-            .map(|f| f.name.clone())
+        let columns: Vec<String> = column_names(&table)
+            .into_iter()
             .filter(|name| name != BEFORE)
             .collect();
         let ident = self.ident.clone();

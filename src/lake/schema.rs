@@ -54,6 +54,18 @@ impl FieldIds {
     }
 }
 
+/// The names of a table's top-level columns, in its current schema.
+pub fn column_names(table: &iceberg::table::Table) -> Vec<String> {
+    table
+        .metadata()
+        .current_schema()
+        .as_struct()
+        .fields()
+        .iter()
+        .map(|f| f.name.clone())
+        .collect()
+}
+
 /// The Iceberg type of a column, from its decoding and type modifier.
 pub fn iceberg_type(column: &ColumnInfo) -> Type {
     map_type(&column.pg_type, column.type_modifier, &mut FieldIds(0))

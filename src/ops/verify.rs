@@ -49,7 +49,7 @@ use crate::lake::arrow::{load_columns, verbatim_entries};
 use crate::lake::catalog::{Lake, iceberg_error, namespace};
 use crate::lake::compaction::align;
 use crate::lake::key::{Key, KeyCodec};
-use crate::lake::schema::{VERBATIM, source_arrow_fields};
+use crate::lake::schema::{VERBATIM, column_names, source_arrow_fields};
 use crate::lake::writer::{Position, scan};
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
@@ -257,7 +257,7 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
 
         let mut against_silver = Differences::new(replay(&bronze, &shape, silver_position).await?);
         let mut silver_columns = shape.columns();
-        if has_column(&silver, VERBATIM) {
+        if column_names(&silver).iter().any(|c| c == VERBATIM) {
             silver_columns.push(VERBATIM.to_owned());
         }
         let mut rows = scan(&silver, &silver_columns).await?.map_err(|e| {
@@ -409,15 +409,6 @@ fn kept_entries(column: Option<&ArrayRef>, row: usize) -> Vec<(String, String)> 
     entries
 }
 
-fn has_column(table: &Table, name: &str) -> bool {
-    table
-        .metadata()
-        .current_schema()
-        .as_struct()
-        .field_by_name(name)
-        .is_some()
-}
-
 /// The order of bronze's changes: by commit, a load before the
 /// transactions streamed at its own consistent point, then by sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -437,14 +428,7 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
     let ident = bronze.identifier().to_string();
     let context =
         |e: iceberg::Error| iceberg_error(e, "cannot read the table").with_context("table", &ident);
-    let names = bronze
-        .metadata()
-        .current_schema()
-        .as_struct()
-        .fields()
-        .iter()
-        .map(|f| f.name.clone())
-        .collect::<Vec<_>>();
+    let names = column_names(bronze);
     let mut select: Vec<String> = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "_cdc_before"]
         .map(String::from)
         .to_vec();

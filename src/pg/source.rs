@@ -587,42 +587,35 @@ async fn check_partitions(
 /// The relations named in a publication (`pg_publication_rel`: a
 /// partitioned table itself, not its partitions).
 async fn published_relations(client: &Client, publication: &str) -> Result<Vec<TableName>> {
-    let rows = client
-        .query(
-            "SELECT n.nspname::text, c.relname::text FROM pg_publication_rel r \
-             JOIN pg_publication p ON p.oid = r.prpubid \
-             JOIN pg_class c ON c.oid = r.prrelid \
-             JOIN pg_namespace n ON n.oid = c.relnamespace \
-             WHERE p.pubname = $1",
-            &[&publication],
-        )
-        .await
-        .map_err(|e| {
-            postgres(e, "cannot read pg_publication_rel").with_context("publication", publication)
-        })?;
-    Ok(rows
-        .iter()
-        .map(|r| TableName {
-            schema: r.get(0),
-            name: r.get(1),
-        })
-        .collect())
+    table_names(
+        client,
+        "SELECT n.nspname::text, c.relname::text FROM pg_publication_rel r \
+         JOIN pg_publication p ON p.oid = r.prpubid \
+         JOIN pg_class c ON c.oid = r.prrelid \
+         JOIN pg_namespace n ON n.oid = c.relnamespace \
+         WHERE p.pubname = $1",
+        publication,
+    )
+    .await
 }
 
 /// The tables a publication publishes, in name order; empty when it does
 /// not exist.
 pub async fn published_tables(client: &Client, publication: &str) -> Result<Vec<TableName>> {
-    let rows = client
-        .query(
-            "SELECT schemaname::text, tablename::text FROM pg_publication_tables \
-             WHERE pubname = $1 ORDER BY 1, 2",
-            &[&publication],
-        )
-        .await
-        .map_err(|e| {
-            postgres(e, "cannot read pg_publication_tables")
-                .with_context("publication", publication)
-        })?;
+    table_names(
+        client,
+        "SELECT schemaname::text, tablename::text FROM pg_publication_tables \
+         WHERE pubname = $1 ORDER BY 1, 2",
+        publication,
+    )
+    .await
+}
+
+/// The (schema, name) rows `sql` gives for `publication`, as table names.
+async fn table_names(client: &Client, sql: &str, publication: &str) -> Result<Vec<TableName>> {
+    let rows = client.query(sql, &[&publication]).await.map_err(|e| {
+        postgres(e, "cannot read the publication's tables").with_context("publication", publication)
+    })?;
     Ok(rows
         .iter()
         .map(|r| TableName {

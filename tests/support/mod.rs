@@ -13,6 +13,7 @@ use wal2iceberg::cdc::capture::{self, Capture, CaptureOptions};
 use wal2iceberg::cdc::event::{Change, Datum, Event};
 use wal2iceberg::cdc::stream::{ChangeStream, Next};
 use wal2iceberg::cdc::value::Value;
+use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::scratch::ScratchPostgres;
 use wal2iceberg::pg::config::PgConfig;
 use wal2iceberg::pg::lsn::Lsn;
@@ -261,6 +262,19 @@ impl TestDb {
 }
 
 /// Parses a connection string that must be valid.
+/// A run of `tables` on `slot` into the lake at `lake`, namespace `shop`,
+/// flushing every 200 ms and exiting once the stream was quiet for 2 s.
+pub fn run_options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::Path) -> RunOptions {
+    let mut capture = db.options(tables);
+    capture.slot = slot.to_owned();
+    RunOptions {
+        namespace: Some("shop".into()),
+        flush_interval: Duration::from_millis(200),
+        exit_when_idle: Some(Duration::from_secs(2)),
+        ..RunOptions::new(capture, lake.to_owned())
+    }
+}
+
 pub fn config_for(url: &str) -> PgConfig {
     PgConfig::parse_with(url, |_| None, None).expect("valid test URL")
 }

@@ -114,6 +114,20 @@ struct StreamedTx {
     aborted: Vec<u32>,
 }
 
+impl StreamedTx {
+    /// The transaction and its subtransactions not aborted.
+    fn live(&self) -> Vec<u32> {
+        std::iter::once(self.xid)
+            .chain(
+                self.subxids
+                    .iter()
+                    .copied()
+                    .filter(|s| !self.aborted.contains(s)),
+            )
+            .collect()
+    }
+}
+
 /// The session being written and the model's view of it.
 struct Session {
     messages: Vec<(u64, Message)>,
@@ -374,15 +388,7 @@ impl Session {
                     view.insert(*oid, *columns);
                 }
             }
-            let tx = &self.streams[at];
-            let live: Vec<u32> = std::iter::once(tx.xid)
-                .chain(
-                    tx.subxids
-                        .iter()
-                        .copied()
-                        .filter(|s| !tx.aborted.contains(s)),
-                )
-                .collect();
+            let live = self.streams[at].live();
             let pick = input.pick(live.len() + 1);
             let subxid = if pick == live.len() {
                 self.next_xid += 1;
@@ -400,17 +406,9 @@ impl Session {
 
     fn stream_abort(&mut self, input: &mut Input) {
         let at = input.pick(self.streams.len());
-        let tx = &self.streams[at];
-        let choices: Vec<u32> = std::iter::once(tx.xid)
-            .chain(
-                tx.subxids
-                    .iter()
-                    .copied()
-                    .filter(|s| !tx.aborted.contains(s)),
-            )
-            .collect();
+        let choices = self.streams[at].live();
         let subxid = choices[input.pick(choices.len())];
-        let xid = tx.xid;
+        let xid = self.streams[at].xid;
         self.send(Message::StreamAbort(StreamAbort { xid, subxid }));
         if subxid == xid {
             self.streams.remove(at);
