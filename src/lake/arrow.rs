@@ -92,6 +92,15 @@ impl Verbatim {
         verbatim
     }
 
+    /// Takes `other`'s entries, their column names prefixed.
+    pub fn take_prefixed(&mut self, other: Verbatim, prefix: &str) {
+        for (row, kept) in other.rows {
+            for (column, text) in kept {
+                self.keep(row, &format!("{prefix}{column}"), text);
+            }
+        }
+    }
+
     /// The entries of `row`, sorted.
     pub fn entries(&self, row: usize) -> Vec<(String, String)> {
         let mut entries = self.rows.get(&row).cloned().unwrap_or_default();

@@ -200,7 +200,7 @@ pub fn bronze_batch(schema: &Arc<ArrowSchema>, changes: &[&Change]) -> Result<Re
                 changes.iter().for_each(|c| b.append_value(c.op.code()));
                 Arc::new(b.finish())
             }
-            BEFORE => before_column(field.data_type(), changes)?,
+            BEFORE => before_column(field.data_type(), changes, &mut verbatim)?,
             name => {
                 let mut finder = ColumnFinder::new(name);
                 let cells = changes
@@ -286,7 +286,14 @@ fn main_image_cell<'a>(
     }
 }
 
-fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> {
+/// The `_cdc_before` column. Its values that their columns cannot hold go
+/// to its own `_cdc_verbatim`, or, in a table made before that field
+/// existed, to the row's top-level map (`outer`) as `_cdc_before.<column>`.
+fn before_column(
+    data_type: &DataType,
+    changes: &[&Change],
+    outer: &mut Verbatim,
+) -> Result<ArrayRef> {
     let DataType::Struct(fields) = data_type else {
         return Err(schema_error(BEFORE));
     };
@@ -344,6 +351,9 @@ fn before_column(data_type: &DataType, changes: &[&Change]) -> Result<ArrayRef> 
             }
         };
         arrays.push(Some(array));
+    }
+    if fields.find(VERBATIM).is_none() {
+        outer.take_prefixed(std::mem::take(&mut verbatim), &format!("{BEFORE}."));
     }
     let arrays = with_verbatim(fields, arrays, &verbatim, changes.len())?;
     let fields: Fields = fields.clone();

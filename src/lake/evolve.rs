@@ -30,8 +30,8 @@ pub async fn follow(
     relation: &RelationInfo,
 ) -> Result<bool> {
     check_key(silver.metadata().current_schema(), relation)?;
-    let bronze = &add_verbatim(lake, bronze, Some(BEFORE)).await?;
-    let silver = &add_verbatim(lake, silver, None).await?;
+    let bronze = &add_verbatim(lake, bronze).await?;
+    let silver = &add_verbatim(lake, silver).await?;
     let for_bronze = missing_columns(bronze.metadata().current_schema(), relation)?;
     let for_silver = missing_columns(silver.metadata().current_schema(), relation)?;
     for (table, columns, nested_in) in [
@@ -169,19 +169,16 @@ pub async fn add_columns(
     tx.commit(lake.catalog()).await.map_err(context)
 }
 
-/// The table with `_cdc_verbatim` (docs/values.md), added to a table
-/// written before that column existed, at the top level and, when
-/// `nested_in` names a struct column, inside it too.
-async fn add_verbatim(lake: &Lake, table: &Table, nested_in: Option<&str>) -> Result<Table> {
+/// The table with `_cdc_verbatim` (docs/values.md), added at the top
+/// level to a table written before that column existed. Not inside
+/// bronze's `_cdc_before`: iceberg-rust 0.10 matches a struct's fields by
+/// position when it reads a file written before the struct gained one
+/// (apache/iceberg-rust#2617), so `show` and `verify` could no longer read
+/// the table; such a table keeps its before images' verbatim values in the
+/// top-level map instead ([`super::bronze`]).
+async fn add_verbatim(lake: &Lake, table: &Table) -> Result<Table> {
     let schema = table.metadata().current_schema().as_struct();
-    let top = schema.field_by_name(VERBATIM).is_none();
-    let nested = nested_in.filter(|parent| {
-        matches!(
-            schema.field_by_name(parent).map(|f| f.field_type.as_ref()),
-            Some(Type::Struct(s)) if s.field_by_name(VERBATIM).is_none()
-        )
-    });
-    if !top && nested.is_none() {
+    if schema.field_by_name(VERBATIM).is_some() {
         return Ok(table.clone());
     }
     tracing::info!(table = %table.identifier(), "adding the column {VERBATIM}");
@@ -190,19 +187,9 @@ async fn add_verbatim(lake: &Lake, table: &Table, nested_in: Option<&str>) -> Re
             .with_context("table", table.identifier())
     };
     let tx = Transaction::new(table);
-    let mut action = tx.update_schema();
-    if top {
-        action = action.add_column(AddColumn::optional(VERBATIM, new_verbatim_type()));
-    }
-    if let Some(parent) = nested {
-        action = action.add_column(
-            AddColumn::builder()
-                .parent(parent)
-                .name(VERBATIM.to_owned())
-                .field_type(new_verbatim_type())
-                .build(),
-        );
-    }
+    let action = tx
+        .update_schema()
+        .add_column(AddColumn::optional(VERBATIM, new_verbatim_type()));
     let tx = action.apply(tx).map_err(context)?;
     tx.commit(lake.catalog()).await.map_err(context)
 }
