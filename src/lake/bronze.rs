@@ -29,15 +29,14 @@ use iceberg::TableIdent;
 use iceberg::spec::DataFile;
 
 use super::arrow::{Verbatim, build_array_keeping, load_source_column, with_verbatim};
-use super::catalog::{Lake, iceberg_error};
+use super::catalog::Lake;
 use super::row_delta::{RowDelta, commit_row_delta};
+use super::scan::scan;
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, VERBATIM, XID,
     column_names,
 };
-use super::writer::{
-    LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, scan, write_data_files,
-};
+use super::writer::{LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
@@ -84,10 +83,8 @@ impl BronzeTable {
             .filter(|name| name != BEFORE)
             .collect();
         let ident = self.ident.clone();
-        let rows = scan(&table, &columns).await?.map(move |batch| {
-            let batch = batch.map_err(|e| {
-                iceberg_error(e, "cannot read the table").with_context("table", &ident)
-            })?;
+        let rows = scan(&table, None, &columns).await?.map(move |batch| {
+            let batch = batch?;
             let verbatim =
                 load_verbatim(&batch, at).map_err(|e| e.with_context("table", &ident))?;
             Ok((batch, verbatim))

@@ -12,6 +12,7 @@
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
 //! - `lock`: one writing process per namespace of a lake.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
+//! - `scan`: reading a table's rows, older files of evolved structs too.
 //! - `silver`: the current-state table, its key index and staged batch.
 //! - `schema`: the bronze and silver schemas and the type mapping.
 //! - `sorted_run`: the key index's files on local disk.
@@ -27,6 +28,7 @@ pub mod key;
 pub mod key_index;
 pub mod lock;
 pub mod row_delta;
+pub mod scan;
 pub mod schema;
 pub mod silver;
 pub mod sorted_run;

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use iceberg::TableIdent;
-use iceberg::scan::ArrowRecordBatchStream;
 use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
@@ -373,21 +372,6 @@ pub async fn read_parquet(
         .and_then(|b| b.build())
         .map_err(|e| bad(e.into()))?;
     Ok(reader.map(move |batch| batch.map_err(|e| bad(e.into()))))
-}
-
-/// A scan of `table`'s current snapshot, positional deletes applied.
-pub async fn scan(table: &Table, columns: &[String]) -> Result<ArrowRecordBatchStream> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot read the table").with_context("table", table.identifier())
-    };
-    table
-        .scan()
-        .select(columns.iter().map(String::as_str))
-        .build()
-        .map_err(context)?
-        .to_arrow()
-        .await
-        .map_err(context)
 }
 
 /// The Arrow schema of the table's current schema, with field ids.

@@ -21,7 +21,8 @@ use iceberg::TableIdent;
 use iceberg::table::Table;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::catalog::{Lake, iceberg_error};
+use crate::lake::catalog::Lake;
+use crate::lake::scan::scan;
 use crate::lake::schema::{COMMIT_LSN, SEQ};
 use crate::lake::writer::{SUMMARY_COMMIT_LSN, arrow_schema};
 use crate::pg::lsn::Lsn;
@@ -72,8 +73,6 @@ impl Default for ShowOptions {
 
 /// The table's rows printed as `options` say.
 pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Result<String> {
-    let context =
-        |e: iceberg::Error| iceberg_error(e, "cannot scan the table").with_context("table", ident);
     let table = lake.catalog_table(ident).await?;
     let full = arrow_schema(&table)?;
     let columns: Vec<&str> = if options.columns.is_empty() {
@@ -81,19 +80,15 @@ pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Res
     } else {
         options.columns.iter().map(String::as_str).collect()
     };
-    let mut scan = table.scan().select(columns.iter().copied());
-    if let Some(lsn) = options.as_of {
-        scan = scan.snapshot_id(snapshot_as_of(&table, lsn)?);
-    }
-    let batches: Vec<RecordBatch> = scan
-        .build()
-        .map_err(context)?
-        .to_arrow()
-        .await
-        .map_err(context)?
+    let snapshot = options
+        .as_of
+        .map(|lsn| snapshot_as_of(&table, lsn))
+        .transpose()?;
+    let selected: Vec<String> = columns.iter().map(|c| (*c).to_owned()).collect();
+    let batches: Vec<RecordBatch> = scan(&table, snapshot, &selected)
+        .await?
         .try_collect()
-        .await
-        .map_err(context)?;
+        .await?;
     let schema = match batches.first() {
         Some(b) => b.schema(),
         None => Arc::new(

@@ -46,11 +46,12 @@ use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::arrow::{load_columns, verbatim_entries};
-use crate::lake::catalog::{Lake, iceberg_error, namespace};
+use crate::lake::catalog::{Lake, namespace};
 use crate::lake::compaction::align;
 use crate::lake::key::{Key, KeyCodec};
+use crate::lake::scan::scan;
 use crate::lake::schema::{VERBATIM, column_names, source_arrow_fields};
-use crate::lake::writer::{Position, scan};
+use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{Decoder, Message};
@@ -260,9 +261,7 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
         if column_names(&silver).iter().any(|c| c == VERBATIM) {
             silver_columns.push(VERBATIM.to_owned());
         }
-        let mut rows = scan(&silver, &silver_columns).await?.map_err(|e| {
-            iceberg_error(e, "cannot read the table").with_context("table", &silver_ident)
-        });
+        let mut rows = scan(&silver, None, &silver_columns).await?;
         while let Some(batch) = rows.try_next().await? {
             let kept = batch.column_by_name(VERBATIM).cloned();
             let batch = align(&batch, &shape.schema, &silver_ident.to_string())?;
@@ -426,8 +425,6 @@ struct Order {
 /// position ends at `to` holds (see [`Position`]).
 async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
     let ident = bronze.identifier().to_string();
-    let context =
-        |e: iceberg::Error| iceberg_error(e, "cannot read the table").with_context("table", &ident);
     let names = column_names(bronze);
     let mut select: Vec<String> = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "_cdc_before"]
         .map(String::from)
@@ -441,7 +438,7 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
     );
     let mut latest: HashMap<Key, (Order, Option<u64>)> = HashMap::new();
     let mut truncated: Option<Order> = None;
-    let mut batches = scan(bronze, &select).await?.map_err(context);
+    let mut batches = scan(bronze, None, &select).await?;
     let to = to.0 as i64;
     while let Some(batch) = batches.try_next().await? {
         let malformed = || {
