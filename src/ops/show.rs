@@ -176,11 +176,10 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
         Error::new(ErrorKind::Io, "cannot print the table").with_source(e)
     };
     match format {
-        Format::Table => Ok(
-            arrow_cast::pretty::pretty_format_batches(std::slice::from_ref(rows))
-                .map_err(bad)?
-                .to_string(),
-        ),
+        Format::Table => Ok(format!(
+            "{}\n",
+            arrow_cast::pretty::pretty_format_batches(std::slice::from_ref(rows)).map_err(bad)?
+        )),
         Format::Json => {
             let mut writer = arrow_json::ArrayWriter::new(Vec::new());
             writer.write(rows).map_err(bad)?;
