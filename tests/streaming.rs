@@ -116,6 +116,39 @@ async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
 }
 
 #[tokio::test]
+async fn tail_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
+    use wal2iceberg::ops::tail::{TailOptions, tail};
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)")
+        .await;
+    let mut capture = db.options(&["big"]);
+    capture.streaming = true;
+    let options = TailOptions {
+        capture,
+        exit_when_idle: Some(Duration::from_secs(1)),
+    };
+    let mut out = Vec::new();
+    tail(&db.config, &options, &mut out).await.unwrap();
+
+    let writer = TestDb::connect(db.config_url()).await;
+    let insert = |from: i64| {
+        format!(
+            "INSERT INTO big SELECT g, md5(g::text) FROM generate_series({from}, {}) g;",
+            from + 19_999
+        )
+    };
+    writer.exec(&format!("BEGIN; {}", insert(1))).await;
+    let rest = format!(
+        "SELECT pg_sleep(2); {} SELECT pg_sleep(2); COMMIT;",
+        insert(20_001)
+    );
+    let mut out = Vec::new();
+    let (written, ()) = tokio::join!(tail(&db.config, &options, &mut out), writer.exec(&rest));
+    // Begin, the 40,000 inserts, Commit.
+    assert_eq!(written.unwrap(), 40_002);
+}
+
+#[tokio::test]
 async fn streamed_transactions_drop_rolled_back_subtransactions_and_aborts() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE t(id int PRIMARY KEY, pad text)")

@@ -38,9 +38,14 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
         }
         Capture::Resume { pending, .. } => pending.start().await?,
     };
-    let mut deadline = options.exit_when_idle.map(|d| Instant::now() + d);
+    let idle_from_now = || options.exit_when_idle.map(|d| Instant::now() + d);
+    let mut deadline = idle_from_now();
     loop {
-        match stream.next_before(deadline).await? {
+        let next = stream.next_before(deadline).await?;
+        // A streamed transaction's chunks arrive as no event until its
+        // Stream Commit: while one is open, the stream is not idle.
+        let streaming = stream.in_streamed_transaction();
+        match next {
             Next::Event(event) => {
                 write_event(out, &event)?;
                 written += 1;
@@ -48,8 +53,9 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
                     out.flush()?;
                     stream.confirm(end_lsn).await?;
                 }
-                deadline = options.exit_when_idle.map(|d| Instant::now() + d);
+                deadline = idle_from_now();
             }
+            Next::Idle if streaming => deadline = idle_from_now(),
             Next::Idle => break,
             Next::Closed => {
                 return Err(Error::new(
