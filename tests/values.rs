@@ -273,11 +273,56 @@ async fn tables_written_before_verbatim_values_gain_the_column_and_keep_them() {
             ("amount".to_owned(), "NaN".to_owned())
         ]
     );
-    // Our own reader (iceberg-rust's scan) reads both tables whole.
+    // Our own reader (iceberg-rust's scan) reads both tables whole, and
+    // verify compares silver's values, not the before images' entries.
+    let lake = dir.path().display().to_string();
     for table in ["old", "old_changes"] {
-        let shown = cli(&["show", table, "--lake", &dir.path().display().to_string()]).await;
-        assert_success(&shown);
+        assert_success(&cli(&["show", table, "--lake", &lake]).await);
     }
+    let verified = cli(&[
+        "verify",
+        "--source",
+        &db.config_url(),
+        "--slot",
+        &opts.capture.slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--tables",
+        "public.old",
+    ])
+    .await;
+    assert_success(&verified);
+}
+
+#[tokio::test]
+async fn arrays_of_a_type_with_another_delimiter_are_kept_whole() {
+    // box's elements are separated by ';', and hold commas unquoted.
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE shapes(id int PRIMARY KEY, boxes box[]);
+         INSERT INTO shapes VALUES (1, ARRAY['((1,1),(0,0))'::box, '((3,3),(2,2))'::box]);",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["shapes"], &unique("boxes"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    db.exec("INSERT INTO shapes VALUES (2, ARRAY['((5,5),(4,4))'::box])")
+        .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "shapes", dir.path(), "shop.shapes").await;
+    let silver = pyiceberg(dir.path(), "shop.shapes", "verbatim").await;
+    let mut kept: Vec<(String, String)> =
+        silver.as_array().unwrap().iter().flat_map(kept).collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            ("boxes".to_owned(), "{(1,1),(0,0);(3,3),(2,2)}".to_owned()),
+            ("boxes".to_owned(), "{(5,5),(4,4)}".to_owned()),
+        ]
+    );
 }
 
 /// Random SQL literals of one element type, for the array property test.

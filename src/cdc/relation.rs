@@ -235,6 +235,9 @@ impl Catalog {
                 Box::pin(self.resolve_type_at(t.base_type, depth + 1)).await?
             }
             Some(t) if t.typtype == b'e' => PgType::Enum,
+            Some(t) if t.category == b'A' && t.element_type != 0 && t.element_delimiter != b',' => {
+                PgType::OpaqueArray
+            }
             Some(t) if t.category == b'A' && t.element_type != 0 => PgType::Array(Box::new(
                 Box::pin(self.resolve_type_at(t.element_type, depth + 1)).await?,
             )),

@@ -48,6 +48,10 @@ pub enum PgType {
     Enum,
     /// An array of the element type (any number of dimensions).
     Array(Box<PgType>),
+    /// An array whose elements another delimiter than the comma separates
+    /// (`box[]`, or a type created with `DELIMITER`): carried as its text,
+    /// which the lake keeps verbatim.
+    OpaqueArray,
     /// A type we do not model: carried as its text output.
     Unknown,
 }
@@ -153,7 +157,7 @@ impl PgType {
             PgType::Cidr => Value::Cidr(text.to_owned()),
             PgType::Enum => Value::Enum(text.to_owned()),
             PgType::Array(element) => parse_array(element, text).ok_or_else(bad)??,
-            PgType::Unknown => Value::Unknown(text.to_owned()),
+            PgType::Unknown | PgType::OpaqueArray => Value::Unknown(text.to_owned()),
         };
         Ok(value)
     }
@@ -182,7 +186,7 @@ impl PgType {
             PgType::Inet => "inet",
             PgType::Cidr => "cidr",
             PgType::Enum => "enum",
-            PgType::Array(_) => "array",
+            PgType::Array(_) | PgType::OpaqueArray => "array",
             PgType::Unknown => "unknown type",
         }
     }

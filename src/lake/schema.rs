@@ -88,6 +88,14 @@ fn map_type(pg: &PgType, type_modifier: i32, ids: &mut FieldIds) -> Type {
         PgType::Timestamp => PrimitiveType::Timestamp,
         PgType::TimestampTz => PrimitiveType::Timestamptz,
         PgType::Uuid => PrimitiveType::Uuid,
+        // As a list of strings, the type an array of an unmodelled type has.
+        PgType::OpaqueArray => {
+            return map_type(
+                &PgType::Array(Box::new(PgType::Unknown)),
+                type_modifier,
+                ids,
+            );
+        }
         PgType::Array(element) => {
             let element_type = map_type(element, type_modifier, ids);
             let element = NestedField::list_element(ids.next(), element_type, false);

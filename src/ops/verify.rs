@@ -372,7 +372,9 @@ impl Shape {
     }
 
     /// Each row's key and the hash of all its compared columns and of the
-    /// values kept verbatim for it (`verbatim`, by row, sorted).
+    /// values kept verbatim for them (`verbatim`, by row, sorted; entries
+    /// of other names, a dropped column's or bronze's `_cdc_before.*`, are
+    /// not compared).
     fn hash(
         &self,
         batch: &RecordBatch,
@@ -394,7 +396,9 @@ impl Shape {
             .map(|(i, (key, row))| {
                 let mut hasher = std::hash::DefaultHasher::new();
                 row.as_ref().hash(&mut hasher);
-                verbatim(i).hash(&mut hasher);
+                let mut kept = verbatim(i);
+                kept.retain(|(column, _)| self.schema.index_of(column).is_ok());
+                kept.hash(&mut hasher);
                 (key, hasher.finish())
             })
             .collect())

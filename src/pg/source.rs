@@ -784,12 +784,17 @@ pub struct CatalogType {
     pub element_type: u32,
     /// `A` for arrays.
     pub category: u8,
+    /// For an array: what separates its elements in its text form, the
+    /// element type's `typdelim` (`;` for `box`, `,` for nearly all).
+    pub element_delimiter: u8,
 }
 
 pub async fn describe_type(client: &Client, oid: u32) -> Result<Option<CatalogType>> {
     let row = client
         .query_opt(
-            "SELECT typtype::text, typbasetype, typelem, typcategory::text FROM pg_type WHERE oid = $1",
+            "SELECT t.typtype::text, t.typbasetype, t.typelem, t.typcategory::text, \
+                    coalesce((SELECT e.typdelim::text FROM pg_type e WHERE e.oid = t.typelem), ',') \
+             FROM pg_type t WHERE t.oid = $1",
             &[&oid],
         )
         .await
@@ -800,6 +805,7 @@ pub async fn describe_type(client: &Client, oid: u32) -> Result<Option<CatalogTy
         base_type: r.get(1),
         element_type: r.get(2),
         category: byte(r.get(3)),
+        element_delimiter: byte(r.get(4)),
     }))
 }
 
