@@ -717,19 +717,6 @@ async fn after_an_added_column_show_and_verify_read_bronzes_older_files() {
     assert_success(&shown);
     let rows: Vec<serde_json::Value> = serde_json::from_slice(&shown.stdout).unwrap();
     assert_eq!(rows.len(), 4, "{rows:?}");
-    let verified = cli(&[
-        "verify",
-        "--source",
-        &db.config_url(),
-        "--slot",
-        &slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        "shop",
-        "--tables",
-        "public.customers",
-    ])
-    .await;
+    let verified = verify_lake(&db, &slot, dir.path(), "public.customers").await;
     assert_success(&verified);
 }

@@ -82,6 +82,26 @@ async fn a_100k_row_streamed_transaction_is_spooled_not_held_in_memory() {
 /// the open transaction's first 20,000 rows arrive as chunks at once; the
 /// pauses inside it are longer than the idle exit. Only its Stream Commit
 /// makes events, and the run must wait for it.
+/// Opens a transaction of 20,000 inserts into `big(id, pad)` on a
+/// connection of its own, which the server streams at once; returns the
+/// connection and the rest of the transaction: 20,000 more inserts after
+/// 2 s, the commit 2 s later.
+async fn open_big_transaction(db: &TestDb) -> (TestDb, String) {
+    let writer = TestDb::connect(db.config_url()).await;
+    let insert = |from: i64| {
+        format!(
+            "INSERT INTO big SELECT g, md5(g::text) FROM generate_series({from}, {}) g;",
+            from + 19_999
+        )
+    };
+    writer.exec(&format!("BEGIN; {}", insert(1))).await;
+    let rest = format!(
+        "SELECT pg_sleep(2); {} SELECT pg_sleep(2); COMMIT;",
+        insert(20_001)
+    );
+    (writer, rest)
+}
+
 #[tokio::test]
 async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
     let db = TestDb::new().await;
@@ -98,18 +118,7 @@ async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
     };
     run(&db.config, &options).await.unwrap();
 
-    let writer = TestDb::connect(db.config_url()).await;
-    let insert = |from: i64| {
-        format!(
-            "INSERT INTO big SELECT g, md5(g::text) FROM generate_series({from}, {}) g;",
-            from + 19_999
-        )
-    };
-    writer.exec(&format!("BEGIN; {}", insert(1))).await;
-    let rest = format!(
-        "SELECT pg_sleep(2); {} SELECT pg_sleep(2); COMMIT;",
-        insert(20_001)
-    );
+    let (writer, rest) = open_big_transaction(&db).await;
     let (report, ()) = tokio::join!(run(&db.config, &options), writer.exec(&rest));
     assert_eq!(report.unwrap().changes_applied, 40_000);
     assert_reconciled(&db, "big", lake.path(), "shop.big").await;
@@ -130,18 +139,7 @@ async fn tail_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
     let mut out = Vec::new();
     tail(&db.config, &options, &mut out).await.unwrap();
 
-    let writer = TestDb::connect(db.config_url()).await;
-    let insert = |from: i64| {
-        format!(
-            "INSERT INTO big SELECT g, md5(g::text) FROM generate_series({from}, {}) g;",
-            from + 19_999
-        )
-    };
-    writer.exec(&format!("BEGIN; {}", insert(1))).await;
-    let rest = format!(
-        "SELECT pg_sleep(2); {} SELECT pg_sleep(2); COMMIT;",
-        insert(20_001)
-    );
+    let (writer, rest) = open_big_transaction(&db).await;
     let mut out = Vec::new();
     let (written, ()) = tokio::join!(tail(&db.config, &options, &mut out), writer.exec(&rest));
     // Begin, the 40,000 inserts, Commit.

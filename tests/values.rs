@@ -146,21 +146,7 @@ async fn values_a_column_cannot_hold_are_kept_verbatim_and_the_run_goes_on() {
     );
 
     // verify compares verbatim values too, and finds the lake equal.
-    let lake = dir.path().display().to_string();
-    let out = cli(&[
-        "verify",
-        "--source",
-        &db.config_url(),
-        "--slot",
-        &slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        "shop",
-        "--tables",
-        "public.odd,public.plain",
-    ])
-    .await;
+    let out = verify_lake(&db, &slot, dir.path(), "public.odd,public.plain").await;
     assert_success(&out);
 }
 
@@ -279,20 +265,7 @@ async fn tables_written_before_verbatim_values_gain_the_column_and_keep_them() {
     for table in ["old", "old_changes"] {
         assert_success(&cli(&["show", table, "--lake", &lake]).await);
     }
-    let verified = cli(&[
-        "verify",
-        "--source",
-        &db.config_url(),
-        "--slot",
-        &opts.capture.slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        "shop",
-        "--tables",
-        "public.old",
-    ])
-    .await;
+    let verified = verify_lake(&db, &opts.capture.slot, dir.path(), "public.old").await;
     assert_success(&verified);
 }
 

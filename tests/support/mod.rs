@@ -275,6 +275,31 @@ pub fn run_options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::P
     }
 }
 
+/// `wal2iceberg verify` of `tables` (`public.a,public.b`) on the lake in
+/// `lake`, namespace `shop`, whose run uses `slot`.
+pub async fn verify_lake(
+    db: &TestDb,
+    slot: &str,
+    lake: &std::path::Path,
+    tables: &str,
+) -> std::process::Output {
+    let lake = lake.display().to_string();
+    cli(&[
+        "verify",
+        "--source",
+        &db.config_url(),
+        "--slot",
+        slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--tables",
+        tables,
+    ])
+    .await
+}
+
 pub fn config_for(url: &str) -> PgConfig {
     PgConfig::parse_with(url, |_| None, None).expect("valid test URL")
 }
