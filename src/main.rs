@@ -410,7 +410,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(args)?;
             let mut options = capture_options(&settings).await?;
             // What `run` checks: its tables go to the lake.
-            options.keyed = true;
+            options.to_lake = true;
             let failures = capture::check(&settings.source, &options).await?;
             if failures.is_empty() {
                 outln!("all checks passed: {}", settings.source);

@@ -104,15 +104,15 @@ async fn a_table_without_key_or_full_identity_is_never_published() {
     db.exec("UPDATE nokey SET v = 'b'; DELETE FROM nokey;")
         .await;
 
-    // With REPLICA IDENTITY FULL the same table may be published (tail
-    // reads it); the lake still needs its key.
+    // With REPLICA IDENTITY FULL the same table is accepted, by tail and
+    // by run (which keeps its history, bronze, only).
     db.exec("ALTER TABLE nokey REPLICA IDENTITY FULL").await;
     let failures = capture::check(&db.config, &options).await.unwrap();
     assert!(failures.is_empty(), "{failures:?}");
-    let mut keyed = options.clone();
-    keyed.keyed = true;
-    let failures = capture::check(&db.config, &keyed).await.unwrap();
-    assert_eq!(find(&failures, "primary_key").check, "primary_key");
+    let mut to_lake = options.clone();
+    to_lake.to_lake = true;
+    let failures = capture::check(&db.config, &to_lake).await.unwrap();
+    assert!(failures.is_empty(), "{failures:?}");
 }
 
 #[tokio::test]
@@ -233,7 +233,8 @@ async fn malformed_options_are_rejected_before_connecting() {
 async fn a_table_silver_cannot_keep_is_refused_by_check_and_run_alike_before_anything_is_created() {
     let db = TestDb::new().await;
     db.exec(
-        "CREATE TABLE nokey(id int, v text); ALTER TABLE nokey REPLICA IDENTITY FULL;
+        "CREATE TABLE nokey(id int NOT NULL, v text); CREATE UNIQUE INDEX nokey_id ON nokey(id);
+         ALTER TABLE nokey REPLICA IDENTITY USING INDEX nokey_id;
          CREATE TABLE reserved(id int PRIMARY KEY, _cdc_op text);",
     )
     .await;
@@ -241,7 +242,11 @@ async fn a_table_silver_cannot_keep_is_refused_by_check_and_run_alike_before_any
     let lake = dir.path().join("lake");
     let slot = unique("refused");
     for (table, check, problem) in [
-        ("public.nokey", "primary_key", "has no primary key"),
+        (
+            "public.nokey",
+            "primary_key",
+            "has no primary key and REPLICA IDENTITY USING INDEX",
+        ),
         ("public.reserved", "reserved_column_names", "_cdc_op"),
     ] {
         let place = [

@@ -41,7 +41,7 @@ pub struct CaptureOptions {
     /// Every table must have a primary key and no column named like the
     /// lake's own (`_cdc_*`): silver keeps rows in step by key. `run` and
     /// `check` need this; `tail` does not.
-    pub keyed: bool,
+    pub to_lake: bool,
 }
 
 impl CaptureOptions {
@@ -55,7 +55,7 @@ impl CaptureOptions {
             messages: true,
             temporary_slot: false,
             held_tables: None,
-            keyed: false,
+            to_lake: false,
         }
     }
 
@@ -190,7 +190,7 @@ async fn preflight(client: &SourceClient, options: &CaptureOptions) -> Result<Ve
         &options.tables,
         &options.slot,
         &options.publication,
-        options.keyed,
+        options.to_lake,
     )
     .await
 }

@@ -147,6 +147,23 @@ impl Change {
         self.relation.columns.iter().position(|c| c.name == name)
     }
 
+    /// Replaces the after image's unchanged TOAST values with the before
+    /// image's, when that is complete (REPLICA IDENTITY FULL, which the
+    /// server sends detoasted); any other stays unchanged.
+    pub fn fill_unchanged_from_before_image(&mut self) {
+        let (Some(after), Some(before)) = (self.after.as_mut(), self.before.as_ref()) else {
+            return;
+        };
+        if before.kind != ImageKind::Full {
+            return;
+        }
+        for (datum, old) in after.iter_mut().zip(&before.row) {
+            if matches!(datum, Datum::UnchangedToast) && matches!(old, Datum::Value(_)) {
+                *datum = old.clone();
+            }
+        }
+    }
+
     /// The error for an unchanged TOAST value whose current value is not
     /// known: never write a placeholder or a guess in its place.
     pub fn unfilled(&self, column: &str) -> Error {

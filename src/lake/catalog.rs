@@ -211,6 +211,16 @@ impl Lake {
     /// Loads the table, creating it (and its namespace) with `schema` when
     /// missing.
     pub async fn ensure_table(&self, ident: &TableIdent, schema: Schema) -> Result<Table> {
+        self.ensure_table_with(ident, schema, &[]).await
+    }
+
+    /// [`Self::ensure_table`], a new table created with `properties` too.
+    pub async fn ensure_table_with(
+        &self,
+        ident: &TableIdent,
+        schema: Schema,
+        properties: &[(&str, &str)],
+    ) -> Result<Table> {
         let context =
             |e: iceberg::Error, what: &str| iceberg_error(e, what).with_context("table", ident);
         let namespace = ident.namespace();
@@ -240,10 +250,13 @@ impl Lake {
         let creation = TableCreation::builder()
             .name(ident.name().to_owned())
             .schema(schema)
-            .properties(HashMap::from([(
-                "write.parquet.compression-codec".to_owned(),
-                "zstd".to_owned(),
-            )]))
+            .properties(
+                [("write.parquet.compression-codec", "zstd")]
+                    .iter()
+                    .chain(properties)
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect::<HashMap<_, _>>(),
+            )
             .build();
         self.catalog
             .create_table(namespace, creation)

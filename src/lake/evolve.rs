@@ -21,34 +21,36 @@ use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 
-/// Brings a source table's bronze and silver tables to the relation's
-/// columns. True when a schema changed.
+/// Brings a source table's bronze and silver tables (none for a table
+/// without a key) to the relation's columns. True when a schema changed.
 pub async fn follow(
     lake: &Lake,
     bronze: &Table,
-    silver: &Table,
+    silver: Option<&Table>,
     relation: &RelationInfo,
 ) -> Result<bool> {
-    check_key(silver.metadata().current_schema(), relation)?;
-    let bronze = &add_verbatim(lake, bronze).await?;
-    let silver = &add_verbatim(lake, silver).await?;
-    let for_bronze = missing_columns(bronze.metadata().current_schema(), relation)?;
-    let for_silver = missing_columns(silver.metadata().current_schema(), relation)?;
-    for (table, columns, nested_in) in [
-        (bronze, &for_bronze, Some(BEFORE)),
-        (silver, &for_silver, None),
-    ] {
+    if let Some(silver) = silver {
+        check_key(silver.metadata().current_schema(), relation)?;
+    }
+    let mut tables = vec![(add_verbatim(lake, bronze).await?, Some(BEFORE))];
+    if let Some(silver) = silver {
+        tables.push((add_verbatim(lake, silver).await?, None));
+    }
+    let mut changed = false;
+    for (table, nested_in) in &tables {
+        let columns = missing_columns(table.metadata().current_schema(), relation)?;
         if !columns.is_empty() {
             tracing::info!(
                 table = %table.identifier(),
                 columns = ?columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
                 "adding the source's new columns"
             );
-            add_columns(lake, table, columns, nested_in).await?;
+            add_columns(lake, table, &columns, *nested_in).await?;
             failpoint::hit("mid-schema-change");
+            changed = true;
         }
     }
-    Ok(!for_bronze.is_empty() || !for_silver.is_empty())
+    Ok(changed)
 }
 
 /// The relation's columns `schema` lacks, in column order; an error for a

@@ -151,14 +151,27 @@ fn check_names(relation: &RelationInfo) -> Result<()> {
             .with_context("table", &relation.name));
         }
     }
-    if !relation.columns.iter().any(|c| c.is_primary_key) {
-        return Err(Error::new(
-            ErrorKind::Preflight,
-            "the table has no primary key: silver needs one to keep rows in step with the source",
-        )
-        .with_context("table", &relation.name));
-    }
     Ok(())
+}
+
+/// The property of a bronze table whose source table has no primary key:
+/// it is the table's history only, with no silver beside it.
+pub const HISTORY_ONLY: (&str, &str) = ("wal2iceberg.silver", "none");
+
+/// Whether `bronze` is the history of a table without silver.
+pub fn history_only(bronze: &iceberg::table::Table) -> bool {
+    bronze
+        .metadata()
+        .properties()
+        .get(HISTORY_ONLY.0)
+        .map(String::as_str)
+        == Some(HISTORY_ONLY.1)
+}
+
+/// Whether the table has a primary key, which silver keeps rows by. A
+/// table without one (under REPLICA IDENTITY FULL) has bronze only.
+pub fn has_silver(relation: &RelationInfo) -> bool {
+    relation.columns.iter().any(|c| c.is_primary_key)
 }
 
 fn source_fields(
@@ -220,6 +233,18 @@ fn build(
 
 /// The silver (current state) schema of a relation.
 pub fn silver_schema(relation: &RelationInfo) -> Result<Schema> {
+    if !has_silver(relation) {
+        return Err(Error::new(
+            ErrorKind::Preflight,
+            "the table has no primary key: silver needs one to keep rows in step with the source",
+        )
+        .with_context("table", &relation.name));
+    }
+    current_state_schema(relation)
+}
+
+/// Silver's schema, of a table with a key or not.
+fn current_state_schema(relation: &RelationInfo) -> Result<Schema> {
     check_names(relation)?;
     let mut ids = FieldIds(0);
     let mut fields = source_fields(relation, &mut ids, true);
@@ -244,8 +269,9 @@ pub fn silver_schema(relation: &RelationInfo) -> Result<Schema> {
 }
 
 /// The relation's columns as Arrow fields of silver's types (with their
-/// field ids), in column order: what the initial load decodes into, and
-/// what verify compares.
+/// field ids), in column order: what the initial load decodes into (for a
+/// table without a key too, which has bronze only), and what verify
+/// compares.
 pub fn source_arrow_fields(relation: &RelationInfo) -> Result<Vec<FieldRef>> {
     let bad = |e: &dyn std::fmt::Display| {
         Error::new(
@@ -254,8 +280,8 @@ pub fn source_arrow_fields(relation: &RelationInfo) -> Result<Vec<FieldRef>> {
         )
         .with_context("table", &relation.name)
     };
-    let silver =
-        iceberg::arrow::schema_to_arrow_schema(&silver_schema(relation)?).map_err(|e| bad(&e))?;
+    let silver = iceberg::arrow::schema_to_arrow_schema(&current_state_schema(relation)?)
+        .map_err(|e| bad(&e))?;
     relation
         .columns
         .iter()

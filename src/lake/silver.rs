@@ -44,7 +44,7 @@ use super::writer::{
     LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
     write_data_files,
 };
-use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
+use crate::cdc::event::{Change, ColumnFinder, Datum, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
@@ -279,6 +279,7 @@ impl SilverTable {
     /// value that cannot be found is an error, never a guess. Call before
     /// [`Self::stage`], and before the change goes to bronze too.
     pub async fn fill_unchanged(&mut self, lake: &Lake, change: &mut Change) -> Result<()> {
+        change.fill_unchanged_from_before_image();
         let Some(after) = &change.after else {
             return Ok(());
         };
@@ -313,11 +314,6 @@ impl SilverTable {
         column: usize,
     ) -> Result<Value> {
         let name = &change.relation.columns[column].name;
-        if let Some(before) = change.before.as_ref().filter(|b| b.kind == ImageKind::Full)
-            && let Some(Datum::Value(v)) = before.row.get(column)
-        {
-            return Ok(v.clone());
-        }
         match self.pending.get(key) {
             Some(Pending::Upsert(previous)) => {
                 return match previous

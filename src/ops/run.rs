@@ -36,7 +36,9 @@ use crate::lake::compaction::{DEFAULT_AFTER_FILES, Merge, merge_small_files};
 use crate::lake::evolve;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
 use crate::lake::lock::WriterLock;
-use crate::lake::schema::{bronze_schema, silver_schema, source_arrow_fields};
+use crate::lake::schema::{
+    HISTORY_ONLY, bronze_schema, has_silver, history_only, silver_schema, source_arrow_fields,
+};
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::{Position, summary_total};
 use crate::metrics::{metrics, now_micros};
@@ -140,7 +142,8 @@ struct TableSink {
     /// The source table's columns as the stream last described them.
     relation: Option<Arc<RelationInfo>>,
     bronze: BronzeTable,
-    silver: SilverTable,
+    /// None for a table without a primary key: its history only.
+    silver: Option<SilverTable>,
     /// What each table already holds; `None` until its initial load landed.
     bronze_at: Option<Position>,
     silver_at: Option<Position>,
@@ -169,12 +172,29 @@ impl TableSink {
             evolve::check_rename(previous, relation)?;
         }
         let bronze = lake.catalog_table(self.bronze.ident()).await?;
-        let silver = lake.catalog_table(self.silver.ident()).await?;
-        if evolve::follow(lake, &bronze, &silver, relation).await? {
-            self.silver.refresh_schema(lake).await?;
+        let silver = match &self.silver {
+            Some(silver) => Some(lake.catalog_table(silver.ident()).await?),
+            None => None,
+        };
+        if evolve::follow(lake, &bronze, silver.as_ref(), relation).await?
+            && let Some(silver) = &mut self.silver
+        {
+            silver.refresh_schema(lake).await?;
         }
         self.relation = Some(relation.clone());
         Ok(())
+    }
+
+    /// Whether every table of the sink holds its initial load.
+    fn loaded(&self) -> bool {
+        self.bronze_at.is_some() && (self.silver.is_none() || self.silver_at.is_some())
+    }
+
+    /// The sink's Iceberg tables: bronze, then silver when there is one.
+    fn idents(&self) -> Vec<&TableIdent> {
+        std::iter::once(self.bronze.ident())
+            .chain(self.silver.as_ref().map(SilverTable::ident))
+            .collect()
     }
 }
 
@@ -472,7 +492,7 @@ async fn run_once(
     // folder or table behind; `check` gives the same answer. A second run
     // on the same slot and lake is told about the lake too.
     let mut capture_options = options.capture.clone();
-    capture_options.keyed = true;
+    capture_options.to_lake = true;
     let failures = capture::check(config, &capture_options).await?;
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
@@ -536,7 +556,7 @@ async fn run_once(
         pipeline.ensure_sink(&relation).await?;
     }
     for sink in pipeline.sinks.values_mut() {
-        if let (Some(at), None) = (sink.bronze_at, sink.silver_at)
+        if let (Some(at), None, Some(_)) = (sink.bronze_at, sink.silver_at, &sink.silver)
             && at.is_load()
         {
             sink.load_silver_from_bronze(&pipeline.lake, at).await?;
@@ -588,7 +608,10 @@ impl TableSink {
     /// while bronze streams them, and their unchanged TOAST values would
     /// have no row to be filled from as it was then.
     async fn load_silver_from_bronze(&mut self, lake: &Lake, at: Position) -> Result<()> {
-        tracing::info!(table = %self.silver.ident(), lsn = %at.commit_lsn, "loading silver from bronze's initial load");
+        let Some(silver) = &mut self.silver else {
+            return Ok(());
+        };
+        tracing::info!(table = %silver.ident(), lsn = %at.commit_lsn, "loading silver from bronze's initial load");
         let tx = TxInfo {
             xid: 0,
             commit_lsn: at.commit_lsn,
@@ -596,7 +619,7 @@ impl TableSink {
         };
         let mut rows = std::pin::pin!(self.bronze.load_rows(lake, at).await?);
         while let Some((batch, verbatim)) = rows.try_next().await? {
-            self.silver
+            silver
                 .stage_load(
                     lake,
                     tx,
@@ -606,7 +629,7 @@ impl TableSink {
                 )
                 .await?;
         }
-        self.silver.commit(lake, at).await?;
+        silver.commit(lake, at).await?;
         self.silver_at = Some(at);
         Ok(())
     }
@@ -631,7 +654,7 @@ impl TableSink {
         }
         if compacted || self.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
             let mut expired_all = true;
-            for ident in [self.bronze.ident(), self.silver.ident()] {
+            for ident in self.idents() {
                 match expire_snapshots(lake, ident, retention).await {
                     Ok(expired) => {
                         m.snapshots_expired
@@ -647,7 +670,7 @@ impl TableSink {
                 m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
             }
             self.commits_since_expiry = 0;
-            for ident in [self.bronze.ident(), self.silver.ident()] {
+            for ident in self.idents() {
                 match lake.catalog_table(ident).await {
                     Ok(t) => {
                         let total = |key: &str| summary_total(&t, key);
@@ -664,8 +687,10 @@ impl TableSink {
                 }
             }
         }
-        let (data, deletes) = self.silver.file_counts();
-        m.set_silver_files(&table.to_string(), data, deletes);
+        if let Some(silver) = &self.silver {
+            let (data, deletes) = silver.file_counts();
+            m.set_silver_files(&table.to_string(), data, deletes);
+        }
     }
 }
 
@@ -777,17 +802,15 @@ impl Pipeline<'_> {
     async fn compact_idle(&mut self) -> Result<bool> {
         let mut any = false;
         for (table, sink) in &mut self.sinks {
-            if sink.silver_at.is_none() || sink.bronze_at.is_none() {
+            if !sink.loaded() {
                 continue;
             }
             let mut compacted = merge_small_files(&self.lake, sink.bronze.ident(), Merge::All)
                 .await?
                 .is_some();
-            compacted |= sink
-                .silver
-                .compact_now(&self.lake, Merge::All)
-                .await?
-                .is_some();
+            if let Some(silver) = &mut sink.silver {
+                compacted |= silver.compact_now(&self.lake, Merge::All).await?.is_some();
+            }
             if compacted {
                 tracing::info!(table = %table, "compacted while the stream is quiet");
                 sink.housekeeping(&self.lake, table, true, self.retention)
@@ -812,9 +835,14 @@ impl Pipeline<'_> {
                     .expect("ensure_sink just ran");
                 sink.follow(&self.lake, &change.relation).await?;
                 let to_bronze = wants(sink.bronze_at, &change);
-                let to_silver = wants(sink.silver_at, &change);
-                if to_silver {
-                    sink.silver.fill_unchanged(&self.lake, &mut change).await?;
+                let to_silver = sink.silver.is_some() && wants(sink.silver_at, &change);
+                match &mut sink.silver {
+                    Some(silver) if to_silver => {
+                        silver.fill_unchanged(&self.lake, &mut change).await?;
+                    }
+                    // History only: a complete before image (FULL) holds them.
+                    None => change.fill_unchanged_from_before_image(),
+                    Some(_) => {}
                 }
                 let change_bytes = change.approx_bytes();
                 let op = change.op.code();
@@ -825,8 +853,8 @@ impl Pipeline<'_> {
                         .await?;
                     sink.bronze_dirty = true;
                 }
-                if to_silver {
-                    sink.silver.stage(&self.lake, change, change_bytes).await?;
+                if let Some(silver) = sink.silver.as_mut().filter(|_| to_silver) {
+                    silver.stage(&self.lake, change, change_bytes).await?;
                     sink.silver_dirty = true;
                 }
                 self.batch_changes += 1;
@@ -862,7 +890,7 @@ impl Pipeline<'_> {
             .expect("ensure_sink just ran");
         sink.follow(&self.lake, relation).await?;
         let to_bronze = sink.bronze_at.is_none();
-        let to_silver = sink.silver_at.is_none();
+        let to_silver = sink.silver.is_some() && sink.silver_at.is_none();
         if !to_bronze && !to_silver {
             return Ok(());
         }
@@ -879,8 +907,8 @@ impl Pipeline<'_> {
                 .await?;
             sink.bronze_dirty = true;
         }
-        if to_silver {
-            sink.silver
+        if let Some(silver) = sink.silver.as_mut().filter(|_| to_silver) {
+            silver
                 .stage_load(&self.lake, tx, &load.fields, &load.columns, &load.verbatim)
                 .await?;
             sink.silver_dirty = true;
@@ -896,32 +924,28 @@ impl Pipeline<'_> {
         idents(&self.namespace, &self.names, table)
     }
 
-    /// The tables whose bronze holds its initial load, and silver too or
-    /// can take it from bronze ([`TableSink::load_silver_from_bronze`]).
+    /// The tables whose bronze holds its initial load, and silver too, or
+    /// can take it from bronze ([`TableSink::load_silver_from_bronze`]), or
+    /// has none (a table without a key).
     async fn loaded_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
         let mut loaded = Vec::new();
         for table in tables {
-            let [bronze_at, silver_at] = self.positions(table).await?;
-            if bronze_at.is_some_and(|at| silver_at.is_some() || at.is_load()) {
+            let (bronze, silver) = self.idents(table);
+            let Some(bronze) = self.lake.table_if_exists(&bronze).await? else {
+                continue;
+            };
+            let Some(at) = Position::of(&bronze)? else {
+                continue;
+            };
+            let silver_at = match self.lake.table_if_exists(&silver).await? {
+                Some(t) => Position::of(&t)?,
+                None => None,
+            };
+            if history_only(&bronze) || silver_at.is_some() || at.is_load() {
                 loaded.push(table.clone());
             }
         }
         Ok(loaded)
-    }
-
-    /// What bronze and silver of `table` hold, `None` for one that does not
-    /// exist or holds no initial load.
-    async fn positions(&self, table: &TableName) -> Result<[Option<Position>; 2]> {
-        let mut held = [None, None];
-        for (at, ident) in held
-            .iter_mut()
-            .zip(<[TableIdent; 2]>::from(self.idents(table)))
-        {
-            if let Some(t) = self.lake.table_if_exists(&ident).await? {
-                *at = Position::of(&t)?;
-            }
-        }
-        Ok(held)
     }
 
     async fn ensure_sink(&mut self, relation: &RelationInfo) -> Result<()> {
@@ -929,22 +953,43 @@ impl Pipeline<'_> {
             return Ok(());
         }
         let (bronze, silver_ident) = self.idents(&relation.name);
+        // A table without a primary key keeps its history only, which its
+        // bronze says once made.
+        let keyless = match self.lake.table_if_exists(&bronze).await? {
+            Some(table) => history_only(&table),
+            None => !has_silver(relation),
+        };
         let bronze_table = self
             .lake
-            .ensure_table(&bronze, bronze_schema(relation)?)
+            .ensure_table_with(
+                &bronze,
+                bronze_schema(relation)?,
+                if keyless { &[HISTORY_ONLY] } else { &[] },
+            )
             .await?;
-        let silver_table = self
-            .lake
-            .ensure_table(&silver_ident, silver_schema(relation)?)
-            .await?;
+        let silver_table = match keyless {
+            true => None,
+            false => Some(
+                self.lake
+                    .ensure_table(&silver_ident, silver_schema(relation)?)
+                    .await?,
+            ),
+        };
         // The source may have changed while wal2iceberg was stopped.
-        evolve::follow(&self.lake, &bronze_table, &silver_table, relation).await?;
-        let silver = SilverTable::open(&self.lake, silver_ident, relation).await?;
+        evolve::follow(&self.lake, &bronze_table, silver_table.as_ref(), relation).await?;
+        let silver = match &silver_table {
+            Some(_) => Some(SilverTable::open(&self.lake, silver_ident, relation).await?),
+            None => None,
+        };
         let sink = TableSink {
             relation: None,
             bronze: BronzeTable::new(bronze),
             bronze_at: Position::of(&bronze_table)?,
-            silver_at: Position::of(&silver_table)?,
+            silver_at: silver_table
+                .as_ref()
+                .map(Position::of)
+                .transpose()?
+                .flatten(),
             silver,
             bronze_dirty: false,
             silver_dirty: false,
@@ -982,15 +1027,22 @@ impl Pipeline<'_> {
                     sink.bronze_commits = 0;
                 }
             }
-            if sink.silver_dirty || sink.silver_at.is_none() {
-                sink.silver.commit(&self.lake, position).await?;
-                sink.silver_at = Some(position);
-                sink.silver_dirty = false;
-                compacted |= sink
-                    .silver
-                    .compact(&self.lake, self.compact_after_files)
-                    .await?
-                    .is_some();
+            let committed = match &mut sink.silver {
+                Some(silver) if sink.silver_dirty || sink.silver_at.is_none() => {
+                    silver.commit(&self.lake, position).await?;
+                    sink.silver_at = Some(position);
+                    sink.silver_dirty = false;
+                    compacted |= silver
+                        .compact(&self.lake, self.compact_after_files)
+                        .await?
+                        .is_some();
+                    true
+                }
+                Some(_) => false,
+                // History only: bronze's commit is the table's.
+                None => sink.bronze_at == Some(position),
+            };
+            if committed {
                 sink.commits_since_expiry += 1;
                 sink.housekeeping(&self.lake, table, compacted, self.retention)
                     .await;

@@ -164,14 +164,14 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> 
 }
 
 /// Runs every preflight check and returns all failures at once.
-/// `keyed`: the tables go to the lake, which needs a primary key
+/// `to_lake`: the tables go to the lake, which needs a primary key
 /// ([`check_table`]).
 pub async fn preflight(
     client: &Client,
     tables: &[TableName],
     slot: &str,
     publication: &str,
-    keyed: bool,
+    to_lake: bool,
 ) -> Result<Vec<CheckFailure>> {
     let mut failures = Vec::new();
     let q = |e| postgres(e, "preflight check query failed");
@@ -293,7 +293,7 @@ pub async fn preflight(
     }
 
     for table in tables {
-        failures.extend(check_table(client, table, keyed).await?);
+        failures.extend(check_table(client, table, to_lake).await?);
     }
     failures.extend(check_partitions(client, tables, publication).await?);
 
@@ -335,11 +335,11 @@ pub async fn preflight(
 
 /// Checks one table: it exists, we may read it, publishing it cannot
 /// break the application's UPDATE and DELETE, and, when it goes to the
-/// lake (`keyed`), it has a primary key and no column of a reserved name.
+/// lake (`to_lake`), it has a primary key and no column of a reserved name.
 pub async fn check_table(
     client: &Client,
     table: &TableName,
-    keyed: bool,
+    to_lake: bool,
 ) -> Result<Vec<CheckFailure>> {
     let row = client
         .query_opt(
@@ -372,20 +372,24 @@ pub async fn check_table(
     ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
     let reserved: Vec<String> = row.get(5);
     let mut failures = Vec::new();
-    if keyed && !has_pk {
+    // Without a key, silver has nothing to keep rows by: the table goes to
+    // bronze alone, which needs complete before images (FULL) to fill an
+    // update's unchanged TOAST values.
+    if to_lake && !has_pk && replident == "i" {
         failures.push(CheckFailure {
             check: "primary_key",
             problem: format!(
-                "{table} has no primary key: the lake's current-state table (silver) keeps rows \
-                 in step with the source by key"
+                "{table} has no primary key and REPLICA IDENTITY USING INDEX: the lake keeps a \
+                 table without a key as its change history only, which needs complete before \
+                 images"
             ),
             fix: format!(
-                "add one: ALTER TABLE {} ADD PRIMARY KEY (<columns>);",
+                "add a primary key, or ALTER TABLE {} REPLICA IDENTITY FULL;",
                 table.quoted()
             ),
         });
     }
-    if keyed && !reserved.is_empty() {
+    if to_lake && !reserved.is_empty() {
         failures.push(CheckFailure {
             check: "reserved_column_names",
             problem: format!(

@@ -415,7 +415,7 @@ pub fn int4(i: i32) -> Datum {
     Datum::Value(Value::Int4(i))
 }
 
-/// Applies changes to a map keyed by the primary key, as a sink would:
+/// Applies changes to a map to_lake by the primary key, as a sink would:
 /// unchanged TOAST columns keep the value they had.
 #[derive(Default, Debug)]
 pub struct Model {

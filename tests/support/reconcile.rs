@@ -152,7 +152,11 @@ fn digest_of(rows: &BTreeMap<String, String>) -> Digest {
 }
 
 /// Canonical rows by their key's canonical text.
-fn keyed(rows: &[Value], key: &[String], types: &BTreeMap<&str, &str>) -> BTreeMap<String, String> {
+fn to_lake(
+    rows: &[Value],
+    key: &[String],
+    types: &BTreeMap<&str, &str>,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for row in rows {
         // Columns dropped at the source stay in the lake for history.
@@ -234,8 +238,8 @@ pub async fn assert_reconciled(db: &TestDb, source: &str, lake: &Path, iceberg: 
         .collect();
     let mut lake_rows = pyiceberg(lake, iceberg, "canonical").await;
     resolve_verbatim(db, &columns, &mut lake_rows).await;
-    let source_rows = keyed(&source_rows, &key, &types);
-    let lake_rows = keyed(lake_rows.as_array().expect("rows"), &key, &types);
+    let source_rows = to_lake(&source_rows, &key, &types);
+    let lake_rows = to_lake(lake_rows.as_array().expect("rows"), &key, &types);
     let (source_digest, lake_digest) = (digest_of(&source_rows), digest_of(&lake_rows));
     if source_digest != lake_digest {
         let differing: Vec<String> = source_rows

@@ -151,9 +151,13 @@ fn reserved_names_and_missing_keys_are_refused() {
     ]);
     let err = silver_schema(&bad).unwrap_err();
     assert!(err.to_string().contains("_cdc_op"), "{err}");
+    assert!(bronze_schema(&bad).is_err());
+    // A table without a key has a history (bronze) but no silver.
     let keyless = relation(vec![column("v", PgType::Text, -1, false)]);
     assert_eq!(
-        bronze_schema(&keyless).unwrap_err().kind(),
+        silver_schema(&keyless).unwrap_err().kind(),
         ErrorKind::Preflight
     );
+    assert!(bronze_schema(&keyless).is_ok());
+    assert!(!has_silver(&keyless));
 }
