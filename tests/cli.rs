@@ -618,6 +618,24 @@ async fn teardown_refuses_a_slot_in_use() {
     stream.stop().await.unwrap();
 }
 
+/// `run` of `public.customers` from `url` on `slot` into `lake`, until the
+/// stream is quiet for a second.
+fn customers_run<'a>(url: &'a str, slot: &'a str, lake: &'a str) -> [&'a str; 11] {
+    [
+        "run",
+        "--source",
+        url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        slot,
+        "--lake",
+        lake,
+        "--exit-when-idle",
+        "1s",
+    ]
+}
+
 #[tokio::test]
 async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
     let db = TestDb::new().await;
@@ -627,19 +645,7 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
     let lake = tempfile::tempdir().unwrap();
     let lake_path = lake.path().display().to_string();
     let slot = unique("show");
-    let args = [
-        "run",
-        "--source",
-        &url,
-        "--tables",
-        "public.customers",
-        "--slot",
-        &slot,
-        "--lake",
-        &lake_path,
-        "--exit-when-idle",
-        "1s",
-    ];
+    let args = customers_run(&url, &slot, &lake_path);
     let (code, _, stderr) = run(&args).await;
     assert_eq!(code, 0, "{stderr}");
     let loaded_at = db.wal_insert_lsn().await.to_string();
@@ -1210,20 +1216,7 @@ async fn show_and_tail_end_quietly_with_exit_0_when_their_reader_goes_away() {
     let lake = tempfile::tempdir().unwrap();
     let lake_path = lake.path().display().to_string();
     let slot = unique("pipe");
-    let (code, _, stderr) = run(&[
-        "run",
-        "--source",
-        &url,
-        "--tables",
-        "public.customers",
-        "--slot",
-        &slot,
-        "--lake",
-        &lake_path,
-        "--exit-when-idle",
-        "1s",
-    ])
-    .await;
+    let (code, _, stderr) = run(&customers_run(&url, &slot, &lake_path)).await;
     assert_eq!(code, 0, "{stderr}");
 
     for format in ["table", "json", "csv"] {
