@@ -167,7 +167,7 @@ async fn partitioning_that_cannot_be_captured_is_refused_before_anything_is_crea
 }
 
 #[tokio::test]
-async fn a_partitioned_table_under_a_random_workload_a_new_partition_and_crashes_loses_and_repeats_nothing()
+async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions_and_crashes_loses_and_repeats_nothing()
  {
     let mut oracle = crate::support::oracle::Oracle::partitioned(500).await;
     // A crash between bronze's and silver's commits of a streamed batch,
@@ -177,8 +177,11 @@ async fn a_partitioned_table_under_a_random_workload_a_new_partition_and_crashes
     oracle.wait_loaded().await;
     oracle.start_workload();
     oracle.expect_crash(crashing, point).await;
-    // A partition created while the workload goes on, and rows in it,
-    // then a run killed mid-stream.
+    // A partition created while the workload goes on, and rows in it;
+    // a table holding rows attached (the audit records its rows as reads
+    // in the attaching transaction, as bronze must show them), rows moved
+    // into it; then a run killed mid-stream. The workload pauses for the
+    // attach so that the audit's order stays the commit order.
     oracle
         .db
         .exec(
@@ -187,6 +190,22 @@ async fn a_partitioned_table_under_a_random_workload_a_new_partition_and_crashes
              UPDATE accounts SET id = id - 99999000 WHERE id BETWEEN 100000000 AND 100000010;",
         )
         .await;
+    oracle.stop_workload().await;
+    oracle
+        .db
+        .exec(
+            "CREATE TABLE accounts_attached(id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL, note text);
+             INSERT INTO accounts_attached SELECT i, 'attached ' || i, i / 4.0, repeat('n', 3000)
+               FROM generate_series(200000000, 200000099) i;
+             BEGIN;
+             ALTER TABLE accounts ATTACH PARTITION accounts_attached FOR VALUES FROM (200000000) TO (300000000);
+             INSERT INTO audit(op, new) SELECT 'r', to_jsonb(a) FROM accounts_attached a;
+             COMMIT;
+             UPDATE accounts SET balance = balance + 1 WHERE id BETWEEN 200000000 AND 200000020;
+             UPDATE accounts SET id = id - 400000000 WHERE id BETWEEN 200000050 AND 200000060;",
+        )
+        .await;
+    oracle.start_workload();
     let mut killed = oracle.spawn();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     killed.kill().await.unwrap();
@@ -194,5 +213,156 @@ async fn a_partitioned_table_under_a_random_workload_a_new_partition_and_crashes
     assert!(
         changes > 100 && rows > 100,
         "{changes} changes, {rows} rows"
+    );
+}
+
+/// A table of `ev`'s columns, and twenty rows of `region` from id
+/// `from` on, with values large enough to be TOASTed.
+fn standalone(name: &str) -> String {
+    format!("CREATE TABLE {name}(id int, region text, v int, note text, PRIMARY KEY (id, region));")
+}
+
+fn rows(table: &str, region: &str, from: i32) -> String {
+    format!(
+        "INSERT INTO {table} SELECT i, '{region}', i, repeat('{region} ', 3000 + i)
+           FROM generate_series({from}, {from} + 19) i;"
+    )
+}
+
+#[tokio::test]
+async fn rows_a_partition_held_when_attached_reach_the_lake_at_the_attach_whether_stopped_or_streaming()
+ {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "{EVENTS}
+         INSERT INTO ev SELECT i, (ARRAY['eu', 'us'])[1 + i % 2], i, 'loaded' FROM generate_series(1, 100) i;"
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("attach");
+    let opts = run_options(&db, &["ev"], &slot, dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    // While stopped: one partition attached inside a savepoint, a
+    // partitioned table with rows in its partition attached, then a
+    // partition with rows attached to it, below the root; then changes to the attached rows, whose large values an
+    // update leaves unchanged (TOAST), and a detach.
+    db.exec(&format!(
+        "{}{}
+         CREATE TABLE ev_jp(id int, region text, v int, note text, PRIMARY KEY (id, region))
+           PARTITION BY RANGE (id);
+         CREATE TABLE ev_jp_lo PARTITION OF ev_jp FOR VALUES FROM (MINVALUE) TO (1010);
+         {}{}{}
+         BEGIN;
+         INSERT INTO ev VALUES (500, 'us', 0, 'before the attach');
+         SAVEPOINT s;
+         ALTER TABLE ev ATTACH PARTITION ev_asia FOR VALUES IN ('asia');
+         RELEASE s;
+         UPDATE ev SET v = -v WHERE id = 300;
+         COMMIT;
+         ALTER TABLE ev ATTACH PARTITION ev_jp FOR VALUES IN ('jp');
+         ALTER TABLE ev_jp ATTACH PARTITION ev_jp_hi FOR VALUES FROM (1010) TO (MAXVALUE);
+         UPDATE ev SET v = v + 1000 WHERE region IN ('asia', 'jp') AND id % 3 = 0;
+         DELETE FROM ev WHERE region = 'jp' AND id % 5 = 0;
+         ALTER TABLE ev DETACH PARTITION ev_us;",
+        standalone("ev_asia"),
+        rows("ev_asia", "asia", 300),
+        rows("ev_jp", "jp", 1000).replace("+ 19", "+ 9"),
+        standalone("ev_jp_hi"),
+        rows("ev_jp_hi", "jp", 1010).replace("+ 19", "+ 9"),
+    ))
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    // The detached partition's rows stay in the lake (docs/tables.md).
+    db.exec("ALTER TABLE ev ATTACH PARTITION ev_us FOR VALUES IN ('us')")
+        .await;
+    assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
+
+    // While streaming: a partition attached, its rows changed at once.
+    let mut streaming = run_options(&db, &["ev"], &slot, dir.path());
+    streaming.exit_when_idle = None;
+    let shutdown = streaming.shutdown.clone();
+    let config = db.config.clone();
+    let pipeline = tokio::spawn(async move { run(&config, &streaming).await });
+    db.wait_until_active(&slot).await;
+    db.exec(&format!(
+        "{}{}
+         ALTER TABLE ev ATTACH PARTITION ev_fr FOR VALUES IN ('fr');
+         UPDATE ev SET v = v + 2000 WHERE region = 'fr' AND id % 2 = 0;
+         DELETE FROM ev WHERE region = 'fr' AND id % 7 = 0;",
+        standalone("ev_fr"),
+        rows("ev_fr", "fr", 2000)
+    ))
+    .await;
+    let target = db.wal_insert_lsn().await;
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while db.confirmed_flush(&slot).await.unwrap() < target {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the run did not catch up"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    shutdown.request();
+    pipeline.await.unwrap().unwrap();
+    assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
+
+    // Bronze: each attached row is a read, at its attach's commit.
+    let bronze = pyiceberg(dir.path(), "shop.ev_changes", "rows").await;
+    let attached = |region: &str| -> Vec<(String, i64)> {
+        bronze
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["region"] == json!(region) && r["_cdc_op"] == json!("r"))
+            .map(|r| (r["_cdc_commit_lsn"].to_string(), r["id"].as_i64().unwrap()))
+            .collect()
+    };
+    for region in ["asia", "jp", "fr"] {
+        let reads = attached(region);
+        assert_eq!(reads.len(), 20, "{region}: {reads:?}");
+        assert!(
+            reads.iter().all(|(lsn, _)| lsn == &reads[0].0),
+            "{region}: one commit holds them: {reads:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_partitioned_table_needs_the_attached_rows_trigger_which_a_superuser_setup_installs() {
+    let db = TestDb::new().await;
+    let role = unique("plain");
+    db.exec(&format!(
+        "{EVENTS}
+         CREATE ROLE {role} LOGIN REPLICATION;
+         GRANT SELECT ON ALL TABLES IN SCHEMA public TO {role};"
+    ))
+    .await;
+    let mut config = db.config.clone();
+    config.user = role;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["ev"], &unique("plain"), dir.path());
+    let failures = capture::check(&config, &opts.capture).await.unwrap();
+    let f = failures
+        .iter()
+        .find(|f| f.check == "attached_rows_trigger")
+        .unwrap_or_else(|| panic!("{failures:?}"));
+    assert!(
+        f.problem.contains("public.ev") && f.fix.contains("wal2iceberg setup --tables public.ev"),
+        "{f}"
+    );
+    let slots = db.slot_count().await;
+    let err = run(&config, &opts).await.unwrap_err().to_string();
+    assert!(err.contains("wal2iceberg_attached_rows"), "{err}");
+    assert_eq!(db.slot_count().await, slots, "no slot was created");
+
+    let ev = wal2iceberg::pg::source::TableName::parse("public.ev").unwrap();
+    wal2iceberg::ops::setup::setup(&db.config, &[ev])
+        .await
+        .unwrap();
+    let failures = capture::check(&config, &opts.capture).await.unwrap();
+    assert!(
+        failures.iter().all(|f| f.check != "attached_rows_trigger"),
+        "{failures:?}"
     );
 }

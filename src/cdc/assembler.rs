@@ -18,6 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
 
+use super::attached::{self, AttachedRow};
 use super::event::{BeforeImage, Change, Event, ImageKind, Op, TxInfo};
 use super::relation::{Catalog, Describe, RelationCache, RelationInfo, TupleRole};
 use super::temporal::pg_micros_to_unix;
@@ -101,6 +102,9 @@ pub struct Assembler<D = Catalog> {
     decoder: Decoder,
     catalog: D,
     relations: RelationCache,
+    /// Captured tables the stream has not described, as the catalog
+    /// describes them: for rows of an attached partition ([`attached`]).
+    described: HashMap<TableName, Arc<RelationInfo>>,
     open: Option<OpenTx>,
     /// The top-level xid of the open Stream Start/Stop block.
     streaming: Option<u32>,
@@ -116,6 +120,7 @@ impl<D: Describe> Assembler<D> {
             decoder: Decoder::new(),
             catalog,
             relations: RelationCache::default(),
+            described: HashMap::new(),
             open: None,
             streaming: None,
             spools: HashMap::new(),
@@ -282,6 +287,7 @@ impl<D: Describe> Assembler<D> {
     ) -> Result<()> {
         if let Message::Relation(_, rel) = message {
             let relation = self.catalog.describe(rel).await?;
+            self.described.remove(&relation.name);
             self.relations.insert(relation);
             return Ok(());
         }
@@ -289,6 +295,13 @@ impl<D: Describe> Assembler<D> {
             return Ok(());
         }
         if let Message::Message(_, m) = message {
+            if m.transactional
+                && m.prefix == attached::PREFIX
+                && let Some((tx, seq)) = tx
+            {
+                let row = AttachedRow::parse(&m.content, lsn)?;
+                return self.attached_row(row, tx, seq, lsn).await;
+            }
             self.ready.push_back(Event::Message {
                 tx: if m.transactional {
                     tx.map(|(t, _)| t)
@@ -372,6 +385,58 @@ impl<D: Describe> Assembler<D> {
                 ));
             }
         }
+        Ok(())
+    }
+}
+
+impl<D: Describe> Assembler<D> {
+    /// A row an attached partition held, as a read of the captured table
+    /// it was attached to; rows attached to other tables are dropped.
+    async fn attached_row(
+        &mut self,
+        row: AttachedRow,
+        tx: TxInfo,
+        seq: &mut u64,
+        lsn: Lsn,
+    ) -> Result<()> {
+        let table = row.table();
+        if !self.tables.contains(&table) {
+            return Ok(());
+        }
+        let relation = match self
+            .relations
+            .named(&table)
+            .or_else(|| self.described.get(&table).cloned())
+        {
+            Some(relation) => relation,
+            None => {
+                let described = self.catalog.describe_table(&table).await?.ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::Protocol,
+                        "rows of an attached partition name a table that cannot be described",
+                    )
+                    .with_context("table", &table)
+                    .with_context("lsn", lsn)
+                })?;
+                let described = Arc::new(described);
+                self.described.insert(table, described.clone());
+                described
+            }
+        };
+        let after = row
+            .decode(&relation, lsn)
+            .map_err(|e| e.with_context("xid", tx.xid))?;
+        self.ready.push_back(Event::Change(Change {
+            op: Op::Read,
+            relation,
+            tx,
+            seq: *seq,
+            lsn,
+            before: None,
+            after: Some(after),
+            truncate_options: 0,
+        }));
+        *seq += 1;
         Ok(())
     }
 }

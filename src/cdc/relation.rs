@@ -286,6 +286,13 @@ pub trait Describe {
         &mut self,
         rel: pgoutput::Relation,
     ) -> impl Future<Output = Result<RelationInfo>> + Send;
+
+    /// A table the stream has not described yet, as it is now; `None`
+    /// when it cannot say.
+    fn describe_table(
+        &mut self,
+        table: &TableName,
+    ) -> impl Future<Output = Result<Option<RelationInfo>>> + Send;
 }
 
 impl Describe for Catalog {
@@ -294,6 +301,11 @@ impl Describe for Catalog {
         rel: pgoutput::Relation,
     ) -> impl Future<Output = Result<RelationInfo>> + Send {
         self.relation_from_message(rel)
+    }
+
+    async fn describe_table(&mut self, table: &TableName) -> Result<Option<RelationInfo>> {
+        let described = source::describe_table(&self.client, table).await?;
+        self.relation_from_table(&described).await.map(Some)
     }
 }
 
@@ -320,6 +332,10 @@ impl Describe for MessageOnly {
             .collect();
         Ok(RelationInfo::from_message(rel, &primary_key, types))
     }
+
+    async fn describe_table(&mut self, _table: &TableName) -> Result<Option<RelationInfo>> {
+        Ok(None)
+    }
 }
 
 /// Relations by OID, as last described by the server.
@@ -333,6 +349,11 @@ impl RelationCache {
         let relation = Arc::new(relation);
         self.by_oid.insert(relation.oid, relation.clone());
         relation
+    }
+
+    /// The relation the stream last described under `name`.
+    pub fn named(&self, name: &TableName) -> Option<Arc<RelationInfo>> {
+        self.by_oid.values().find(|r| &r.name == name).cloned()
     }
 
     /// The relation for a change; the server always describes a relation

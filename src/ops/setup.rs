@@ -30,6 +30,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "003_wal2iceberg_publish_via_root.sql",
         include_str!("../../migrations/003_wal2iceberg_publish_via_root.sql"),
     ),
+    (source::ATTACHED_ROWS_MIGRATION, source::ATTACHED_ROWS_SQL),
 ];
 
 pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {

@@ -505,6 +505,7 @@ async fn check_partitions(
         .await
         .map_err(q)?;
     let mut failures = Vec::new();
+    let mut partitioned_tables = Vec::new();
     for table in tables {
         let Some(row) = client
             .query_opt(
@@ -533,6 +534,9 @@ async fn check_partitions(
             .zip(row.get::<_, Vec<String>>(3))
             .map(|(schema, name)| TableName { schema, name })
             .collect();
+        if partitioned {
+            partitioned_tables.push(table);
+        }
         if partitioned
             && let Some(publication_row) = &publication_row
             && !publication_row.get::<_, bool>(0)
@@ -585,7 +589,73 @@ async fn check_partitions(
             });
         }
     }
+    if let Some(table) = partitioned_tables.first()
+        && !attached_rows_trigger(client).await?
+    {
+        let superuser: bool = client
+            .query_one(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+                &[],
+            )
+            .await
+            .map_err(q)?
+            .get(0);
+        if !superuser {
+            failures.push(CheckFailure {
+                check: "attached_rows_trigger",
+                problem: format!(
+                    "{table} is partitioned: the rows a partition holds when it is attached \
+                     never pass through the WAL, and the event trigger {ATTACHED_ROWS_TRIGGER} \
+                     that sends them is not installed (it needs a superuser)"
+                ),
+                fix: format!(
+                    "run wal2iceberg setup --tables {table} once as a superuser, or apply \
+                     migrations/{ATTACHED_ROWS_MIGRATION} with psql as one"
+                ),
+            });
+        }
+    }
     Ok(failures)
+}
+
+/// The event trigger that sends an attached partition's rows
+/// ([`crate::cdc::attached`]), and the migration that installs it.
+pub const ATTACHED_ROWS_TRIGGER: &str = "wal2iceberg_attached_rows";
+pub const ATTACHED_ROWS_MIGRATION: &str = "004_wal2iceberg_attached_rows.sql";
+pub const ATTACHED_ROWS_SQL: &str =
+    include_str!("../../migrations/004_wal2iceberg_attached_rows.sql");
+
+/// Whether the attached-rows event trigger is installed and enabled.
+pub async fn attached_rows_trigger(client: &Client) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D')",
+            &[&ATTACHED_ROWS_TRIGGER],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_event_trigger"))?;
+    Ok(row.get(0))
+}
+
+/// Installs the attached-rows event trigger when a captured table is
+/// partitioned and it is missing; the preflight made sure the role can.
+pub async fn ensure_attached_rows_trigger(client: &Client, tables: &[TableName]) -> Result<()> {
+    let mut partitioned = false;
+    for table in tables {
+        partitioned |= describe_table(client, table).await?.partitioned;
+    }
+    if !partitioned || attached_rows_trigger(client).await? {
+        return Ok(());
+    }
+    client.batch_execute(ATTACHED_ROWS_SQL).await.map_err(|e| {
+        postgres(e, "cannot install the attached-rows event trigger")
+            .with_context("file", ATTACHED_ROWS_MIGRATION)
+    })?;
+    tracing::info!(
+        trigger = ATTACHED_ROWS_TRIGGER,
+        "installed the event trigger that sends the rows of attached partitions"
+    );
+    Ok(())
 }
 
 /// The relations named in a publication (`pg_publication_rel`: a
