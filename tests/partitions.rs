@@ -180,7 +180,8 @@ async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions
     // A partition created while the workload goes on, and rows in it;
     // a table holding rows attached (the audit records its rows as reads
     // in the attaching transaction, as bronze must show them), rows moved
-    // into it; then a run killed mid-stream. The workload pauses for the
+    // into it, a partition truncated alone (its rows deletes); then a run
+    // killed mid-stream. The workload pauses for the
     // attach so that the audit's order stays the commit order.
     oracle
         .db
@@ -200,6 +201,10 @@ async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions
              BEGIN;
              ALTER TABLE accounts ATTACH PARTITION accounts_attached FOR VALUES FROM (200000000) TO (300000000);
              INSERT INTO audit(op, new) SELECT 'r', to_jsonb(a) FROM accounts_attached a;
+             COMMIT;
+             BEGIN;
+             INSERT INTO audit(op, old) SELECT 'd', to_jsonb(a) FROM accounts_low_1 a;
+             TRUNCATE accounts_low_1;
              COMMIT;
              UPDATE accounts SET balance = balance + 1 WHERE id BETWEEN 200000000 AND 200000020;
              UPDATE accounts SET id = id - 400000000 WHERE id BETWEEN 200000050 AND 200000060;",
@@ -329,7 +334,7 @@ async fn rows_a_partition_held_when_attached_reach_the_lake_at_the_attach_whethe
 }
 
 #[tokio::test]
-async fn a_partitioned_table_needs_the_attached_rows_trigger_which_a_superuser_setup_installs() {
+async fn a_partitioned_table_needs_the_partition_triggers_which_a_superuser_setup_installs() {
     let db = TestDb::new().await;
     let role = unique("plain");
     db.exec(&format!(
@@ -345,7 +350,7 @@ async fn a_partitioned_table_needs_the_attached_rows_trigger_which_a_superuser_s
     let failures = capture::check(&config, &opts.capture).await.unwrap();
     let f = failures
         .iter()
-        .find(|f| f.check == "attached_rows_trigger")
+        .find(|f| f.check == "partition_rows_triggers")
         .unwrap_or_else(|| panic!("{failures:?}"));
     assert!(
         f.problem.contains("public.ev") && f.fix.contains("wal2iceberg setup --tables public.ev"),
@@ -353,7 +358,7 @@ async fn a_partitioned_table_needs_the_attached_rows_trigger_which_a_superuser_s
     );
     let slots = db.slot_count().await;
     let err = run(&config, &opts).await.unwrap_err().to_string();
-    assert!(err.contains("wal2iceberg_attached_rows"), "{err}");
+    assert!(err.contains("partition_rows_triggers"), "{err}");
     assert_eq!(db.slot_count().await, slots, "no slot was created");
 
     let ev = wal2iceberg::pg::source::TableName::parse("public.ev").unwrap();
@@ -362,7 +367,69 @@ async fn a_partitioned_table_needs_the_attached_rows_trigger_which_a_superuser_s
         .unwrap();
     let failures = capture::check(&config, &opts.capture).await.unwrap();
     assert!(
-        failures.iter().all(|f| f.check != "attached_rows_trigger"),
+        failures
+            .iter()
+            .all(|f| f.check != "partition_rows_triggers"),
         "{failures:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_truncate_of_partitions_alone_deletes_their_rows_and_one_of_the_whole_table_stays_a_truncate()
+ {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "{EVENTS}
+         INSERT INTO ev SELECT i, (ARRAY['eu', 'us', 'asia'])[1 + i % 3], i, 'loaded'
+           FROM generate_series(1, 300) i;"
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["ev"], &unique("trunc"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    // A leaf, a partitioned partition (its leaves send), and a partition
+    // created after the run began, in one transaction with other changes.
+    db.exec(
+        "CREATE TABLE ev_jp PARTITION OF ev FOR VALUES IN ('jp');
+         INSERT INTO ev SELECT i, 'jp', i, 'jp' FROM generate_series(1000, 1009) i;
+         BEGIN;
+         UPDATE ev SET v = -v WHERE region = 'us' AND id < 50;
+         TRUNCATE ev_us;
+         INSERT INTO ev VALUES (2000, 'us', 1, 'after the truncate');
+         COMMIT;
+         TRUNCATE ev_eu_lo, ev_jp;
+         TRUNCATE ev_eu;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
+    let bronze = pyiceberg(dir.path(), "shop.ev_changes", "rows").await;
+    let count = |op: &str| {
+        bronze
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["_cdc_op"] == json!(op))
+            .count()
+    };
+    // us: 100 rows; eu: 33 in its low leaf, then the other 67; jp: 10.
+    assert_eq!(count("d"), 210, "one delete per truncated row");
+    assert_eq!(count("t"), 0);
+
+    db.exec("INSERT INTO ev VALUES (3000, 'eu', 1, 'x'); TRUNCATE ev;")
+        .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
+    let bronze = pyiceberg(dir.path(), "shop.ev_changes", "rows").await;
+    let ops: Vec<&str> = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        (ops.iter().filter(|o| **o == "d").count(), ops.last()),
+        (210, Some(&"t")),
+        "a TRUNCATE of the partitioned table sends no keys"
     );
 }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
 
-use super::attached::{self, AttachedRow};
 use super::event::{BeforeImage, Change, Event, ImageKind, Op, TxInfo};
+use super::partition_rows::{self, PartitionRow};
 use super::relation::{Catalog, Describe, RelationCache, RelationInfo, TupleRole};
 use super::temporal::pg_micros_to_unix;
 use crate::error::{Error, ErrorKind, Result};
@@ -103,7 +103,7 @@ pub struct Assembler<D = Catalog> {
     catalog: D,
     relations: RelationCache,
     /// Captured tables the stream has not described, as the catalog
-    /// describes them: for rows of an attached partition ([`attached`]).
+    /// describes them: for rows of partitions ([`partition_rows`]).
     described: HashMap<TableName, Arc<RelationInfo>>,
     open: Option<OpenTx>,
     /// The top-level xid of the open Stream Start/Stop block.
@@ -296,11 +296,11 @@ impl<D: Describe> Assembler<D> {
         }
         if let Message::Message(_, m) = message {
             if m.transactional
-                && m.prefix == attached::PREFIX
+                && let Some(op) = partition_rows::op_of(&m.prefix)
                 && let Some((tx, seq)) = tx
             {
-                let row = AttachedRow::parse(&m.content, lsn)?;
-                return self.attached_row(row, tx, seq, lsn).await;
+                let row = PartitionRow::parse(&m.prefix, &m.content, lsn)?;
+                return self.partition_row(op, row, tx, seq, lsn).await;
             }
             self.ready.push_back(Event::Message {
                 tx: if m.transactional {
@@ -391,10 +391,12 @@ impl<D: Describe> Assembler<D> {
 
 impl<D: Describe> Assembler<D> {
     /// A row an attached partition held, as a read of the captured table
-    /// it was attached to; rows attached to other tables are dropped.
-    async fn attached_row(
+    /// it was attached to, or one a partition's TRUNCATE removed, as a
+    /// delete; rows of other tables are dropped.
+    async fn partition_row(
         &mut self,
-        row: AttachedRow,
+        op: Op,
+        row: PartitionRow,
         tx: TxInfo,
         seq: &mut u64,
         lsn: Lsn,
@@ -413,7 +415,7 @@ impl<D: Describe> Assembler<D> {
                 let described = self.catalog.describe_table(&table).await?.ok_or_else(|| {
                     Error::new(
                         ErrorKind::Protocol,
-                        "rows of an attached partition name a table that cannot be described",
+                        "rows of a partition name a table that cannot be described",
                     )
                     .with_context("table", &table)
                     .with_context("lsn", lsn)
@@ -423,17 +425,22 @@ impl<D: Describe> Assembler<D> {
                 described
             }
         };
-        let after = row
-            .decode(&relation, lsn)
-            .map_err(|e| e.with_context("xid", tx.xid))?;
+        let with_xid = |e: Error| e.with_context("xid", tx.xid);
+        let (before, after) = match op {
+            Op::Delete => (
+                Some(row.decode_key(&relation, lsn).map_err(with_xid)?),
+                None,
+            ),
+            _ => (None, Some(row.decode(&relation, lsn).map_err(with_xid)?)),
+        };
         self.ready.push_back(Event::Change(Change {
-            op: Op::Read,
+            op,
             relation,
             tx,
             seq: *seq,
             lsn,
-            before: None,
-            after: Some(after),
+            before,
+            after,
             truncate_options: 0,
         }));
         *seq += 1;

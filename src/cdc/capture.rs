@@ -203,7 +203,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         return Err(preflight_error(&failures));
     }
     source::ensure_publication(&client, &options.publication, &options.tables).await?;
-    source::ensure_attached_rows_trigger(&client, &options.tables).await?;
+    source::ensure_partition_rows(&client, &options.tables).await?;
     let existing = source::slot_info(&client, &options.slot).await?;
     let catalog = Catalog::new(client);
     let mut connection = ReplicationConnection::connect(config).await?;

@@ -4,15 +4,15 @@
 //! - `relation`: relation descriptions, their cache and catalog look-ups.
 //! - `event`: transactions and row changes as the rest of the program sees them.
 //! - `assembler`: pgoutput messages to events, streamed transactions spooled.
-//! - `attached`: rows of an attached partition, from the messages its trigger writes.
+//! - `partition_rows`: attached and truncated partitions' rows, from the messages of their triggers.
 //! - `snapshot`: the initial load from the slot's exported snapshot.
 //! - `stream`: the running change stream and its confirmation rules.
 //! - `capture`: preflight, publication and slot, then load or resume.
 
 pub mod assembler;
-pub mod attached;
 pub mod capture;
 pub mod event;
+pub mod partition_rows;
 pub mod relation;
 pub mod snapshot;
 pub mod stream;

@@ -30,7 +30,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         "003_wal2iceberg_publish_via_root.sql",
         include_str!("../../migrations/003_wal2iceberg_publish_via_root.sql"),
     ),
-    (source::ATTACHED_ROWS_MIGRATION, source::ATTACHED_ROWS_SQL),
+    (source::PARTITION_ROWS_MIGRATION, source::PARTITION_ROWS_SQL),
 ];
 
 pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {
@@ -65,5 +65,6 @@ pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {
             .await
             .map_err(|e| postgres(e, "cannot grant SELECT").with_context("table", table))?;
     }
-    source::ensure_publication(&client, PUBLICATION, tables).await
+    source::ensure_publication(&client, PUBLICATION, tables).await?;
+    source::ensure_partition_rows(&client, tables).await
 }

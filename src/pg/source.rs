@@ -589,72 +589,105 @@ async fn check_partitions(
             });
         }
     }
-    if let Some(table) = partitioned_tables.first()
-        && !attached_rows_trigger(client).await?
-    {
-        let superuser: bool = client
-            .query_one(
-                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
-                &[],
-            )
-            .await
-            .map_err(q)?
-            .get(0);
-        if !superuser {
-            failures.push(CheckFailure {
-                check: "attached_rows_trigger",
-                problem: format!(
-                    "{table} is partitioned: the rows a partition holds when it is attached \
-                     never pass through the WAL, and the event trigger {ATTACHED_ROWS_TRIGGER} \
-                     that sends them is not installed (it needs a superuser)"
-                ),
-                fix: format!(
-                    "run wal2iceberg setup --tables {table} once as a superuser, or apply \
-                     migrations/{ATTACHED_ROWS_MIGRATION} with psql as one"
-                ),
-            });
+    let mut unready = Vec::new();
+    for table in partitioned_tables {
+        if !partition_rows_ready(client, table).await? {
+            unready.push(table.to_string());
         }
+    }
+    if !unready.is_empty() && !is_superuser(client).await? {
+        let tables = unready.join(",");
+        failures.push(CheckFailure {
+            check: "partition_rows_triggers",
+            problem: format!(
+                "{tables}: partitioned, and the triggers that send the rows of partitions \
+                 attached or truncated later (which never pass through the WAL as the \
+                 partitioned table's changes) are not installed: they need a superuser"
+            ),
+            fix: format!(
+                "run wal2iceberg setup --tables {tables} once as a superuser (it applies \
+                 migrations/{PARTITION_ROWS_MIGRATION})"
+            ),
+        });
     }
     Ok(failures)
 }
 
-/// The event trigger that sends an attached partition's rows
-/// ([`crate::cdc::attached`]), and the migration that installs it.
-pub const ATTACHED_ROWS_TRIGGER: &str = "wal2iceberg_attached_rows";
-pub const ATTACHED_ROWS_MIGRATION: &str = "004_wal2iceberg_attached_rows.sql";
-pub const ATTACHED_ROWS_SQL: &str =
-    include_str!("../../migrations/004_wal2iceberg_attached_rows.sql");
+/// The event trigger that sends the rows of attached partitions and puts
+/// the TRUNCATE triggers on new ones ([`crate::cdc::partition_rows`]), and
+/// the migration that installs them.
+pub const PARTITION_ROWS_TRIGGER: &str = "wal2iceberg_partition_rows";
+pub const PARTITION_ROWS_MIGRATION: &str = "004_wal2iceberg_partition_rows.sql";
+pub const PARTITION_ROWS_SQL: &str =
+    include_str!("../../migrations/004_wal2iceberg_partition_rows.sql");
 
-/// Whether the attached-rows event trigger is installed and enabled.
-pub async fn attached_rows_trigger(client: &Client) -> Result<bool> {
+async fn is_superuser(client: &Client) -> Result<bool> {
     let row = client
         .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D')",
-            &[&ATTACHED_ROWS_TRIGGER],
+            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
+            &[],
         )
         .await
-        .map_err(|e| postgres(e, "cannot read pg_event_trigger"))?;
+        .map_err(|e| postgres(e, "cannot read pg_roles"))?;
     Ok(row.get(0))
 }
 
-/// Installs the attached-rows event trigger when a captured table is
-/// partitioned and it is missing; the preflight made sure the role can.
-pub async fn ensure_attached_rows_trigger(client: &Client, tables: &[TableName]) -> Result<()> {
-    let mut partitioned = false;
+/// Whether the event trigger is enabled and every table of `root`'s
+/// partition tree has its TRUNCATE trigger.
+async fn partition_rows_ready(client: &Client, root: &TableName) -> Result<bool> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D') \
+                    AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = $2::text::regclass \
+                                AND g.tgname = 'wal2iceberg_truncated_end') \
+                    AND NOT EXISTS (SELECT 1 FROM pg_partition_tree($2::text::regclass) t \
+                                    WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g \
+                                                      WHERE g.tgrelid = t.relid AND g.tgenabled <> 'D' \
+                                                        AND g.tgname = 'wal2iceberg_truncated_rows'))",
+            &[&PARTITION_ROWS_TRIGGER, &root.quoted()],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read the partition triggers").with_context("table", root))?;
+    Ok(row.get(0))
+}
+
+/// Installs what sends the rows of attached and truncated partitions for
+/// each partitioned table of `tables` that lacks it, as a superuser (the
+/// preflight refuses the tables otherwise). Putting a TRUNCATE trigger on
+/// a partition takes a brief SHARE ROW EXCLUSIVE lock on it, once.
+pub async fn ensure_partition_rows(client: &Client, tables: &[TableName]) -> Result<()> {
+    let mut unready = Vec::new();
     for table in tables {
-        partitioned |= describe_table(client, table).await?.partitioned;
+        if describe_table(client, table).await?.partitioned
+            && !partition_rows_ready(client, table).await?
+        {
+            unready.push(table);
+        }
     }
-    if !partitioned || attached_rows_trigger(client).await? {
+    if unready.is_empty() || !is_superuser(client).await? {
         return Ok(());
     }
-    client.batch_execute(ATTACHED_ROWS_SQL).await.map_err(|e| {
-        postgres(e, "cannot install the attached-rows event trigger")
-            .with_context("file", ATTACHED_ROWS_MIGRATION)
-    })?;
-    tracing::info!(
-        trigger = ATTACHED_ROWS_TRIGGER,
-        "installed the event trigger that sends the rows of attached partitions"
-    );
+    let failed = |e| {
+        postgres(e, "cannot install the partition triggers")
+            .with_context("file", PARTITION_ROWS_MIGRATION)
+    };
+    client
+        .batch_execute(PARTITION_ROWS_SQL)
+        .await
+        .map_err(failed)?;
+    for table in unready {
+        client
+            .execute(
+                "SELECT wal2iceberg.watch_truncates($1::text::regclass)",
+                &[&table.quoted()],
+            )
+            .await
+            .map_err(failed)?;
+        tracing::info!(
+            %table,
+            "installed the triggers that send the rows of attached and truncated partitions"
+        );
+    }
     Ok(())
 }
 

@@ -1,0 +1,167 @@
+//! Rows of a partitioned table published via its root that change with no
+//! change of that table in the WAL: the rows a partition held when it was
+//! attached (written as the standalone table's), and the rows a TRUNCATE
+//! of one partition removes (not published under
+//! `publish_via_partition_root`). The triggers of
+//! `migrations/004_wal2iceberg_partition_rows.sql` write each into the
+//! same transaction as a transactional logical message: `{"schema": ..,
+//! "table": .., "row": {column: text or null, ..}}`, each value in the
+//! text form pgoutput sends, the whole row when attached, the key when
+//! truncated. The assembler turns them into reads and deletes of the
+//! partitioned table at their place in the stream (docs/tables.md,
+//! Partitioned tables).
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use super::event::{BeforeImage, Datum, ImageKind, Op};
+use super::relation::RelationInfo;
+use super::value::Value;
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::lsn::Lsn;
+use crate::pg::source::TableName;
+
+/// The prefixes of the triggers' messages.
+pub const ATTACHED: &str = "wal2iceberg.attached_row";
+pub const TRUNCATED: &str = "wal2iceberg.truncated_row";
+
+/// The change a message with `prefix` stands for, if it is one of ours.
+pub fn op_of(prefix: &str) -> Option<Op> {
+    match prefix {
+        ATTACHED => Some(Op::Read),
+        TRUNCATED => Some(Op::Delete),
+        _ => None,
+    }
+}
+
+/// One row, as its message carries it.
+#[derive(Debug, Deserialize)]
+pub struct PartitionRow {
+    schema: String,
+    table: String,
+    row: HashMap<String, Option<String>>,
+}
+
+impl PartitionRow {
+    pub fn parse(prefix: &str, content: &[u8], lsn: Lsn) -> Result<PartitionRow> {
+        serde_json::from_slice(content).map_err(|e| {
+            Error::new(
+                ErrorKind::Protocol,
+                format!("a {prefix} message is not the JSON its trigger writes"),
+            )
+            .with_context("lsn", lsn)
+            .with_source(e)
+        })
+    }
+
+    /// The partitioned table the row is one of.
+    pub fn table(&self) -> TableName {
+        TableName {
+            schema: self.schema.clone(),
+            name: self.table.clone(),
+        }
+    }
+
+    /// An attached row in `relation`'s column order. A column the message
+    /// lacks (added after the attach) is null, as it is for the table's
+    /// other rows then; a column the relation lacks (dropped since) is
+    /// ignored.
+    pub fn decode(mut self, relation: &RelationInfo, lsn: Lsn) -> Result<Vec<Datum>> {
+        relation
+            .columns
+            .iter()
+            .map(|column| match self.row.remove(&column.name).flatten() {
+                None => Ok(Datum::Value(Value::Null)),
+                Some(text) => relation.parse_text(column, &text, lsn).map(Datum::Value),
+            })
+            .collect()
+    }
+
+    /// A truncated row's before image: its key, or the whole row for a
+    /// table without one.
+    pub fn decode_key(mut self, relation: &RelationInfo, lsn: Lsn) -> Result<BeforeImage> {
+        let whole = relation
+            .columns
+            .iter()
+            .all(|c| self.row.contains_key(&c.name));
+        let row = relation
+            .columns
+            .iter()
+            .map(|column| match self.row.remove(&column.name) {
+                None => Ok(Datum::NotSent),
+                Some(None) => Ok(Datum::Value(Value::Null)),
+                Some(Some(text)) => relation.parse_text(column, &text, lsn).map(Datum::Value),
+            })
+            .collect::<Result<_>>()?;
+        Ok(BeforeImage {
+            kind: if whole {
+                ImageKind::Full
+            } else {
+                ImageKind::Key
+            },
+            row,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cdc::relation::fixtures::{column, relation};
+    use crate::cdc::value::PgType;
+
+    #[test]
+    fn a_row_decodes_by_column_name_whatever_the_order_and_missing_columns_are_null() {
+        let rel = relation(vec![
+            column("id", PgType::Int4, -1, true),
+            column("note", PgType::Text, -1, false),
+            column("added", PgType::Int4, -1, false),
+        ]);
+        let content = br#"{"schema": "public", "table": "t",
+            "row": {"note": "a \"quoted\" {brace}", "gone": "x", "id": "7"}}"#;
+        let row = PartitionRow::parse(ATTACHED, content, Lsn(1)).unwrap();
+        assert_eq!(row.table(), TableName::parse("public.t").unwrap());
+        assert_eq!(
+            row.decode(&rel, Lsn(1)).unwrap(),
+            vec![
+                Datum::Value(Value::Int4(7)),
+                Datum::Value(Value::Text("a \"quoted\" {brace}".into())),
+                Datum::Value(Value::Null),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_message_that_is_not_the_triggers_json_is_an_error_naming_its_lsn() {
+        let err = PartitionRow::parse(TRUNCATED, b"{\"schema\": 1}", Lsn(0x10))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(TRUNCATED) && err.contains("0/10"), "{err}");
+    }
+
+    #[test]
+    fn a_truncated_row_is_a_key_image_unless_the_message_holds_every_column() {
+        let rel = relation(vec![
+            column("id", PgType::Int4, -1, true),
+            column("note", PgType::Text, -1, false),
+        ]);
+        let key = br#"{"schema": "public", "table": "t", "row": {"id": "7"}}"#;
+        let image = PartitionRow::parse(TRUNCATED, key, Lsn(1))
+            .unwrap()
+            .decode_key(&rel, Lsn(1))
+            .unwrap();
+        assert_eq!(image.kind, ImageKind::Key);
+        assert_eq!(
+            image.row,
+            vec![Datum::Value(Value::Int4(7)), Datum::NotSent]
+        );
+        let whole = br#"{"schema": "public", "table": "t", "row": {"id": "7", "note": null}}"#;
+        let image = PartitionRow::parse(TRUNCATED, whole, Lsn(1))
+            .unwrap()
+            .decode_key(&rel, Lsn(1))
+            .unwrap();
+        assert_eq!(image.kind, ImageKind::Full);
+        assert_eq!(image.row[1], Datum::Value(Value::Null));
+    }
+}
