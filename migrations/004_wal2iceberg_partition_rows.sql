@@ -46,10 +46,16 @@ BEGIN
   $fn$;
 
   -- One message per row of `source`, the `columns` of `target` (the table
-  -- publishing it) as their text.
+  -- publishing it) as their text. The session settings are those of
+  -- wal2iceberg's own connections, so that each value's text is what
+  -- pgoutput would send for it.
   CREATE OR REPLACE FUNCTION wal2iceberg.emit_rows(prefix text, target oid, source regclass, columns text[])
   RETURNS void
-  LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+  LANGUAGE plpgsql
+  SET search_path = pg_catalog, pg_temp
+  SET DateStyle = 'ISO' SET TimeZone = 'UTC' SET IntervalStyle = 'iso_8601'
+  SET extra_float_digits = 3 SET bytea_output = 'hex'
+  AS $fn$
   DECLARE
     fields text;
   BEGIN
@@ -81,8 +87,6 @@ BEGIN
   CREATE OR REPLACE FUNCTION wal2iceberg.emit_truncated_rows() RETURNS trigger
   LANGUAGE plpgsql SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
-  SET DateStyle = 'ISO' SET TimeZone = 'UTC' SET IntervalStyle = 'iso_8601'
-  SET extra_float_digits = 3 SET bytea_output = 'hex'
   AS $fn$
   DECLARE
     truncating text := coalesce(current_setting('wal2iceberg.truncating', true), '');
@@ -135,8 +139,6 @@ BEGIN
   CREATE OR REPLACE FUNCTION wal2iceberg.emit_attached_rows() RETURNS event_trigger
   LANGUAGE plpgsql SECURITY DEFINER
   SET search_path = pg_catalog, pg_temp
-  SET DateStyle = 'ISO' SET TimeZone = 'UTC' SET IntervalStyle = 'iso_8601'
-  SET extra_float_digits = 3 SET bytea_output = 'hex'
   AS $fn$
   DECLARE
     top bigint := pg_current_xact_id()::text::bigint;

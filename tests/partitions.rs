@@ -5,7 +5,7 @@
 
 use serde_json::json;
 use wal2iceberg::cdc::capture;
-use wal2iceberg::ops::run::run;
+use wal2iceberg::ops::run::{RunOptions, run};
 
 use crate::support::*;
 
@@ -20,8 +20,8 @@ const EVENTS: &str = "
     CREATE TABLE ev_us PARTITION OF ev FOR VALUES IN ('us');
     CREATE TABLE ev_other PARTITION OF ev DEFAULT;";
 
-#[tokio::test]
-async fn a_partitioned_table_is_one_lake_table_of_all_its_partitions() {
+/// [`EVENTS`] with 300 rows in three regions, loaded into a new lake.
+async fn loaded_events(slot: &str) -> (TestDb, tempfile::TempDir, RunOptions) {
     let db = TestDb::new().await;
     db.exec(&format!(
         "{EVENTS}
@@ -30,9 +30,14 @@ async fn a_partitioned_table_is_one_lake_table_of_all_its_partitions() {
     ))
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let slot = unique("parts");
-    let opts = run_options(&db, &["ev"], &slot, dir.path());
+    let opts = run_options(&db, &["ev"], &unique(slot), dir.path());
     run(&db.config, &opts).await.unwrap();
+    (db, dir, opts)
+}
+
+#[tokio::test]
+async fn a_partitioned_table_is_one_lake_table_of_all_its_partitions() {
+    let (db, dir, opts) = loaded_events("parts").await;
     assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
 
     // Changes in every partition, rows moving between partitions and
@@ -377,16 +382,7 @@ async fn a_partitioned_table_needs_the_partition_triggers_which_a_superuser_setu
 #[tokio::test]
 async fn a_truncate_of_partitions_alone_deletes_their_rows_and_one_of_the_whole_table_stays_a_truncate()
  {
-    let db = TestDb::new().await;
-    db.exec(&format!(
-        "{EVENTS}
-         INSERT INTO ev SELECT i, (ARRAY['eu', 'us', 'asia'])[1 + i % 3], i, 'loaded'
-           FROM generate_series(1, 300) i;"
-    ))
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let opts = run_options(&db, &["ev"], &unique("trunc"), dir.path());
-    run(&db.config, &opts).await.unwrap();
+    let (db, dir, opts) = loaded_events("trunc").await;
     // A leaf, a partitioned partition (its leaves send), and a partition
     // created after the run began, in one transaction with other changes.
     db.exec(

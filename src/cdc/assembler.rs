@@ -18,7 +18,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
 
-use super::event::{BeforeImage, Change, Event, ImageKind, Op, TxInfo};
+use super::event::{BeforeImage, Change, Datum, Event, ImageKind, Op, TxInfo};
 use super::partition_rows::{self, PartitionRow};
 use super::relation::{Catalog, Describe, RelationCache, RelationInfo, TupleRole};
 use super::temporal::pg_micros_to_unix;
@@ -316,21 +316,12 @@ impl<D: Describe> Assembler<D> {
         }
         let (tx, seq) = tx.ok_or_else(|| out_of_order("a change outside a transaction", lsn))?;
         let tables = &self.tables;
+        let mut next = Numbering { tx, seq, lsn };
         let mut emit = |relation: Arc<RelationInfo>, op, before, after, truncate_options| {
-            if !tables.contains(&relation.name) {
-                return;
+            if tables.contains(&relation.name) {
+                self.ready
+                    .push_back(next.change(relation, op, before, after, truncate_options));
             }
-            self.ready.push_back(Event::Change(Change {
-                op,
-                relation,
-                tx,
-                seq: *seq,
-                lsn,
-                before,
-                after,
-                truncate_options,
-            }));
-            *seq += 1;
         };
         // Rows of tables not captured are not decoded: a value of theirs
         // must not stop the captured ones.
@@ -433,18 +424,42 @@ impl<D: Describe> Assembler<D> {
             ),
             _ => (None, Some(row.decode(&relation, lsn).map_err(with_xid)?)),
         };
-        self.ready.push_back(Event::Change(Change {
+        let mut next = Numbering { tx, seq, lsn };
+        self.ready
+            .push_back(next.change(relation, op, before, after, 0));
+        Ok(())
+    }
+}
+
+/// The place of a transaction's next change: the transaction, the number
+/// it gets, and its message's position.
+struct Numbering<'a> {
+    tx: TxInfo,
+    seq: &'a mut u64,
+    lsn: Lsn,
+}
+
+impl Numbering<'_> {
+    fn change(
+        &mut self,
+        relation: Arc<RelationInfo>,
+        op: Op,
+        before: Option<BeforeImage>,
+        after: Option<Vec<Datum>>,
+        truncate_options: u8,
+    ) -> Event {
+        let seq = *self.seq;
+        *self.seq += 1;
+        Event::Change(Change {
             op,
             relation,
-            tx,
-            seq: *seq,
-            lsn,
+            tx: self.tx,
+            seq,
+            lsn: self.lsn,
             before,
             after,
-            truncate_options: 0,
-        }));
-        *seq += 1;
-        Ok(())
+            truncate_options,
+        })
     }
 }
 
