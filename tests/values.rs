@@ -398,26 +398,39 @@ mod random {
 }
 
 /// One random array of the element SQL literals `element` gives, as an
-/// ARRAY constructor of type `array_type` (elements null at random).
+/// ARRAY constructor of type `array_type` of `dimensions` dimensions
+/// (rectangular, as PostgreSQL requires; elements null at random).
 fn random_array(
     rng: &mut rand::rngs::StdRng,
     array_type: &str,
+    dimensions: usize,
     element: &dyn Fn(&mut rand::rngs::StdRng) -> String,
 ) -> String {
     use rand::Rng;
     if rng.random_bool(0.05) {
         return "NULL".into();
     }
-    let items: Vec<String> = (0..rng.random_range(0..6))
-        .map(|_| {
-            if rng.random_bool(0.15) {
-                "NULL".to_owned()
-            } else {
-                element(rng)
-            }
-        })
+    let shape: Vec<usize> = (0..dimensions)
+        .map(|level| rng.random_range(usize::from(level > 0)..5))
         .collect();
-    format!("ARRAY[{}]::{array_type}", items.join(", "))
+    if shape[0] == 0 {
+        return format!("'{{}}'::{array_type}");
+    }
+    fn level(
+        rng: &mut rand::rngs::StdRng,
+        shape: &[usize],
+        element: &dyn Fn(&mut rand::rngs::StdRng) -> String,
+    ) -> String {
+        let items: Vec<String> = (0..shape[0])
+            .map(|_| match shape.len() {
+                1 if rng.random_bool(0.15) => "NULL".to_owned(),
+                1 => element(rng),
+                _ => level(rng, &shape[1..], element),
+            })
+            .collect();
+        format!("[{}]", items.join(", "))
+    }
+    format!("ARRAY{}::{array_type}", level(rng, &shape, element))
 }
 
 #[tokio::test]
@@ -431,6 +444,25 @@ async fn random_arrays_of_every_element_type_replicate_element_for_element() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
 
     type Element = Box<dyn Fn(&mut rand::rngs::StdRng) -> String>;
+    // Declared with two or three dimensions: nested lists.
+    let grids: Vec<(&str, &str, Element)> = vec![
+        (
+            "g_text",
+            "text[][]",
+            Box::new(|r| random::quote(&random::text(r, 12))),
+        ),
+        (
+            "g_int",
+            "int8[][]",
+            Box::new(|r| r.random::<i64>().to_string()),
+        ),
+        ("g_tstz", "timestamptz[][]", Box::new(random::timestamptz)),
+        (
+            "g_num",
+            "numeric(12,2)[][][]",
+            Box::new(|r| random::numeric(r, 12, 2)),
+        ),
+    ];
     let labels = ["sad", "a b", "{x}", "q\"uote", "NULL", "c,d", "back\\slash"];
     let columns: Vec<(&str, &str, Element)> = vec![
         (
@@ -487,6 +519,8 @@ async fn random_arrays_of_every_element_type_replicate_element_for_element() {
             Box::new(|r| r.random_range(1..i32::MAX).to_string()),
         ),
     ];
+    let columns: Vec<(&str, &str, Element)> = columns.into_iter().chain(grids).collect();
+    let dimensions = |ty: &str| ty.matches("[]").count();
     let db = TestDb::new().await;
     let labels_sql: Vec<String> = labels.iter().map(|l| random::quote(l)).collect();
     db.exec(&format!(
@@ -507,7 +541,9 @@ async fn random_arrays_of_every_element_type_replicate_element_for_element() {
             .map(|id| {
                 let cells: Vec<String> = columns
                     .iter()
-                    .map(|(_, ty, element)| random_array(&mut rng, ty, element.as_ref()))
+                    .map(|(_, ty, element)| {
+                        random_array(&mut rng, ty, dimensions(ty), element.as_ref())
+                    })
                     .collect();
                 format!("INSERT INTO arrays VALUES ({id}, {});", cells.join(", "))
             })
@@ -586,4 +622,99 @@ async fn an_undecodable_key_stops_the_run_naming_table_column_lsn_and_xid_and_an
         err.contains("table=public.far") && err.contains("column=at") && err.contains("xid="),
         "{err}"
     );
+}
+
+/// Arrays declared with more dimensions are nested lists, level by level,
+/// loaded and streamed; their values of other dimensions or bounds are
+/// verbatim; and a table whose column was a flat list keeps it.
+#[tokio::test]
+async fn arrays_declared_multi_dimensional_are_nested_lists_and_their_odd_values_verbatim() {
+    let db = TestDb::new().await;
+    let rows = |from: i32| {
+        format!(
+            "INSERT INTO grids VALUES
+               ({from}, '{{{{1,2}},{{3,4}}}}', ARRAY[[['a{{', 'b'], ['c', '\"d\"']]],
+                '{{{{2026-12-01 10:00:00+00}}}}', '{{{{1.5,NULL}}}}', '{{{{1,2}}}}'),
+               ({}, '{{{{NULL,5}}}}', '{{}}', NULL, '{{{{1.5,NaN}}}}', '{{{{3}}}}'),
+               ({}, '{{1,2}}', NULL, '{{}}', NULL, NULL),
+               ({}, '[0:1][1:2]={{{{1,2}},{{3,4}}}}', NULL, NULL, NULL, '{{{{4}}}}');",
+            from + 1,
+            from + 2,
+            from + 3
+        )
+    };
+    db.exec(&format!(
+        "CREATE TABLE grids(id int PRIMARY KEY, g int[][], t text[][][], ts timestamptz[][],
+                            n numeric(12,2)[][], flat int[]);
+         {}",
+        rows(1)
+    ))
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["grids"], &unique("grids"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    db.exec(&rows(11)).await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "grids", dir.path(), "shop.grids").await;
+
+    let silver = rows_by_id(dir.path(), "shop.grids").await;
+    let duck: std::collections::BTreeMap<i64, Value> = duckdb(dir.path(), "shop.grids")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_i64().unwrap(), r.clone()))
+        .collect();
+    for (id, how) in [(1, "loaded"), (11, "streamed")] {
+        for rows in [&silver, &duck] {
+            assert_eq!(rows[&id]["g"], json!([[1, 2], [3, 4]]), "{how}");
+            assert_eq!(
+                rows[&id]["t"],
+                json!([[["a{", "b"], ["c", "\"d\""]]]),
+                "{how}"
+            );
+            assert_eq!(rows[&(id + 1)]["g"], json!([[null, 5]]), "{how}");
+        }
+        assert_eq!(
+            kept(&silver[&id]),
+            vec![("flat".to_owned(), "{{1,2}}".to_owned())]
+        );
+        assert_eq!(
+            kept(&silver[&(id + 1)]),
+            vec![
+                ("flat".to_owned(), "{{3}}".to_owned()),
+                ("n".to_owned(), "{{1.50,NaN}}".to_owned())
+            ],
+            "{how}"
+        );
+        assert_eq!(
+            kept(&silver[&(id + 2)]),
+            vec![("g".to_owned(), "{1,2}".to_owned())],
+            "one dimension in a column of two: {how}"
+        );
+        assert_eq!(
+            kept(&silver[&(id + 3)]),
+            vec![
+                ("flat".to_owned(), "{{4}}".to_owned()),
+                ("g".to_owned(), "[0:1][1:2]={{1,2},{3,4}}".to_owned())
+            ],
+            "{how}"
+        );
+    }
+
+    // Declared with two dimensions later, a column whose table holds a
+    // flat list keeps it, and its values of two dimensions verbatim.
+    db.exec(
+        "ALTER TABLE grids ALTER COLUMN flat TYPE int[][];
+         INSERT INTO grids VALUES (21, NULL, NULL, NULL, NULL, '{{7,8}}');",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "grids", dir.path(), "shop.grids").await;
+    let silver = rows_by_id(dir.path(), "shop.grids").await;
+    assert_eq!(
+        kept(&silver[&21]),
+        vec![("flat".to_owned(), "{{7,8}}".to_owned())]
+    );
+    assert_success(&verify_lake(&db, &opts.capture.slot, dir.path(), "public.grids").await);
 }

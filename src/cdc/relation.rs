@@ -203,6 +203,9 @@ pub struct Catalog {
 /// Domains over domains over arrays...: a bound against a cyclic catalog.
 const MAX_TYPE_DEPTH: usize = 16;
 
+/// PostgreSQL's arrays have at most six dimensions (`MAXDIM`).
+const MAX_ARRAY_DIMENSIONS: i32 = 6;
+
 impl Catalog {
     pub fn new(client: Arc<SourceClient>) -> Catalog {
         Catalog {
@@ -219,6 +222,19 @@ impl Catalog {
     /// type, enums as labels, arrays by element; anything else as text.
     pub async fn resolve_type(&mut self, oid: u32) -> Result<PgType> {
         self.resolve_type_at(oid, 0).await
+    }
+
+    /// A column's type: an array declared with more dimensions
+    /// (`int[][]`) is an array of arrays, each level a nested list in the
+    /// lake; its values of other dimensions are kept verbatim.
+    async fn column_type(&mut self, oid: u32, dimensions: i32) -> Result<PgType> {
+        let mut pg_type = self.resolve_type(oid).await?;
+        if matches!(pg_type, PgType::Array(_)) {
+            for _ in 1..dimensions.clamp(1, MAX_ARRAY_DIMENSIONS) {
+                pg_type = PgType::Array(Box::new(pg_type));
+            }
+        }
+        Ok(pg_type)
     }
 
     async fn resolve_type_at(&mut self, oid: u32, depth: usize) -> Result<PgType> {
@@ -250,9 +266,14 @@ impl Catalog {
     /// The relation a pgoutput Relation message describes.
     pub async fn relation_from_message(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
         let primary_key = source::primary_key(&self.client, rel.oid).await?;
+        let dimensions = source::array_dimensions(&self.client, rel.oid).await?;
         let mut types = Vec::with_capacity(rel.columns.len());
         for c in &rel.columns {
-            types.push(self.resolve_type(c.type_oid).await?);
+            let declared = dimensions
+                .iter()
+                .find(|(name, _)| name == &c.name)
+                .map_or(1, |(_, d)| *d);
+            types.push(self.column_type(c.type_oid, declared).await?);
         }
         Ok(RelationInfo::from_message(rel, &primary_key, types))
     }
@@ -265,7 +286,7 @@ impl Catalog {
                 name: c.name.clone(),
                 type_oid: c.type_oid,
                 type_modifier: c.type_modifier,
-                pg_type: self.resolve_type(c.type_oid).await?,
+                pg_type: self.column_type(c.type_oid, c.dimensions).await?,
                 is_identity_key: c.is_identity_key,
                 is_primary_key: c.is_primary_key,
             });

@@ -680,12 +680,13 @@ fn format_uuid(u: &[u8; 16]) -> String {
 /// whitespace dropped, backslash escapes, `NULL` in any case a null),
 /// whitespace allowed around every token.
 ///
-/// A one-dimensional array with the default lower bound 1 (or an empty
-/// one) is an [`Value::Array`] of its decoded elements. Any other array, a
-/// multi-dimensional one or one with explicit lower bounds, is kept as its
-/// exact text, [`Value::Unknown`]: the lake stores such a value verbatim
-/// (docs/values.md). The outer `Option` is the array syntax, the inner
-/// `Result` an element.
+/// An array with the default lower bounds (or an empty one) whose
+/// dimensions are those of `element`'s nesting (an `int[][]` column is an
+/// array of arrays of int) is an [`Value::Array`] of its decoded elements,
+/// nested as deep. Any other array, of other dimensions or with explicit
+/// lower bounds, is kept as its exact text, [`Value::Unknown`]: the lake
+/// stores such a value verbatim (docs/values.md). The outer `Option` is
+/// the array syntax, the inner `Result` an element.
 fn parse_array(element: &PgType, text: &str) -> Option<Result<Value, ValueError>> {
     let mut parser = ArrayParser {
         input: text.as_bytes(),
@@ -698,22 +699,38 @@ fn parse_array(element: &PgType, text: &str) -> Option<Result<Value, ValueError>
     if parser.at != parser.input.len() {
         return None;
     }
-    let one_dimensional = items.iter().all(|i| matches!(i, ArrayItem::Scalar(_)));
-    if !default_bounds || !one_dimensional {
-        return Some(Ok(Value::Unknown(text.to_owned())));
+    match default_bounds {
+        true => {
+            Some(array_value(element, items).unwrap_or_else(|| Ok(Value::Unknown(text.to_owned()))))
+        }
+        false => Some(Ok(Value::Unknown(text.to_owned()))),
     }
-    let values = items.into_iter().map(|item| match item {
-        ArrayItem::Scalar(Some(text)) => element.parse(&text),
-        _ => Ok(Value::Null),
-    });
-    Some(values.collect::<Result<_, _>>().map(Value::Array))
+}
+
+/// The items of one level as values of `element`; `None` when their
+/// nesting is not `element`'s.
+fn array_value(element: &PgType, items: Vec<ArrayItem>) -> Option<Result<Value, ValueError>> {
+    let mut values = Vec::with_capacity(items.len());
+    for item in items {
+        let value = match (element, item) {
+            (PgType::Array(inner), ArrayItem::Nested(items)) => array_value(inner, items)?,
+            (PgType::Array(_), ArrayItem::Scalar(_)) | (_, ArrayItem::Nested(_)) => return None,
+            (_, ArrayItem::Scalar(Some(text))) => element.parse(&text),
+            (_, ArrayItem::Scalar(None)) => Ok(Value::Null),
+        };
+        match value {
+            Ok(value) => values.push(value),
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    Some(Ok(Value::Array(values)))
 }
 
 /// An element as written: a scalar's unescaped text (`None` for NULL), or
-/// a nested array, which makes the array multi-dimensional.
+/// a nested array's items, which make the array multi-dimensional.
 enum ArrayItem {
     Scalar(Option<String>),
-    Nested,
+    Nested(Vec<ArrayItem>),
 }
 
 struct ArrayParser<'a> {
@@ -801,8 +818,7 @@ impl ArrayParser<'_> {
         loop {
             self.skip_space();
             items.push(if self.peek()? == b'{' {
-                self.array(depth + 1)?;
-                ArrayItem::Nested
+                ArrayItem::Nested(self.array(depth + 1)?)
             } else {
                 ArrayItem::Scalar(self.scalar()?)
             });

@@ -826,7 +826,9 @@ pub fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
                 }
                 match item {
                     Value::Null => out.push_str("NULL"),
-                    item => push_array_element(&mut out, &verbatim_text(item)?),
+                    // A sub-array of a multi-dimensional one, unquoted.
+                    Value::Array(_) => out.push_str(&verbatim_text(item)?),
+                    item => push_array_element(&mut out, &element_text(item)?),
                 }
             }
             out.push('}');
@@ -834,6 +836,19 @@ pub fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
         }
         v => text_form(v),
     }
+}
+
+/// The text of an array's element: as [`verbatim_text`] gives it, or,
+/// for an element its list could hold (a multi-dimensional array in a
+/// table made when its column was a flat list), its JSON form's text,
+/// which PostgreSQL reads back as the same value.
+fn element_text(v: &Value) -> Option<Cow<'_, str>> {
+    verbatim_text(v).or_else(|| match v.to_json() {
+        serde_json::Value::String(s) => Some(Cow::Owned(s)),
+        serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
+        serde_json::Value::Bool(b) => Some(Cow::Borrowed(if b { "t" } else { "f" })),
+        _ => None,
+    })
 }
 
 /// An element as `array_out` writes it: in double quotes, with `"` and

@@ -18,6 +18,7 @@ use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 use super::catalog::{Lake, iceberg_error};
 use super::schema::{BEFORE, VERBATIM, iceberg_type, new_verbatim_type};
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
+use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 
@@ -197,13 +198,54 @@ async fn add_verbatim(lake: &Lake, table: &Table) -> Result<Table> {
 }
 
 /// Types equal but for the ids of nested fields.
+/// `relation` with each array column as deep as `schema`'s list holds it:
+/// a table made when a column was declared with fewer dimensions keeps
+/// its list ([`same_type`]), and a comparison with it must use that shape.
+pub fn as_table_holds(relation: &RelationInfo, schema: &Schema) -> RelationInfo {
+    let mut relation = relation.clone();
+    for column in &mut relation.columns {
+        let Some(field) = schema.as_struct().field_by_name(&column.name) else {
+            continue;
+        };
+        let held = list_depth(&field.field_type);
+        while held > 0 && depth_of(&column.pg_type) > held {
+            if let PgType::Array(inner) = &column.pg_type {
+                column.pg_type = (**inner).clone();
+            }
+        }
+    }
+    relation
+}
+
+fn list_depth(t: &Type) -> usize {
+    match t {
+        Type::List(list) => 1 + list_depth(&list.element_field.field_type),
+        _ => 0,
+    }
+}
+
+fn depth_of(t: &PgType) -> usize {
+    match t {
+        PgType::Array(inner) => 1 + depth_of(inner),
+        _ => 0,
+    }
+}
+
+/// Lists are the same type when their innermost elements are: a table
+/// made before multi-dimensional arrays became nested lists keeps its
+/// list, and holds the values of more dimensions verbatim.
 fn same_type(a: &Type, b: &Type) -> bool {
     match (a, b) {
         (Type::Primitive(a), Type::Primitive(b)) => a == b,
-        (Type::List(a), Type::List(b)) => {
-            same_type(&a.element_field.field_type, &b.element_field.field_type)
-        }
+        (Type::List(_), Type::List(_)) => same_type(innermost(a), innermost(b)),
         _ => false,
+    }
+}
+
+fn innermost(t: &Type) -> &Type {
+    match t {
+        Type::List(list) => innermost(&list.element_field.field_type),
+        t => t,
     }
 }
 

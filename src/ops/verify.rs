@@ -48,6 +48,7 @@ use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::arrow::{load_columns, verbatim_entries};
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::compaction::align;
+use crate::lake::evolve;
 use crate::lake::key::{Key, KeyCodec};
 use crate::lake::scan::scan;
 use crate::lake::schema::{VERBATIM, column_names, history_only, source_arrow_fields};
@@ -261,7 +262,10 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
                         .with_context("table", table)
                 })?,
         };
-        let shape = Shape::new(&relation)?;
+        let shape = Shape::new(&evolve::as_table_holds(
+            &relation,
+            bronze.metadata().current_schema(),
+        ))?;
 
         let mut against_source = Differences::new(replay(&bronze, &shape, position).await?);
         let mut next = first;

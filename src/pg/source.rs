@@ -799,6 +799,9 @@ pub struct CatalogColumn {
     pub type_modifier: i32,
     pub is_primary_key: bool,
     pub is_identity_key: bool,
+    /// The dimensions an array column was declared with (`int[][]`: 2;
+    /// `attndims`, which PostgreSQL records but does not enforce).
+    pub dimensions: i32,
 }
 
 #[derive(Debug, Clone)]
@@ -816,7 +819,8 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
         .query(
             "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
                     COALESCE(a.attnum = ANY (pk.indkey::int2[]), false), \
-                    COALESCE(a.attnum = ANY (ri.indkey::int2[]), false), c.relkind = 'p' \
+                    COALESCE(a.attnum = ANY (ri.indkey::int2[]), false), c.relkind = 'p', \
+                    a.attndims \
              FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
@@ -857,6 +861,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
                         b'i' => in_identity_index,
                         _ => is_pk,
                     },
+                    dimensions: r.get(8),
                 }
             })
             .collect(),
@@ -878,6 +883,23 @@ pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<Strin
             postgres(e, "cannot read the primary key").with_context("relation_oid", relation_oid)
         })?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The array columns of a relation, by OID, declared with more than one
+/// dimension, and their dimensions ([`CatalogColumn::dimensions`]).
+pub async fn array_dimensions(client: &Client, relation_oid: u32) -> Result<Vec<(String, i32)>> {
+    let rows = client
+        .query(
+            "SELECT attname::text, attndims FROM pg_attribute \
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attndims > 1",
+            &[&relation_oid],
+        )
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot read the columns' dimensions")
+                .with_context("relation_oid", relation_oid)
+        })?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
 /// What `pg_type` says about a type, enough to decode its text output.

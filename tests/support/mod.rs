@@ -137,7 +137,8 @@ pub async fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output 
 pub fn assert_success(out: &std::process::Output) {
     assert!(
         out.status.success(),
-        "{}",
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
 }

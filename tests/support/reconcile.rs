@@ -32,13 +32,15 @@ struct Column {
     type_name: String,
     /// The column's type as SQL names it, modifier included.
     sql_type: String,
+    /// The dimensions an array column was declared with (`attndims`).
+    dimensions: i32,
 }
 
 async fn columns(db: &TestDb, table: &str) -> Vec<Column> {
     db.client
         .query(
             "SELECT a.attname::text, coalesce(b.typname, t.typname)::text, \
-             format_type(a.atttypid, a.atttypmod) \
+             format_type(a.atttypid, a.atttypmod), a.attndims \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
              LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype \
              WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
@@ -52,6 +54,7 @@ async fn columns(db: &TestDb, table: &str) -> Vec<Column> {
             name: r.get(0),
             type_name: r.get(1),
             sql_type: r.get(2),
+            dimensions: r.get(3),
         })
         .collect()
 }
@@ -74,12 +77,37 @@ async fn primary_key(db: &TestDb, table: &str) -> Vec<String> {
 /// The SQL that gives a column's canonical JSON value.
 fn canonical_sql(column: &Column) -> String {
     let c = format!("\"{}\"", column.name.replace('"', "\"\""));
-    canonical_expr(&c, &column.type_name)
+    match column.type_name.strip_prefix('_') {
+        // Declared with more dimensions, a value of as many is nested
+        // lists in the lake; one of others is verbatim.
+        Some(element) if column.dimensions > 1 => format!(
+            "CASE WHEN array_ndims({c}) = {d} THEN {} ELSE {} END",
+            nested_expr(&c, element, column.dimensions, 1),
+            canonical_expr(&c, &column.type_name),
+            d = column.dimensions
+        ),
+        _ => canonical_expr(&c, &column.type_name),
+    }
+}
+
+/// The canonical JSON of the array `c` of `dimensions` dimensions as
+/// nested lists, from its dimension `level` on.
+fn nested_expr(c: &str, element: &str, dimensions: i32, level: i32) -> String {
+    if level > dimensions {
+        let at: String = (1..=dimensions).map(|l| format!("[s{l}]")).collect();
+        return canonical_expr(&format!("{c}{at}"), element);
+    }
+    format!(
+        "(SELECT coalesce(jsonb_agg({} ORDER BY s{level}), '[]'::jsonb) \
+         FROM generate_subscripts({c}, {level}) s{level})",
+        nested_expr(c, element, dimensions, level + 1)
+    )
 }
 
 /// The canonical JSON of `c`, of the type named `type_name`: an array's
 /// elements one by one, each in its element type's form (multi-dimensional
-/// arrays flattened, as unnest reads them).
+/// arrays flattened, as unnest reads them; [`nested_expr`] keeps them
+/// nested).
 fn canonical_expr(c: &str, type_name: &str) -> String {
     if let Some(element) = type_name.strip_prefix('_') {
         return format!(

@@ -157,6 +157,42 @@ fn arrays_a_list_cannot_hold_are_kept_as_their_text() {
 }
 
 #[test]
+fn arrays_of_the_declared_dimensions_are_nested_and_others_kept_as_their_text() {
+    let grid = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Int4))));
+    let ints = |v: &[Option<i32>]| {
+        Value::Array(
+            v.iter()
+                .map(|i| i.map_or(Value::Null, Value::Int4))
+                .collect(),
+        )
+    };
+    assert_eq!(
+        grid.parse(" { {1, 2} , {NULL,4} } ").unwrap(),
+        Value::Array(vec![ints(&[Some(1), Some(2)]), ints(&[None, Some(4)])])
+    );
+    assert_eq!(grid.parse("{}").unwrap(), Value::Array(vec![]));
+    assert_eq!(
+        grid.parse("[1:1][1:2]={{1,2}}").unwrap(),
+        Value::Array(vec![ints(&[Some(1), Some(2)])])
+    );
+    for kept in ["{1,2}", "{{{1}}}", "[0:0][1:1]={{1}}", "{{1},2}"] {
+        assert_eq!(
+            grid.parse(kept).unwrap(),
+            Value::Unknown(kept.to_owned()),
+            "{kept}"
+        );
+    }
+    let texts = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Text))));
+    assert_eq!(
+        texts.parse(r#"{{"a{","\"b\""},{NULL,"NULL"}}"#).unwrap(),
+        Value::Array(vec![
+            Value::Array(vec![Value::Text("a{".into()), Value::Text("\"b\"".into())]),
+            Value::Array(vec![Value::Null, Value::Text("NULL".into())]),
+        ])
+    );
+}
+
+#[test]
 fn temporal_values_serialize_with_infinities() {
     assert_eq!(
         PgType::TimestampTz.parse("infinity").unwrap().to_json(),

@@ -43,6 +43,10 @@ fn a_changed_type_key_or_a_likely_rename_is_refused_with_what_changed() {
     element.columns[1].pg_type = PgType::Array(Box::new(PgType::Int4));
     assert!(missing_columns(&silver, &element).is_err());
 
+    let mut scalar = base();
+    scalar.columns[1].pg_type = PgType::Text;
+    assert!(missing_columns(&silver, &scalar).is_err());
+
     let mut rekeyed = base();
     rekeyed.columns[2].is_primary_key = true;
     let err = check_key(&silver, &rekeyed).unwrap_err().to_string();
@@ -61,4 +65,25 @@ fn a_changed_type_key_or_a_likely_rename_is_refused_with_what_changed() {
         .columns
         .push(column("_cdc_extra", PgType::Text, -1, false));
     assert!(missing_columns(&silver, &reserved).is_err());
+}
+
+#[test]
+fn a_list_of_other_depth_of_the_same_elements_is_no_type_change() {
+    let silver = silver_schema(&base()).unwrap();
+    let mut deeper = base();
+    deeper.columns[1].pg_type = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Text))));
+    assert!(missing_columns(&silver, &deeper).unwrap().is_empty());
+    deeper.columns[1].pg_type = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Int4))));
+    assert!(missing_columns(&silver, &deeper).is_err());
+}
+
+#[test]
+fn a_relation_is_compared_at_the_list_depth_its_table_holds() {
+    let silver = silver_schema(&base()).unwrap();
+    let mut deeper = base();
+    deeper.columns[1].pg_type = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Text))));
+    let held = as_table_holds(&deeper, &silver);
+    assert_eq!(held.columns[1].pg_type, base().columns[1].pg_type);
+    let nested = silver_schema(&deeper).unwrap();
+    assert_eq!(as_table_holds(&deeper, &nested).columns, deeper.columns);
 }
