@@ -182,12 +182,14 @@ async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions
     oracle.wait_loaded().await;
     oracle.start_workload();
     oracle.expect_crash(crashing, point).await;
-    // A partition created while the workload goes on, and rows in it;
-    // a table holding rows attached (the audit records its rows as reads
-    // in the attaching transaction, as bronze must show them), rows moved
-    // into it, a partition truncated alone (its rows deletes); then a run
-    // killed mid-stream. The workload pauses for the
-    // attach so that the audit's order stays the commit order.
+    // While a run streams: a partition created while the workload goes
+    // on, and rows in it; a table holding rows attached (the audit records
+    // its rows as reads in the attaching transaction, as bronze must show
+    // them), rows moved into it, a partition truncated alone (its rows
+    // deletes); then the run killed. The workload pauses for the attach
+    // and the truncate so that the audit's order stays the commit order.
+    let mut killed = oracle.spawn();
+    oracle.db.wait_until_active(&oracle.slot).await;
     oracle
         .db
         .exec(
@@ -216,14 +218,12 @@ async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions
         )
         .await;
     oracle.start_workload();
-    let mut killed = oracle.spawn();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
     killed.kill().await.unwrap();
+    // The workload's own TRUNCATE may leave few rows live: the changes
+    // are what must have been many.
     let (changes, rows) = oracle.finish().await;
-    assert!(
-        changes > 100 && rows > 100,
-        "{changes} changes, {rows} rows"
-    );
+    assert!(changes > 100, "{changes} changes, {rows} rows");
 }
 
 /// A table of `ev`'s columns, and twenty rows of `region` from id
