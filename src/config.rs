@@ -105,6 +105,9 @@ pub struct Settings {
     pub source: PgConfig,
     pub tables: Vec<TableName>,
     pub slot: String,
+    /// Whether the slot was named (flag or file), not defaulted: `tail`
+    /// reads a named slot, and otherwise one of its own.
+    pub slot_named: bool,
     pub publication: String,
     /// The SQL catalog's SQLite file and the warehouse folder.
     pub lake: LakeLocation,
@@ -402,6 +405,7 @@ impl Merged {
             source,
             tables,
             slot: raw.slot.clone().unwrap_or_else(|| DEFAULT_SLOT.to_owned()),
+            slot_named: raw.slot.is_some(),
             publication: raw
                 .publication
                 .clone()

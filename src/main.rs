@@ -13,7 +13,7 @@ use wal2iceberg::lake::expire::{Retention, expire_snapshots, remove_orphan_files
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::shutdown::Shutdown;
-use wal2iceberg::ops::tail::{TailOptions, tail};
+use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
 use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::{Error, ErrorKind};
 
@@ -241,11 +241,17 @@ enum Command {
         #[command(flatten)]
         lake: LakeArgs,
     },
-    /// Print the decoded change stream as JSON lines (initial load first
-    /// when the slot is new); each transaction is confirmed once printed.
+    /// Print the decoded change stream as JSON lines. Without --slot, from
+    /// a temporary slot of its own (the tables' current rows first, then
+    /// their changes); with --slot, from that existing slot without
+    /// consuming it, unless --consume.
     Tail {
         #[command(flatten)]
         settings: SettingsArgs,
+        /// Confirm each transaction once printed on the named slot (created
+        /// if missing): a run on that slot never sees those changes.
+        #[arg(long)]
+        consume: bool,
     },
     /// Run the seed walkthrough against a throwaway local PostgreSQL
     /// (server binaries found as in docs/testing.md) and print each step.
@@ -568,11 +574,19 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 ExitCode::from(1)
             })
         }
-        Command::Tail { settings: args } => {
+        Command::Tail {
+            settings: args,
+            consume,
+        } => {
             let settings = settings(args)?;
             let options = TailOptions {
                 capture: capture_options(&settings).await?,
                 exit_when_idle: settings.exit_when_idle,
+                slot: match (settings.slot_named, consume) {
+                    (_, true) => TailSlot::Consume,
+                    (true, false) => TailSlot::Peek,
+                    (false, false) => TailSlot::Temporary,
+                },
             };
             tail(&settings.source, &options, &mut Stdout).await?;
             Ok(ExitCode::SUCCESS)

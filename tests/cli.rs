@@ -1,6 +1,6 @@
-//! The binary itself: `tail` prints the stream as JSON lines and resumes
-//! after what it printed; `check` and bad options exit non-zero with a
-//! message that says what to fix.
+//! The binary itself: `tail` prints the stream as JSON lines, consumes a
+//! slot only when told to and then resumes after what it printed; `check`
+//! and bad options exit non-zero with a message that says what to fix.
 
 use serde_json::Value;
 use tokio::process::Command;
@@ -31,7 +31,7 @@ fn change_ops(stdout: &str) -> String {
 }
 
 #[tokio::test]
-async fn tail_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
+async fn tail_consuming_its_slot_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
@@ -48,12 +48,14 @@ async fn tail_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
         "public.customers",
         "--slot",
         &slot,
+        "--consume",
         "--exit-when-idle",
         "1500ms",
     ];
 
     let (code, stdout, stderr) = run(&tail).await;
     assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("never sees those changes"), "{stderr}");
     assert_eq!(change_ops(&stdout), "rrr", "{stdout}");
     let first: Value = serde_json::from_str(stdout.lines().nth(1).unwrap()).unwrap();
     assert_eq!(
@@ -75,6 +77,73 @@ async fn tail_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
         "",
         "nothing printed before comes again: {stdout}"
     );
+}
+
+#[tokio::test]
+async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_change() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, plan text);
+         INSERT INTO customers VALUES (1, 'free'), (2, 'pro');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("shared");
+    let opts = run_options(&db, &["customers"], &slot, dir.path());
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1; DELETE FROM customers WHERE id = 2;")
+        .await;
+    let url = db.config_url();
+    let tail = |slot: Option<&str>| {
+        let mut args = vec![
+            "tail".to_owned(),
+            "--source".into(),
+            url.clone(),
+            "--tables".into(),
+            "public.customers".into(),
+            "--publication".into(),
+            opts.capture.publication.clone(),
+            "--exit-when-idle".into(),
+            "1500ms".into(),
+        ];
+        if let Some(slot) = slot {
+            args.extend(["--slot".into(), slot.to_owned()]);
+        }
+        args
+    };
+    let run_tail = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(&args).await
+    };
+
+    // The run's slot, read twice: the same changes both times.
+    for _ in 0..2 {
+        let (code, stdout, stderr) = run_tail(tail(Some(&slot))).await;
+        assert_eq!(code, 0, "{stderr}");
+        assert_eq!(change_ops(&stdout), "ud", "{stdout}");
+    }
+    // A slot of its own: the rows now, and no slot left behind.
+    let slots = db.slot_count().await;
+    let (code, stdout, stderr) = run_tail(tail(None)).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(change_ops(&stdout), "r", "{stdout}");
+    assert_eq!(db.slot_count().await, slots, "the temporary slot is gone");
+    // A named slot that does not exist is not created.
+    let (code, _, stderr) = run_tail(tail(Some("nobody_s_slot"))).await;
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--consume"), "{stderr}");
+    assert_eq!(db.slot_count().await, slots);
+
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+    let bronze = pyiceberg(dir.path(), "shop.customers_changes", "rows").await;
+    let ops: String = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, "rrud");
 }
 
 #[tokio::test]
@@ -1231,15 +1300,12 @@ async fn show_and_tail_end_quietly_with_exit_0_when_their_reader_goes_away() {
         .await;
         assert_eq!((code, stderr.as_str()), (0, ""), "show --format {format}");
     }
-    let tail_slot = unique("pipe_tail");
     let (code, stderr) = run_into_closed_pipe(&[
         "tail",
         "--source",
         &url,
         "--tables",
         "public.customers",
-        "--slot",
-        &tail_slot,
         "--exit-when-idle",
         "1s",
     ])

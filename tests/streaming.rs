@@ -126,7 +126,7 @@ async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
 
 #[tokio::test]
 async fn tail_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
-    use wal2iceberg::ops::tail::{TailOptions, tail};
+    use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
     let db = TestDb::new().await;
     db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)")
         .await;
@@ -135,6 +135,7 @@ async fn tail_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
     let options = TailOptions {
         capture,
         exit_when_idle: Some(Duration::from_secs(1)),
+        slot: TailSlot::Consume,
     };
     let mut out = Vec::new();
     tail(&db.config, &options, &mut out).await.unwrap();

@@ -311,9 +311,16 @@ pub async fn read_now(
 
 /// A temporary slot's name: unique per run, within the 63 characters.
 fn load_slot_name(slot: &str) -> String {
-    let prefix: String = slot.chars().take(40).collect();
+    temporary_slot_name(&format!(
+        "{}_load",
+        slot.chars().take(40).collect::<String>()
+    ))
+}
+
+/// `prefix` and a unique suffix, a valid slot name if `prefix` is.
+pub fn temporary_slot_name(prefix: &str) -> String {
     format!(
-        "{prefix}_load_{}",
+        "{prefix}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     )
 }

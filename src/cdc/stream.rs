@@ -30,6 +30,9 @@ pub struct ChangeStream {
     assembler: Assembler,
     /// The end LSN of the last Commit handed out.
     delivered: Lsn,
+    /// Never confirm a keepalive's position: the caller reads the slot
+    /// without consuming it.
+    reading_only: bool,
 }
 
 impl ChangeStream {
@@ -42,6 +45,7 @@ impl ChangeStream {
             replication,
             assembler,
             delivered: start,
+            reading_only: false,
         }
     }
 
@@ -70,13 +74,22 @@ impl ChangeStream {
                     self.assembler.push(wal_start, data).await?;
                 }
                 Some(ReplicationMessage::PrimaryKeepalive { wal_end, .. }) => {
-                    if self.assembler.is_idle() && self.replication.confirmed() >= self.delivered {
+                    if !self.reading_only
+                        && self.assembler.is_idle()
+                        && self.replication.confirmed() >= self.delivered
+                    {
                         self.replication.confirm(wal_end).await?;
                         self.delivered = self.delivered.max(wal_end);
                     }
                 }
             }
         }
+    }
+
+    /// Reads the slot without consuming it: keepalives are not confirmed
+    /// either (the caller confirms nothing).
+    pub fn never_confirm(&mut self) {
+        self.reading_only = true;
     }
 
     /// Everything up to `lsn` is durable: report it to the server now.

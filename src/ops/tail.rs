@@ -1,7 +1,10 @@
 //! `wal2iceberg tail`: the decoded change stream as JSON lines, like
-//! pg_recvlogical with wal2json. A transaction is confirmed to the server
-//! once its last line is written and flushed, so a restart resumes after
-//! what was printed.
+//! pg_recvlogical with wal2json. It never consumes a slot by accident
+//! ([`TailSlot`]): by default it reads a temporary slot of its own, gone
+//! when it ends; a named slot (a run's) it reads without confirming, so
+//! the run still gets every change. Only `--consume` confirms each
+//! transaction once its last line is written and flushed, so that a
+//! restart resumes after what was printed.
 
 use std::io::Write;
 use std::time::Duration;
@@ -13,18 +16,62 @@ use crate::cdc::event::Event;
 use crate::cdc::stream::Next;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::config::PgConfig;
+use crate::pg::source::{self, SourceClient};
 
 pub struct TailOptions {
     pub capture: CaptureOptions,
     /// Exit 0 once no event arrived for this long; run forever when unset.
     pub exit_when_idle: Option<Duration>,
+    pub slot: TailSlot,
+}
+
+/// Which slot tail reads, and whether it confirms what it printed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailSlot {
+    /// A temporary slot of its own: the tables' rows now, then changes.
+    Temporary,
+    /// The named slot, which must exist, from its position; nothing is
+    /// confirmed, so its consumer misses nothing.
+    Peek,
+    /// The named slot, created if missing, confirmed as printed.
+    Consume,
 }
 
 /// Streams events to `out` until idle (if asked) or until the server ends
 /// the stream. Returns the number of events written.
 pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write) -> Result<u64> {
+    let mut capture_options = options.capture.clone();
+    match options.slot {
+        TailSlot::Temporary => {
+            capture_options.slot = capture::temporary_slot_name("wal2iceberg_tail");
+            capture_options.temporary_slot = true;
+        }
+        TailSlot::Peek => {
+            let client = SourceClient::connect(config).await?;
+            if source::slot_info(&client, &capture_options.slot)
+                .await?
+                .is_none()
+            {
+                return Err(Error::new(
+                    ErrorKind::Slot,
+                    format!(
+                        "replication slot {:?} does not exist: tail reads a named slot without \
+                         consuming it. Leave out --slot to tail from a temporary slot of its own, \
+                         or pass --consume to create this slot and consume it",
+                        capture_options.slot
+                    ),
+                ));
+            }
+        }
+        TailSlot::Consume => tracing::warn!(
+            slot = %capture_options.slot,
+            "tail --consume confirms each transaction it prints: a run on this slot never \
+             sees those changes"
+        ),
+    }
+    let confirms = options.slot != TailSlot::Peek;
     let mut written = 0u64;
-    let mut stream = match capture::open(config, &options.capture).await? {
+    let mut stream = match capture::open(config, &capture_options).await? {
         Capture::Fresh { mut load, pending } => {
             while let Some(event) = load.next_event().await? {
                 write_event(out, &event)?;
@@ -38,6 +85,9 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
         }
         Capture::Resume { pending, .. } => pending.start().await?,
     };
+    if !confirms {
+        stream.never_confirm();
+    }
     let idle_from_now = || options.exit_when_idle.map(|d| Instant::now() + d);
     let mut deadline = idle_from_now();
     loop {
@@ -51,7 +101,9 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
                 written += 1;
                 if let Event::Commit { end_lsn, .. } = event {
                     out.flush()?;
-                    stream.confirm(end_lsn).await?;
+                    if confirms {
+                        stream.confirm(end_lsn).await?;
+                    }
                 }
                 deadline = idle_from_now();
             }
