@@ -11,6 +11,7 @@ use std::sync::Arc;
 use iceberg::io::LocalFsStorageFactory;
 use iceberg::spec::Schema;
 use iceberg::table::Table;
+use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 
@@ -123,6 +124,34 @@ impl Lake {
             .with_context("file", location.catalog.display()));
         }
         Lake::open_at(location, false).await
+    }
+
+    pub async fn has_namespace(&self, namespace: &NamespaceIdent) -> Result<bool> {
+        self.catalog
+            .namespace_exists(namespace)
+            .await
+            .map_err(|e| iceberg_error(e, "cannot read the catalog"))
+    }
+
+    /// Sets table properties, in one commit.
+    pub async fn set_properties(&self, table: &Table, properties: &[(&str, String)]) -> Result<()> {
+        let tx = Transaction::new(table);
+        let action = properties
+            .iter()
+            .fold(tx.update_table_properties(), |action, (k, v)| {
+                action.set((*k).to_owned(), v.clone())
+            });
+        let context = |e: iceberg::Error| {
+            iceberg_error(e, "cannot set the table's properties")
+                .with_context("table", table.identifier())
+        };
+        action
+            .apply(tx)
+            .map_err(context)?
+            .commit(&self.catalog)
+            .await
+            .map_err(context)?;
+        Ok(())
     }
 
     /// Every table of `namespace`, or of the lake's only namespace.

@@ -9,6 +9,7 @@
 //! - `show`: a lake table printed through our own reader.
 //! - `shutdown`: the stop request from SIGINT and SIGTERM.
 //! - `status`: the slot and each lake table's position and lag.
+//! - `table_set`: the tables a lake replicates from a slot, all applied by each run.
 //! - `teardown`: drops the slot, our publication and on request the tables.
 //! - `verify`: compares the source with bronze and silver at one position.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
@@ -22,6 +23,7 @@ pub mod setup;
 pub mod show;
 pub mod shutdown;
 pub mod status;
+pub mod table_set;
 pub mod tail;
 pub mod teardown;
 pub mod verify;

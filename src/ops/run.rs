@@ -42,6 +42,7 @@ use crate::lake::schema::{
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::{Position, summary_total};
 use crate::metrics::{metrics, now_micros};
+use crate::ops::table_set;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
@@ -427,6 +428,8 @@ struct Pipeline<'r> {
     namespace: iceberg::NamespaceIdent,
     /// Iceberg name of each source table.
     names: HashMap<TableName, String>,
+    /// The slot, which each bronze table records ([`table_set`]).
+    slot: String,
     sinks: HashMap<TableName, TableSink>,
     /// Changes staged in the open batch, and roughly their bytes.
     batch_changes: usize,
@@ -485,14 +488,38 @@ async fn run_once(
     started: &mut bool,
     total: &mut RunReport,
 ) -> Result<()> {
-    let names = names(&options.capture.tables, &options.table_names)?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
+    // Every table the lake holds from this slot, named or not: the slot's
+    // position is shared, and confirming past a table's changes loses them.
+    let mut tables = options.capture.tables.clone();
+    let mut chosen = options.table_names.clone();
+    let held = table_set::held(
+        config,
+        &options.lake,
+        &namespace,
+        &options.capture.slot,
+        &options.capture.publication,
+    )
+    .await?;
+    for (table, name) in held {
+        if !tables.contains(&table) {
+            tracing::warn!(
+                %table,
+                "not named in tables, but the lake replicates it from this slot: applied too, \
+                 since the slot's position is shared (docs/tables.md, The table set)"
+            );
+            chosen.entry(table.clone()).or_insert(name);
+            tables.push(table);
+        }
+    }
+    let names = names(&tables, &chosen)?;
     // Every check before anything is created or changed at the source or
     // in the lake: a run refused here leaves no slot, publication, lake
     // folder or table behind; `check` gives the same answer. A second run
     // on the same slot and lake is told about the lake too.
     let mut capture_options = options.capture.clone();
     capture_options.to_lake = true;
+    capture_options.tables = tables;
     let failures = capture::check(config, &capture_options).await?;
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
@@ -503,6 +530,7 @@ async fn run_once(
         lake,
         namespace,
         names,
+        slot: options.capture.slot.clone(),
         sinks: HashMap::new(),
         batch_changes: 0,
         batch_bytes: 0,
@@ -512,7 +540,7 @@ async fn run_once(
         retention: options.retention,
         report: total,
     };
-    capture_options.held_tables = Some(pipeline.loaded_tables(&options.capture.tables).await?);
+    capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
     let (load, mut pending, new_slot) = match capture::open(config, &capture_options).await? {
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
@@ -959,14 +987,17 @@ impl Pipeline<'_> {
             Some(table) => history_only(&table),
             None => !has_silver(relation),
         };
+        let source = table_set::source_properties(&relation.name, &self.slot);
+        let mut properties: Vec<(&str, &str)> =
+            source.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        if keyless {
+            properties.push(HISTORY_ONLY);
+        }
         let bronze_table = self
             .lake
-            .ensure_table_with(
-                &bronze,
-                bronze_schema(relation)?,
-                if keyless { &[HISTORY_ONLY] } else { &[] },
-            )
+            .ensure_table_with(&bronze, bronze_schema(relation)?, &properties)
             .await?;
+        table_set::record_source(&self.lake, &bronze_table, &relation.name, &self.slot).await?;
         let silver_table = match keyless {
             true => None,
             false => Some(
