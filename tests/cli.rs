@@ -687,6 +687,44 @@ async fn teardown_refuses_a_slot_in_use() {
     stream.stop().await.unwrap();
 }
 
+#[tokio::test]
+async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY)").await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("held");
+    let mut opts = run_options(&db, &["customers"], &slot, dir.path());
+    opts.exit_when_idle = None;
+    let shutdown = opts.shutdown.clone();
+    let config = db.config.clone();
+    let pipeline = tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &opts).await });
+    db.wait_until_active(&slot).await;
+    let url = db.config_url();
+    let check = [
+        "check",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--publication",
+        "pub",
+    ];
+    let (code, stdout, _) = run(&check).await;
+    assert_eq!(code, 3, "{stdout}");
+    assert!(
+        stdout.contains("a wal2iceberg run")
+            && stdout.contains("application_name \"wal2iceberg\"")
+            && !stdout.contains("pg_terminate_backend"),
+        "{stdout}"
+    );
+    shutdown.request();
+    pipeline.await.unwrap().unwrap();
+    let (code, stdout, _) = run(&check).await;
+    assert_eq!(code, 0, "{stdout}");
+}
+
 /// `run` of `public.customers` from `url` on `slot` into `lake`, until the
 /// stream is quiet for a second.
 fn customers_run<'a>(url: &'a str, slot: &'a str, lake: &'a str) -> [&'a str; 11] {

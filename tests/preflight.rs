@@ -120,12 +120,16 @@ async fn a_slot_in_use_by_another_process_is_refused_without_harm() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE t(id int PRIMARY KEY)").await;
     let options = db.options(&["t"]);
-    let (_, mut first) = open_fresh(&db, &options).await;
+    let mut other = db.config.clone();
+    other.application_name = "pg_recvlogical".to_owned();
+    let (_, mut first) = open_fresh_as(&other, &options).await;
 
     let failures = capture::check(&db.config, &options).await.unwrap();
     let f = find(&failures, "slot_in_use");
     assert!(
-        f.problem.contains(&options.slot) && f.fix.contains("pg_terminate_backend"),
+        f.problem.contains(&options.slot)
+            && f.problem.contains("pg_recvlogical")
+            && f.fix.contains("pg_terminate_backend"),
         "{f}"
     );
     let err = capture::open(&db.config, &options).await.err().unwrap();

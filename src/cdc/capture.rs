@@ -59,7 +59,7 @@ impl CaptureOptions {
         }
     }
 
-    fn validate(&self) -> Result<()> {
+    pub fn validate(&self) -> Result<()> {
         let config_error = |m: String| Err(Error::new(ErrorKind::Config, m));
         if self.tables.is_empty() {
             return config_error("no tables given: name at least one schema.table".into());

@@ -40,6 +40,7 @@ pub enum TailSlot {
 /// Streams events to `out` until idle (if asked) or until the server ends
 /// the stream. Returns the number of events written.
 pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write) -> Result<u64> {
+    options.capture.validate()?;
     let mut capture_options = options.capture.clone();
     match options.slot {
         TailSlot::Temporary => {

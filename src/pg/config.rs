@@ -79,7 +79,7 @@ pub struct PgConfig {
 
 const DEFAULT_PORT: u16 = 5432;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-const DEFAULT_APPLICATION_NAME: &str = "wal2iceberg";
+pub const DEFAULT_APPLICATION_NAME: &str = "wal2iceberg";
 
 impl fmt::Display for PgConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, CopyOutStream, NoTls};
 
-use super::config::PgConfig;
+use super::config::{DEFAULT_APPLICATION_NAME, PgConfig};
 use super::lsn::Lsn;
 use super::replication::quote_ident;
 use crate::error::{Error, ErrorKind, Result, postgres};
@@ -243,13 +243,39 @@ pub async fn preflight(
         }
         Some(info) => {
             if let Some(pid) = info.active_pid {
-                failures.push(CheckFailure {
-                    check: "slot_in_use",
-                    problem: format!("replication slot {slot:?} is in use by process {pid}"),
-                    fix: format!(
-                        "stop the other consumer of the slot (SELECT pg_terminate_backend({pid}) if it is stale), \
-                         or use another slot name"
-                    ),
+                let holder: String = client
+                    .query_opt(
+                        "SELECT application_name::text FROM pg_stat_activity WHERE pid = $1",
+                        &[&pid],
+                    )
+                    .await
+                    .map_err(q)?
+                    .map(|r| r.get(0))
+                    .unwrap_or_default();
+                failures.push(if holder.starts_with(DEFAULT_APPLICATION_NAME) {
+                    CheckFailure {
+                        check: SLOT_HELD_BY_RUN,
+                        problem: format!(
+                            "replication slot {slot:?} is in use by process {pid}, a wal2iceberg \
+                             run (application_name {holder:?}): another run on it cannot start"
+                        ),
+                        fix: "nothing, while that run is meant to go on; to start another, stop \
+                              that run first (SIGTERM, or its service manager), which commits \
+                              and confirms what it holds"
+                            .to_owned(),
+                    }
+                } else {
+                    CheckFailure {
+                        check: "slot_in_use",
+                        problem: format!(
+                            "replication slot {slot:?} is in use by process {pid} \
+                             (application_name {holder:?})"
+                        ),
+                        fix: format!(
+                            "stop the other consumer of the slot (SELECT pg_terminate_backend({pid}) \
+                             if it is stale), or use another slot name"
+                        ),
+                    }
                 });
             }
             if info.plugin.as_deref() != Some("pgoutput") {
@@ -612,6 +638,10 @@ async fn check_partitions(
     }
     Ok(failures)
 }
+
+/// The preflight failure of a slot a wal2iceberg run holds: `check`
+/// reports it apart (exit code 3), since nothing is wrong.
+pub const SLOT_HELD_BY_RUN: &str = "slot_held_by_run";
 
 /// The event trigger that sends the rows of attached partitions and puts
 /// the TRUNCATE triggers on new ones ([`crate::cdc::partition_rows`]), and

@@ -308,9 +308,16 @@ pub fn config_for(url: &str) -> PgConfig {
 /// Opens a capture that must be fresh, reads the whole load, starts the
 /// stream and confirms the consistent point.
 pub async fn open_fresh(db: &TestDb, options: &CaptureOptions) -> (Vec<Event>, ChangeStream) {
-    let Capture::Fresh { mut load, pending } = capture::open(&db.config, options)
-        .await
-        .expect("open capture")
+    open_fresh_as(&db.config, options).await
+}
+
+/// [`open_fresh`] with the connection settings `config`.
+pub async fn open_fresh_as(
+    config: &PgConfig,
+    options: &CaptureOptions,
+) -> (Vec<Event>, ChangeStream) {
+    let Capture::Fresh { mut load, pending } =
+        capture::open(config, options).await.expect("open capture")
     else {
         panic!("expected a new slot");
     };
