@@ -181,7 +181,7 @@ fn from_file(path: &Path) -> Result<Raw> {
         .with_context(
             "line",
             e.span()
-                .map_or(0, |s| text[..s.start].lines().count().max(1)),
+                .map_or(0, |s| text[..s.start].matches('\n').count() + 1),
         )
     })
 }

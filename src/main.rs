@@ -9,7 +9,9 @@ use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
 use wal2iceberg::error::OutputClosed;
 use wal2iceberg::lake::catalog::{Lake, LakeLocation, namespace};
-use wal2iceberg::lake::expire::{Retention, expire_snapshots, remove_orphan_files};
+use wal2iceberg::lake::expire::{
+    DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
+};
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::shutdown::Shutdown;
@@ -213,8 +215,8 @@ enum Command {
         /// Expire snapshots older than this (30m, 2h, 7d).
         #[arg(long, value_name = "DURATION")]
         older_than: String,
-        /// Keep the newest this many snapshots however old.
-        #[arg(long, value_name = "N", default_value_t = 1)]
+        /// Keep the newest this many snapshots however old (as run keeps).
+        #[arg(long, value_name = "N", default_value_t = DEFAULT_RETENTION.retain_last)]
         retain_last: usize,
     },
     /// Compare the source, read in one snapshot while writers go on, with
@@ -453,7 +455,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             } else {
                 out!("{}", status.to_text());
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if status.lake_missing() {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
         }
         Command::Teardown {
             settings: args,

@@ -467,6 +467,15 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
     assert_eq!(code, 0, "{stderr}");
 
     let wal_before = current_wal(&db).await;
+    // A slot, and no lake where status was told to look: exit 1.
+    let elsewhere = format!("{lake_path}/typo");
+    let (code, stdout, _) = run(&[
+        "status", "--source", &url, "--slot", &slot, "--lake", &elsewhere,
+    ])
+    .await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(stdout.contains("no lake") && stdout.contains("typo"), "{stdout}");
+
     let (code, stdout, stderr) = run(&[&["status", "--json"], &common[..]].concat()).await;
     let wal_after = current_wal(&db).await;
     assert_eq!(code, 0, "{stderr}");
@@ -698,7 +707,7 @@ async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &opts).await });
-    db.wait_until_active(&slot).await;
+    db.wait_until_streaming(&slot).await;
     let url = db.config_url();
     let check = [
         "check",
@@ -775,6 +784,13 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
     let now: Value = serde_json::from_str(&now).unwrap();
     assert_eq!(now.as_array().unwrap().len(), 1);
     assert_eq!(now[0]["plan"], "team");
+    // LSNs in PostgreSQL's form, which --as-of takes, as it takes the
+    // lake's integer.
+    let lsn: wal2iceberg::pg::lsn::Lsn =
+        now[0]["_cdc_commit_lsn"].as_str().unwrap().parse().unwrap();
+    let (code, same, stderr) = show(&["--as-of", &lsn.0.to_string(), "--format", "json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(serde_json::from_str::<Value>(&same).unwrap(), now);
 
     let (code, then, stderr) = show(&["--as-of", &loaded_at, "--format", "json"]).await;
     assert_eq!(code, 0, "{stderr}");

@@ -184,3 +184,18 @@ fn durations_take_a_unit_or_mean_seconds() {
         assert!(parse_duration(bad).is_err(), "{bad}");
     }
 }
+
+#[test]
+fn an_unknown_key_is_reported_at_its_own_line() {
+    let err = resolve(
+        Some("slot = \"s\"\npublication = \"p\"\nflush_intervall = \"2s\"\n"),
+        &[],
+        Raw::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("flush_intervall") && err.contains("line=3"),
+        "{err}"
+    );
+}

@@ -10,6 +10,8 @@
 use std::str::FromStr;
 use std::sync::Arc;
 
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
@@ -23,7 +25,7 @@ use iceberg::table::Table;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
 use crate::lake::scan::scan;
-use crate::lake::schema::{COMMIT_LSN, SEQ};
+use crate::lake::schema::{COMMIT_LSN, LSN, SEQ};
 use crate::lake::writer::{SUMMARY_COMMIT_LSN, arrow_schema};
 use crate::pg::lsn::Lsn;
 
@@ -106,6 +108,7 @@ pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Res
     if let Some(limit) = options.limit {
         rows = rows.slice(0, limit.min(rows.num_rows()));
     }
+    let rows = lsns_as_text(&rows).map_err(|e| arrow_error(e, ident))?;
     render(&rows, options.format).map_err(|e| e.with_context("table", ident))
 }
 
@@ -204,6 +207,35 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
             })
         }
     }
+}
+
+/// The LSN columns (integers in the lake) in PostgreSQL's form, `0/1C21998`,
+/// as `status`, the logs and `--as-of` write them.
+fn lsns_as_text(rows: &RecordBatch) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let schema = rows.schema();
+    let mut fields = Vec::with_capacity(rows.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns());
+    for (field, column) in schema.fields().iter().zip(rows.columns()) {
+        match column.as_primitive_opt::<Int64Type>() {
+            Some(lsns) if [COMMIT_LSN, LSN].contains(&field.name().as_str()) => {
+                let text: StringArray = lsns
+                    .iter()
+                    .map(|v| v.map(|v| Lsn(v as u64).to_string()))
+                    .collect();
+                fields.push(Field::new(
+                    field.name(),
+                    DataType::Utf8,
+                    field.is_nullable(),
+                ));
+                columns.push(Arc::new(text));
+            }
+            _ => {
+                fields.push(field.as_ref().clone());
+                columns.push(column.clone());
+            }
+        }
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
 /// CSV has no nested values: lists and structs become their display text.

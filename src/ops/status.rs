@@ -65,7 +65,18 @@ pub struct Status {
     /// `None` when the slot does not exist.
     pub slot: Option<SlotStatus>,
     pub slot_name: String,
+    /// The lake's catalog file, and whether it exists.
+    pub lake: String,
+    pub lake_found: bool,
     pub tables: Vec<TableStatus>,
+}
+
+impl Status {
+    /// A slot with no lake where it was looked for: a mistyped `--lake`,
+    /// or a lost lake. `status` exits 1 then.
+    pub fn lake_missing(&self) -> bool {
+        self.slot.is_some() && !self.lake_found
+    }
 }
 
 pub async fn status(
@@ -101,6 +112,8 @@ pub async fn status(
     Ok(Status {
         slot: slot_status,
         slot_name: slot.to_owned(),
+        lake: lake.catalog.display().to_string(),
+        lake_found: lake.catalog.is_file(),
         tables: table_statuses(lake, &namespace).await?,
     })
 }
@@ -205,6 +218,19 @@ impl Status {
                     let _ = writeln!(out, "  {label:<20} {value}");
                 }
             }
+        }
+        if !self.lake_found {
+            let _ = writeln!(
+                out,
+                "no lake: the catalog {} does not exist{}",
+                self.lake,
+                if self.slot.is_some() {
+                    " (give the --lake or --catalog the run writes to)"
+                } else {
+                    ""
+                }
+            );
+            return out;
         }
         if self.tables.is_empty() {
             let _ = writeln!(out, "no lake tables with a committed position");

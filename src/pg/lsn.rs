@@ -1,7 +1,9 @@
 //! Log sequence numbers: a byte position in the write-ahead log.
 //!
 //! PostgreSQL prints an LSN as two hexadecimal halves, `16/B374D848`
-//! (see the `pg_lsn` type). The wire carries it as a big-endian `Int64`.
+//! (see the `pg_lsn` type). The wire carries it as a big-endian `Int64`,
+//! and the lake's `_cdc_commit_lsn` holds that integer, so an LSN given to
+//! wal2iceberg may be written either way.
 
 use std::fmt;
 use std::str::FromStr;
@@ -21,9 +23,12 @@ impl fmt::Display for Lsn {
     }
 }
 
-/// The text was not of the form `XXXXXXXX/XXXXXXXX`.
+/// The text was neither of the form `XXXXXXXX/XXXXXXXX` nor an integer.
 #[derive(Debug, thiserror::Error)]
-#[error("invalid LSN {0:?}: expected two hexadecimal halves such as 16/B374D848")]
+#[error(
+    "invalid LSN {0:?}: expected two hexadecimal halves such as 16/B374D848, or the integer the \
+     lake's _cdc_commit_lsn holds"
+)]
 pub struct ParseLsnError(String);
 
 impl FromStr for Lsn {
@@ -31,7 +36,11 @@ impl FromStr for Lsn {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let invalid = || ParseLsnError(s.to_owned());
-        let (high, low) = s.trim().split_once('/').ok_or_else(invalid)?;
+        let s = s.trim();
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            return s.parse().map(Lsn).map_err(|_| invalid());
+        }
+        let (high, low) = s.split_once('/').ok_or_else(invalid)?;
         let half = |h: &str| {
             if h.is_empty() || h.len() > 8 {
                 return Err(invalid());
@@ -61,8 +70,24 @@ mod tests {
     }
 
     #[test]
+    fn the_lakes_integer_form_parses_too() {
+        assert_eq!("29497752".parse::<Lsn>().unwrap().to_string(), "0/1C21998");
+        assert_eq!(" 97500342344 ".parse::<Lsn>().unwrap(), Lsn(0x16_B374_D848));
+    }
+
+    #[test]
     fn rejects_malformed_text() {
-        for bad in ["", "16", "/1", "1/", "G/1", "123456789/0", "1/2/3"] {
+        for bad in [
+            "",
+            "/1",
+            "1/",
+            "G/1",
+            "123456789/0",
+            "1/2/3",
+            "-1",
+            "18446744073709551616",
+            "1e5",
+        ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
         }
     }

@@ -235,6 +235,26 @@ impl TestDb {
     }
 
     /// Waits (at most a minute) until a consumer holds the slot.
+    /// Waits until a walsender streams from `slot` (after its initial
+    /// load; the slot is active while it is being created too).
+    pub async fn wait_until_streaming(&self, slot: &str) {
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while self
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r \
+                 ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state = 'streaming'",
+                &[&slot],
+            )
+            .await
+            .expect("read slot")
+            .is_none()
+        {
+            assert!(Instant::now() < give_up, "slot {slot} never streamed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn wait_until_active(&self, slot: &str) {
         let give_up = Instant::now() + Duration::from_secs(60);
         while self
