@@ -1220,6 +1220,34 @@ async fn setup_prepares_the_source_so_a_least_privileged_role_runs_the_pipeline(
     let (code, _, stderr) = run_least().await;
     assert_eq!(code, 0, "{stderr}");
     assert_reconciled(&db, "customers", lake.path(), "shop.customers").await;
+
+    // A table added later: the role cannot publish it, and is told how.
+    db.exec("CREATE TABLE orders(id int PRIMARY KEY); GRANT SELECT ON orders TO wal2iceberg;")
+        .await;
+    let least = admin.replace("postgres@", "wal2iceberg@");
+    let lake_path = lake.path().display().to_string();
+    let (code, _, stderr) = run(&[
+        "run",
+        "--source",
+        &least,
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--namespace",
+        "shop",
+        "--tables",
+        "public.customers,public.orders",
+        "--exit-when-idle",
+        "1s",
+    ])
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("wal2iceberg setup --tables public.orders ")
+            && stderr.contains("ALTER PUBLICATION"),
+        "{stderr}"
+    );
     let owner: String = db
         .client
         .query_one(

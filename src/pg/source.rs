@@ -782,13 +782,19 @@ pub async fn ensure_publication(
         .await
         .map_err(q)?;
     let list = |ts: &[&TableName]| ts.iter().map(|t| t.quoted()).collect::<Vec<_>>().join(", ");
-    let sql = match exists {
-        None => format!(
-            "CREATE PUBLICATION {name} FOR TABLE {} WITH (publish_via_partition_root = true); \
-             COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
-            list(&tables.iter().collect::<Vec<_>>()),
-            name = quote_ident(publication),
-        ),
+    let (sql, adding) = match exists {
+        None => {
+            let all: Vec<&TableName> = tables.iter().collect();
+            (
+                format!(
+                    "CREATE PUBLICATION {name} FOR TABLE {} WITH (publish_via_partition_root = true); \
+                     COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
+                    list(&all),
+                    name = quote_ident(publication),
+                ),
+                all,
+            )
+        }
         Some(row) if row.get::<_, bool>(0) => return Ok(()),
         Some(_) => {
             // Members named in it (a partitioned table itself) or through
@@ -800,21 +806,32 @@ pub async fn ensure_publication(
             if missing.is_empty() {
                 return Ok(());
             }
-            format!(
-                "ALTER PUBLICATION {} ADD TABLE {}",
-                quote_ident(publication),
-                list(&missing)
+            (
+                format!(
+                    "ALTER PUBLICATION {} ADD TABLE {}",
+                    quote_ident(publication),
+                    list(&missing)
+                ),
+                missing,
             )
         }
     };
     client.batch_execute(&sql).await.map_err(|e| {
         let hint = if e.code().map(|c| c.code()) == Some("42501") {
-            "cannot create or change the publication: the role must own the tables (or be superuser); \
-             or create it yourself and pass its name"
+            format!(
+                "cannot create or change the publication: that needs the tables' owner or a \
+                 superuser. As one, run: wal2iceberg setup --tables {} (it publishes them and \
+                 grants the role SELECT on them), or {sql} yourself",
+                adding
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            )
         } else {
-            "cannot create or change the publication"
+            "cannot create or change the publication".to_owned()
         };
-        postgres(e, hint).with_context("publication", publication)
+        postgres(e, &hint).with_context("publication", publication)
     })?;
     tracing::info!(publication, "publication ready");
     Ok(())
