@@ -651,20 +651,30 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
             "did not exist"
         }
     );
+    use wal2iceberg::ops::teardown::Publication;
     outln!(
         "publication {publication}: {}",
-        if report.publication_dropped {
-            "dropped"
-        } else if report.publication_kept {
-            "kept (not created by wal2iceberg)"
-        } else {
-            "did not exist"
+        match &report.publication {
+            Publication::Dropped => "dropped".to_owned(),
+            Publication::DidNotExist => "did not exist".to_owned(),
+            Publication::NotOurs => "kept (not created by wal2iceberg)".to_owned(),
+            Publication::SharedWith(slots) => format!(
+                "kept: other slots of this database may read it ({}); a teardown of the last one drops it",
+                slots.join(", ")
+            ),
+            Publication::NotPermitted(sql) => format!(
+                "NOT dropped: only its owner or a superuser may; as one, run teardown again or: {sql}"
+            ),
         }
     );
-    for table in report.tables_dropped {
+    for table in &report.tables_dropped {
         outln!("table {table}: dropped");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if report.incomplete() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// Asks on the terminal; without one there is nobody to ask.

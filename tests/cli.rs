@@ -474,7 +474,10 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
     ])
     .await;
     assert_eq!(code, 1, "{stdout}");
-    assert!(stdout.contains("no lake") && stdout.contains("typo"), "{stdout}");
+    assert!(
+        stdout.contains("no lake") && stdout.contains("typo"),
+        "{stdout}"
+    );
 
     let (code, stdout, stderr) = run(&[&["status", "--json"], &common[..]].concat()).await;
     let wal_after = current_wal(&db).await;
@@ -625,10 +628,40 @@ async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unles
         "nothing dropped without a yes"
     );
 
+    // Another slot of the database may read the publication: it stays
+    // until the last slot's teardown.
+    let second = unique("second");
+    db.client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&second],
+        )
+        .await
+        .unwrap();
     let (code, stdout, stderr) = run(&[&teardown[..], &["--yes"]].concat()).await;
     assert_eq!(code, 0, "{stderr}");
-    assert!(stdout.contains("dropped"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("slot {slot}: dropped"))
+            && stdout.contains(&format!(
+                "other slots of this database may read it ({second})"
+            )),
+        "{stdout}"
+    );
     assert_eq!(count(slots, slot.clone()).await, 0);
+    assert_eq!(count(pubs, publication.clone()).await, 1);
+    let last = teardown.map(|a| {
+        if a == slot.as_str() {
+            second.as_str()
+        } else {
+            a
+        }
+    });
+    let (code, stdout, stderr) = run(&[&last[..], &["--yes"]].concat()).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(&format!("publication {publication}: dropped")),
+        "{stdout}"
+    );
     assert_eq!(count(pubs, publication.clone()).await, 0);
     let dbname = db.config.dbname.clone();
     assert_eq!(
@@ -1248,6 +1281,19 @@ async fn setup_prepares_the_source_so_a_least_privileged_role_runs_the_pipeline(
             && stderr.contains("ALTER PUBLICATION"),
         "{stderr}"
     );
+
+    // Its teardown drops its slot and says it cannot drop the owner's
+    // publication, and what the owner runs: exit 1, something is left.
+    let (code, stdout, stderr) =
+        run(&["teardown", "--source", &least, "--slot", &slot, "--yes"]).await;
+    assert_eq!(code, 1, "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("slot {slot}: dropped"))
+            && stdout.contains("NOT dropped")
+            && stdout.contains("DROP PUBLICATION \"wal2iceberg\";"),
+        "{stdout}"
+    );
+    assert_eq!(publications(&db.client).await, 1);
     let owner: String = db
         .client
         .query_one(

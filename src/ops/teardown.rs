@@ -1,6 +1,9 @@
 //! `wal2iceberg teardown`: drops what wal2iceberg created on the source,
-//! the slot and (only if wal2iceberg created it) the publication, and on
-//! request the lake's tables. A slot in use is never dropped.
+//! the slot and (only if wal2iceberg created it and no other slot of the
+//! database may read it) the publication, and on request the lake's
+//! tables. A slot in use is never dropped. Each step reports what it did
+//! or why it could not; the command exits non-zero when something it was
+//! to drop is left.
 
 use iceberg::{Catalog, NamespaceIdent};
 
@@ -20,10 +23,29 @@ pub struct TeardownOptions {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TeardownReport {
     pub slot_dropped: bool,
-    pub publication_dropped: bool,
-    /// A publication of that name exists but was made by someone else.
-    pub publication_kept: bool,
+    pub publication: Publication,
     pub tables_dropped: Vec<String>,
+}
+
+/// What became of the publication.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum Publication {
+    #[default]
+    DidNotExist,
+    Dropped,
+    /// Made by someone else: never wal2iceberg's to drop.
+    NotOurs,
+    /// Other logical slots of the database, which may read it.
+    SharedWith(Vec<String>),
+    /// The role may not drop it: the statement an owner runs.
+    NotPermitted(String),
+}
+
+impl TeardownReport {
+    /// Whether something teardown was to drop is left.
+    pub fn incomplete(&self) -> bool {
+        matches!(self.publication, Publication::NotPermitted(_))
+    }
 }
 
 pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<TeardownReport> {
@@ -62,26 +84,47 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
         .await
         .map_err(|e| postgres(e, "cannot read pg_publication"))?;
     if let Some(row) = publication {
-        if row.get::<_, Option<String>>(0).as_deref() == Some(CREATED_BY_MARK) {
-            client
-                .batch_execute(&format!(
-                    "DROP PUBLICATION {}",
-                    quote_ident(&options.publication)
-                ))
-                .await
-                .map_err(|e| {
-                    postgres(e, "cannot drop the publication")
-                        .with_context("publication", &options.publication)
-                })?;
-            report.publication_dropped = true;
+        report.publication = if row.get::<_, Option<String>>(0).as_deref() != Some(CREATED_BY_MARK)
+        {
+            Publication::NotOurs
         } else {
-            report.publication_kept = true;
-        }
+            let others: Vec<String> = client
+                .query(
+                    "SELECT slot_name::text FROM pg_replication_slots \
+                     WHERE slot_type = 'logical' AND plugin = 'pgoutput' \
+                       AND database = current_database() AND slot_name <> $1 \
+                     ORDER BY 1",
+                    &[&options.slot],
+                )
+                .await
+                .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            if others.is_empty() {
+                drop_publication(&client, &options.publication).await?
+            } else {
+                Publication::SharedWith(others)
+            }
+        };
     }
     if let Some((lake, namespace)) = &options.drop_tables {
         report.tables_dropped = drop_tables(lake, namespace).await?;
     }
     Ok(report)
+}
+
+async fn drop_publication(client: &SourceClient, publication: &str) -> Result<Publication> {
+    let sql = format!("DROP PUBLICATION {}", quote_ident(publication));
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(Publication::Dropped),
+        Err(e) if e.code().map(|c| c.code()) == Some("42501") => {
+            Ok(Publication::NotPermitted(format!("{sql};")))
+        }
+        Err(e) => {
+            Err(postgres(e, "cannot drop the publication").with_context("publication", publication))
+        }
+    }
 }
 
 /// Drops every table of the namespace from the catalog and deletes its
