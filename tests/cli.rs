@@ -260,6 +260,10 @@ async fn unreachable_hosts_wrong_passwords_and_wrong_certificates_exit_1_saying_
         assert_eq!(code, 1, "{source}: {stderr}");
         assert!(stderr.contains(reason), "{source}: {stderr}");
         assert!(!stderr.contains("Wr0ng-pw"), "{stderr}");
+        assert!(
+            !std::path::Path::new(&lake).exists(),
+            "{source}: a run that never connected made no lake"
+        );
     }
     let slots = db.slot_count().await;
     assert_eq!(slots, 0, "no failed run left a slot behind");
