@@ -186,6 +186,20 @@ enum Command {
         #[command(flatten)]
         settings: SettingsArgs,
     },
+    /// Take one source table out of the lake: drop its bronze and silver
+    /// tables with their files, so runs no longer apply it, and remove it
+    /// from the publication if wal2iceberg made that. Refused while a run
+    /// writes the lake.
+    DropTable {
+        #[command(flatten)]
+        settings: SettingsArgs,
+        /// The source table (`public.orders`).
+        #[arg(long = "table", value_name = "TABLE")]
+        table: String,
+        /// Do not ask before dropping.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Print a lake table through wal2iceberg's own reader.
     Show {
         /// The table: `customers`, `customers_changes`, or `shop.customers`.
@@ -466,6 +480,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             drop_tables,
             yes,
         } => teardown(settings(args)?, drop_tables, yes).await,
+        Command::DropTable {
+            settings: args,
+            table,
+            yes,
+        } => drop_table(settings(args)?, &table, yes).await,
         Command::Setup { settings: args } => {
             let settings = settings(args)?;
             if settings.tables.is_empty() {
@@ -670,6 +689,61 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
     for table in &report.tables_dropped {
         outln!("table {table}: dropped");
     }
+    Ok(if report.incomplete() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCode, Error> {
+    use wal2iceberg::ops::drop_table::{DropTableOptions, PublicationMembership};
+    let table = wal2iceberg::pg::source::TableName::parse(table)?;
+    let what = format!(
+        "the lake's tables of {table} in {}, with their files",
+        settings.lake.catalog.display()
+    );
+    if !yes && !confirm(&what)? {
+        return Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "drop of {what} not confirmed: nothing dropped (pass --yes to skip the question)"
+            ),
+        ));
+    }
+    let options = DropTableOptions {
+        name: settings.table_names.get(&table).cloned(),
+        namespace: namespace(
+            settings
+                .namespace
+                .as_deref()
+                .unwrap_or(&settings.source.dbname),
+        ),
+        lake: settings.lake.clone(),
+        publication: settings.publication.clone(),
+        table,
+    };
+    let report = wal2iceberg::ops::drop_table::drop_table(&settings.source, &options).await?;
+    if report.dropped.is_empty() {
+        outln!("the lake holds no tables of {}", options.table);
+    }
+    for ident in &report.dropped {
+        outln!("table {ident}: dropped, files deleted");
+    }
+    let publication = &options.publication;
+    outln!(
+        "publication {publication}: {}",
+        match &report.publication {
+            PublicationMembership::Removed => format!("{} removed", options.table),
+            PublicationMembership::NotAMember => format!("did not hold {}", options.table),
+            PublicationMembership::NotOurs =>
+                format!("kept {} (not created by wal2iceberg)", options.table),
+            PublicationMembership::NotPermitted(sql) => format!(
+                "still holds {}: only its owner or a superuser may change it; as one, run: {sql}",
+                options.table
+            ),
+        }
+    );
     Ok(if report.incomplete() {
         ExitCode::from(1)
     } else {

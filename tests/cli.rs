@@ -1444,3 +1444,84 @@ async fn show_and_tail_end_quietly_with_exit_0_when_their_reader_goes_away() {
     .await;
     assert_eq!((code, stderr.as_str()), (0, ""), "tail");
 }
+
+#[tokio::test]
+async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_can_come_back() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1, 'free');
+         CREATE TABLE orders(id int PRIMARY KEY, total int); INSERT INTO orders VALUES (1, 10);",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("drop");
+    let both = run_options(&db, &["customers", "orders"], &slot, dir.path());
+    wal2iceberg::ops::run::run(&db.config, &both).await.unwrap();
+    let url = db.config_url();
+    let lake = dir.path().display().to_string();
+    let drop = [
+        "drop-table",
+        "--source",
+        &url,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--publication",
+        "pub",
+        "--table",
+        "public.orders",
+        "--yes",
+    ];
+
+    // Beside a running run: refused, nothing dropped.
+    let mut streaming = run_options(&db, &["customers", "orders"], &slot, dir.path());
+    streaming.exit_when_idle = None;
+    let shutdown = streaming.shutdown.clone();
+    let config = db.config.clone();
+    let pipeline =
+        tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &streaming).await });
+    db.wait_until_streaming(&slot).await;
+    let (code, _, stderr) = run(&drop).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("lock"), "{stderr}");
+    shutdown.request();
+    pipeline.await.unwrap().unwrap();
+
+    let (code, stdout, stderr) = run(&drop).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains("table shop.orders_changes: dropped")
+            && stdout.contains("table shop.orders: dropped")
+            && stdout.contains("public.orders removed"),
+        "{stdout}"
+    );
+    assert!(
+        !dir.path().join("warehouse/shop/orders").exists()
+            && dir.path().join("warehouse/shop/customers").exists(),
+        "its files are gone, the other table's stay"
+    );
+    let published: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pub' AND tablename = 'orders'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 0);
+
+    // Runs no longer apply it; named again, it is loaded afresh.
+    db.exec("UPDATE orders SET total = 20; UPDATE customers SET plan = 'pro';")
+        .await;
+    let customers = run_options(&db, &["customers"], &slot, dir.path());
+    wal2iceberg::ops::run::run(&db.config, &customers)
+        .await
+        .unwrap();
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+    let (code, stdout, _) = run(&["show", "orders", "--lake", &lake, "--namespace", "shop"]).await;
+    assert_ne!(code, 0, "{stdout}");
+    wal2iceberg::ops::run::run(&db.config, &both).await.unwrap();
+    assert_reconciled(&db, "orders", dir.path(), "shop.orders").await;
+}

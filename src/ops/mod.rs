@@ -2,6 +2,7 @@
 //!
 //! - `compact`: compaction on demand, under the lake's writer lock.
 //! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
+//! - `drop_table`: one source table out of the lake and the publication.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `monitor`: the slot's lag and retained WAL while a run streams.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
@@ -16,6 +17,7 @@
 
 pub mod compact;
 pub mod demo;
+pub mod drop_table;
 pub mod monitor;
 pub mod run;
 pub mod scratch;

@@ -5,7 +5,7 @@
 //! or why it could not; the command exits non-zero when something it was
 //! to drop is left.
 
-use iceberg::{Catalog, NamespaceIdent};
+use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
@@ -148,24 +148,30 @@ async fn drop_tables(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<
         .await
         .map_err(|e| iceberg_error(e, "cannot list the lake's tables"))?
     {
-        let table = lake.catalog_table(&ident).await?;
-        let location = table.metadata().location().to_owned();
-        catalog
-            .drop_table(&ident)
-            .await
-            .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", &ident))?;
-        if let Some(folder) = location.strip_prefix("file://") {
-            match std::fs::remove_dir_all(folder) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
-                        .with_context("folder", folder)
-                        .with_source(e));
-                }
-            }
-        }
+        drop_with_files(&lake, &ident).await?;
         dropped.push(ident.to_string());
     }
     Ok(dropped)
+}
+
+/// Drops a table from the catalog and deletes its folder.
+pub(crate) async fn drop_with_files(lake: &Lake, ident: &TableIdent) -> Result<()> {
+    let table = lake.catalog_table(ident).await?;
+    let location = table.metadata().location().to_owned();
+    lake.catalog()
+        .drop_table(ident)
+        .await
+        .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", ident))?;
+    if let Some(folder) = location.strip_prefix("file://") {
+        match std::fs::remove_dir_all(folder) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
+                    .with_context("folder", folder)
+                    .with_source(e));
+            }
+        }
+    }
+    Ok(())
 }

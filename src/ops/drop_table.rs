@@ -1,0 +1,133 @@
+//! `wal2iceberg drop-table`: takes one source table out of the lake. Its
+//! bronze and silver tables are dropped with their files, which removes
+//! it from the lake's table set ([`super::table_set`]), and it leaves the
+//! publication when wal2iceberg made that. Refused while a run writes the
+//! lake (the writer lock): a run would apply the table again.
+
+use iceberg::NamespaceIdent;
+
+use super::run::iceberg_name;
+use super::table_set::SOURCE_TABLE;
+use super::teardown::drop_with_files;
+use crate::error::{Result, postgres};
+use crate::lake::catalog::{Lake, LakeLocation};
+use crate::lake::lock::WriterLock;
+use crate::pg::config::PgConfig;
+use crate::pg::replication::quote_ident;
+use crate::pg::source::{CREATED_BY_MARK, SourceClient, TableName};
+
+pub struct DropTableOptions {
+    pub table: TableName,
+    /// The Iceberg name settings chose for it, if any.
+    pub name: Option<String>,
+    pub lake: LakeLocation,
+    pub namespace: NamespaceIdent,
+    pub publication: String,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DropTableReport {
+    /// The Iceberg tables dropped, files included.
+    pub dropped: Vec<String>,
+    pub publication: PublicationMembership,
+}
+
+/// What became of the table's place in the publication.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub enum PublicationMembership {
+    /// It was not in it, or the publication does not exist.
+    #[default]
+    NotAMember,
+    Removed,
+    /// The publication is not wal2iceberg's: the table stays in it.
+    NotOurs,
+    /// The role may not change it: the statement an owner runs.
+    NotPermitted(String),
+}
+
+impl DropTableReport {
+    /// Whether something drop-table was to remove is left.
+    pub fn incomplete(&self) -> bool {
+        matches!(self.publication, PublicationMembership::NotPermitted(_))
+    }
+}
+
+pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result<DropTableReport> {
+    let _writer = WriterLock::acquire(&options.lake, &options.namespace)?;
+    let lake = Lake::open_existing(&options.lake).await?;
+    let name = match &options.name {
+        Some(name) => name.clone(),
+        None => recorded_name(&lake, options).await?,
+    };
+    let mut report = DropTableReport::default();
+    for ident in [format!("{name}_changes"), name] {
+        let ident = iceberg::TableIdent::new(options.namespace.clone(), ident);
+        if lake.table_if_exists(&ident).await?.is_some() {
+            drop_with_files(&lake, &ident).await?;
+            report.dropped.push(ident.to_string());
+        }
+    }
+    let client = SourceClient::connect(config).await?;
+    report.publication = leave_publication(&client, &options.publication, &options.table).await?;
+    Ok(report)
+}
+
+/// The Iceberg name of `options.table` by the source its bronze records,
+/// or its default name.
+async fn recorded_name(lake: &Lake, options: &DropTableOptions) -> Result<String> {
+    if lake.has_namespace(&options.namespace).await? {
+        let wanted = options.table.to_string();
+        for ident in lake
+            .tables(options.namespace.first().map(String::as_str))
+            .await?
+        {
+            let Some(name) = ident.name().strip_suffix("_changes") else {
+                continue;
+            };
+            let bronze = lake.catalog_table(&ident).await?;
+            if bronze.metadata().properties().get(SOURCE_TABLE) == Some(&wanted) {
+                return Ok(name.to_owned());
+            }
+        }
+    }
+    Ok(iceberg_name(&options.table))
+}
+
+async fn leave_publication(
+    client: &SourceClient,
+    publication: &str,
+    table: &TableName,
+) -> Result<PublicationMembership> {
+    let row = client
+        .query_opt(
+            "SELECT obj_description(p.oid, 'pg_publication'), \
+                    EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid \
+                            AND r.prrelid = to_regclass($2)) \
+             FROM pg_publication p WHERE p.pubname = $1",
+            &[&publication, &table.quoted()],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_publication").with_context("table", table))?;
+    let Some(row) = row else {
+        return Ok(PublicationMembership::NotAMember);
+    };
+    let (mark, member): (Option<String>, bool) = (row.get(0), row.get(1));
+    if !member {
+        return Ok(PublicationMembership::NotAMember);
+    }
+    if mark.as_deref() != Some(CREATED_BY_MARK) {
+        return Ok(PublicationMembership::NotOurs);
+    }
+    let sql = format!(
+        "ALTER PUBLICATION {} DROP TABLE {}",
+        quote_ident(publication),
+        table.quoted()
+    );
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(PublicationMembership::Removed),
+        Err(e) if e.code().map(|c| c.code()) == Some("42501") => {
+            Ok(PublicationMembership::NotPermitted(format!("{sql};")))
+        }
+        Err(e) => Err(postgres(e, "cannot change the publication").with_context("table", table)),
+    }
+}
