@@ -867,7 +867,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
             "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
                     COALESCE(a.attnum = ANY (pk.indkey::int2[]), false), \
                     COALESCE(a.attnum = ANY (ri.indkey::int2[]), false), c.relkind = 'p', \
-                    a.attndims \
+                    a.attndims::int4 \
              FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
@@ -937,7 +937,7 @@ pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<Strin
 pub async fn array_dimensions(client: &Client, relation_oid: u32) -> Result<Vec<(String, i32)>> {
     let rows = client
         .query(
-            "SELECT attname::text, attndims FROM pg_attribute \
+            "SELECT attname::text, attndims::int4 FROM pg_attribute \
              WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attndims > 1",
             &[&relation_oid],
         )

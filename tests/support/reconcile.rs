@@ -40,7 +40,7 @@ async fn columns(db: &TestDb, table: &str) -> Vec<Column> {
     db.client
         .query(
             "SELECT a.attname::text, coalesce(b.typname, t.typname)::text, \
-             format_type(a.atttypid, a.atttypmod), a.attndims \
+             format_type(a.atttypid, a.atttypmod), a.attndims::int4 \
              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
              LEFT JOIN pg_type b ON t.typtype = 'd' AND b.oid = t.typbasetype \
              WHERE a.attrelid = $1::text::regclass AND a.attnum > 0 AND NOT a.attisdropped \
