@@ -2,7 +2,7 @@
 //! slot only when told to and then resumes after what it printed; `check`
 //! and bad options exit non-zero with a message that says what to fix.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::process::Command;
 
 use crate::support::*;
@@ -1524,4 +1524,55 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
     assert_ne!(code, 0, "{stdout}");
     wal2iceberg::ops::run::run(&db.config, &both).await.unwrap();
     assert_reconciled(&db, "orders", dir.path(), "shop.orders").await;
+}
+
+#[tokio::test]
+async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE inf(id int PRIMARY KEY, ts timestamp, tz timestamptz, d date);
+         INSERT INTO inf VALUES (1, 'infinity', '-infinity', 'infinity'),
+                                (2, '2026-12-01 10:00:00', '2026-12-01 10:00:00+00', '2026-12-01');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["inf"], &unique("inf"), dir.path());
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    let lake = dir.path().display().to_string();
+    let show = |format: &'static str| {
+        let lake = lake.clone();
+        async move {
+            run(&[
+                "show",
+                "inf",
+                "--lake",
+                &lake,
+                "--namespace",
+                "shop",
+                "--format",
+                format,
+            ])
+            .await
+        }
+    };
+    let (code, json, stderr) = show("json").await;
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Value = serde_json::from_str(&json).expect("valid JSON");
+    assert_eq!(
+        (&rows[0]["ts"], &rows[0]["tz"], &rows[0]["d"]),
+        (&json!("infinity"), &json!("-infinity"), &json!("infinity")),
+        "{json}"
+    );
+    assert!(
+        rows[1]["ts"].as_str().unwrap().starts_with("2026-12-01"),
+        "{json}"
+    );
+    for format in ["table", "csv"] {
+        let (code, text, stderr) = show(format).await;
+        assert_eq!(code, 0, "{stderr}");
+        assert!(
+            text.contains("-infinity") && !text.contains("ERROR"),
+            "{text}"
+        );
+    }
 }

@@ -11,11 +11,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
+use arrow_array::types::{Date32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{ArrayRef, RecordBatch, StringArray};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, TimeUnit};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use futures_util::TryStreamExt;
@@ -108,7 +108,7 @@ pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Res
     if let Some(limit) = options.limit {
         rows = rows.slice(0, limit.min(rows.num_rows()));
     }
-    let rows = lsns_as_text(&rows).map_err(|e| arrow_error(e, ident))?;
+    let rows = printable(&rows).map_err(|e| arrow_error(e, ident))?;
     render(&rows, options.format).map_err(|e| e.with_context("table", ident))
 }
 
@@ -209,19 +209,39 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
     }
 }
 
-/// The LSN columns (integers in the lake) in PostgreSQL's form, `0/1C21998`,
-/// as `status`, the logs and `--as-of` write them.
-fn lsns_as_text(rows: &RecordBatch) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+/// The columns as they print: the LSN columns (integers in the lake) in
+/// PostgreSQL's form, `0/1C21998`, as `status`, the logs and `--as-of`
+/// write them, and dates and timestamps whose sentinel stands for
+/// PostgreSQL's `infinity` (docs/values.md) as that word.
+fn printable(rows: &RecordBatch) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
     let schema = rows.schema();
     let mut fields = Vec::with_capacity(rows.num_columns());
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns());
     for (field, column) in schema.fields().iter().zip(rows.columns()) {
-        match column.as_primitive_opt::<Int64Type>() {
-            Some(lsns) if [COMMIT_LSN, LSN].contains(&field.name().as_str()) => {
-                let text: StringArray = lsns
+        let text: Option<StringArray> = match column.data_type() {
+            DataType::Int64 if [COMMIT_LSN, LSN].contains(&field.name().as_str()) => Some(
+                column
+                    .as_primitive::<Int64Type>()
                     .iter()
                     .map(|v| v.map(|v| Lsn(v as u64).to_string()))
-                    .collect();
+                    .collect(),
+            ),
+            DataType::Date32 => Some(infinite_as_word(column, |i| {
+                infinity_of(
+                    i64::from(column.as_primitive::<Date32Type>().value(i)),
+                    i64::from(i32::MAX),
+                )
+            })?),
+            DataType::Timestamp(TimeUnit::Microsecond, _) => Some(infinite_as_word(column, |i| {
+                infinity_of(
+                    column.as_primitive::<TimestampMicrosecondType>().value(i),
+                    i64::MAX,
+                )
+            })?),
+            _ => None,
+        };
+        match text {
+            Some(text) => {
                 fields.push(Field::new(
                     field.name(),
                     DataType::Utf8,
@@ -229,13 +249,38 @@ fn lsns_as_text(rows: &RecordBatch) -> std::result::Result<RecordBatch, arrow_sc
                 ));
                 columns.push(Arc::new(text));
             }
-            _ => {
+            None => {
                 fields.push(field.as_ref().clone());
                 columns.push(column.clone());
             }
         }
     }
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// `infinity` or `-infinity` for the sentinels `max` and `-max`.
+fn infinity_of(value: i64, max: i64) -> Option<&'static str> {
+    match value {
+        v if v == max => Some("infinity"),
+        v if v == -max => Some("-infinity"),
+        _ => None,
+    }
+}
+
+/// A temporal column's display text, its sentinels as words.
+fn infinite_as_word(
+    column: &ArrayRef,
+    word: impl Fn(usize) -> Option<&'static str>,
+) -> std::result::Result<StringArray, arrow_schema::ArrowError> {
+    let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())?;
+    Ok((0..column.len())
+        .map(|i| {
+            (!column.is_null(i)).then(|| match word(i) {
+                Some(word) => word.to_owned(),
+                None => formatter.value(i).to_string(),
+            })
+        })
+        .collect())
 }
 
 /// CSV has no nested values: lists and structs become their display text.
