@@ -45,7 +45,8 @@ struct SettingsArgs {
     /// Tables to capture, comma-separated: public.customers,public.orders.
     #[arg(long, value_delimiter = ',')]
     tables: Option<Vec<String>>,
-    /// Replication slot name [default: wal2iceberg].
+    /// Replication slot name [default: wal2iceberg; for tail, a temporary
+    /// slot of its own].
     #[arg(long)]
     slot: Option<String>,
     /// Publication name; created for the tables when missing [default: wal2iceberg].

@@ -35,7 +35,8 @@ async fn tail_consuming_its_slot_prints_the_load_then_changes_and_resumes_after_
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text NOT NULL);
-         INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');",
+         INSERT INTO customers VALUES (1,'Ada','free'),(2,'Grace','pro'),(3,'Linus','free');
+         CREATE PUBLICATION wal2iceberg FOR TABLE customers;",
     )
     .await;
     let url = db.config_url();
@@ -132,6 +133,28 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
     let (code, _, stderr) = run_tail(tail(Some("nobody_s_slot"))).await;
     assert_ne!(code, 0);
     assert!(stderr.contains("--consume"), "{stderr}");
+    assert_eq!(db.slot_count().await, slots);
+    // Nor is a publication changed: a table it does not publish is refused.
+    db.exec("CREATE TABLE unpublished(id int PRIMARY KEY)")
+        .await;
+    let mut other = tail(None);
+    other[4] = "public.unpublished".into();
+    let (code, _, stderr) = run_tail(other).await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("does not publish public.unpublished") && stderr.contains("changes no"),
+        "{stderr}"
+    );
+    let published: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'unpublished'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(published, 0);
     assert_eq!(db.slot_count().await, slots);
 
     wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();

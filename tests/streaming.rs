@@ -128,8 +128,10 @@ async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
 async fn tail_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
     use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE big(id bigint PRIMARY KEY, pad text)")
-        .await;
+    db.exec(
+        "CREATE TABLE big(id bigint PRIMARY KEY, pad text); CREATE PUBLICATION pub FOR TABLE big;",
+    )
+    .await;
     let mut capture = db.options(&["big"]);
     capture.streaming = true;
     let options = TailOptions {

@@ -42,6 +42,10 @@ pub struct CaptureOptions {
     /// lake's own (`_cdc_*`): silver keeps rows in step by key. `run` and
     /// `check` need this; `tail` does not.
     pub to_lake: bool,
+    /// Create the publication, add the tables to it, and install the
+    /// partition triggers, as needed (`run`); without, the publication
+    /// must publish the tables already (`tail`, which changes nothing).
+    pub manage_publication: bool,
 }
 
 impl CaptureOptions {
@@ -56,6 +60,7 @@ impl CaptureOptions {
             temporary_slot: false,
             held_tables: None,
             to_lake: false,
+            manage_publication: true,
         }
     }
 
@@ -202,8 +207,28 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }
-    source::ensure_publication(&client, &options.publication, &options.tables).await?;
-    source::ensure_partition_rows(&client, &options.tables).await?;
+    if options.manage_publication {
+        source::ensure_publication(&client, &options.publication, &options.tables).await?;
+        source::ensure_partition_rows(&client, &options.tables).await?;
+    } else {
+        let missing = source::unpublished(&client, &options.publication, &options.tables).await?;
+        if !missing.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Preflight,
+                format!(
+                    "publication {:?} does not publish {}, and this command changes no \
+                     publication: name one that does (--publication), or publish them with \
+                     wal2iceberg setup --tables ...",
+                    options.publication,
+                    missing
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+    }
     let existing = source::slot_info(&client, &options.slot).await?;
     let catalog = Catalog::new(client);
     let mut connection = ReplicationConnection::connect(config).await?;

@@ -42,6 +42,7 @@ pub enum TailSlot {
 pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write) -> Result<u64> {
     options.capture.validate()?;
     let mut capture_options = options.capture.clone();
+    capture_options.manage_publication = false;
     match options.slot {
         TailSlot::Temporary => {
             capture_options.slot = capture::temporary_slot_name("wal2iceberg_tail");

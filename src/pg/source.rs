@@ -721,6 +721,39 @@ pub async fn ensure_partition_rows(client: &Client, tables: &[TableName]) -> Res
     Ok(())
 }
 
+/// The tables of `tables` the publication does not publish: all of them
+/// when it does not exist.
+pub async fn unpublished(
+    client: &Client,
+    publication: &str,
+    tables: &[TableName],
+) -> Result<Vec<TableName>> {
+    let all = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot read pg_publication").with_context("publication", publication)
+        })?;
+    match all {
+        None => Ok(tables.to_vec()),
+        Some(row) if row.get::<_, bool>(0) => Ok(Vec::new()),
+        Some(_) => {
+            // Members named in it (a partitioned table itself) or through
+            // it (a table of a published schema, a partition).
+            let mut published = published_tables(client, publication).await?;
+            published.extend(published_relations(client, publication).await?);
+            Ok(tables
+                .iter()
+                .filter(|t| !published.contains(t))
+                .cloned()
+                .collect())
+        }
+    }
+}
+
 /// The relations named in a publication (`pg_publication_rel`: a
 /// partitioned table itself, not its partitions).
 async fn published_relations(client: &Client, publication: &str) -> Result<Vec<TableName>> {
@@ -776,45 +809,32 @@ pub async fn ensure_publication(
     let q = |e| postgres(e, "cannot read pg_publication").with_context("publication", publication);
     let exists = client
         .query_opt(
-            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
             &[&publication],
         )
         .await
-        .map_err(q)?;
-    let list = |ts: &[&TableName]| ts.iter().map(|t| t.quoted()).collect::<Vec<_>>().join(", ");
-    let (sql, adding) = match exists {
-        None => {
-            let all: Vec<&TableName> = tables.iter().collect();
-            (
-                format!(
-                    "CREATE PUBLICATION {name} FOR TABLE {} WITH (publish_via_partition_root = true); \
-                     COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
-                    list(&all),
-                    name = quote_ident(publication),
-                ),
-                all,
-            )
-        }
-        Some(row) if row.get::<_, bool>(0) => return Ok(()),
-        Some(_) => {
-            // Members named in it (a partitioned table itself) or through
-            // it (a table of a published schema, a partition).
-            let mut published = published_tables(client, publication).await?;
-            published.extend(published_relations(client, publication).await?);
-            let missing: Vec<&TableName> =
-                tables.iter().filter(|t| !published.contains(t)).collect();
-            if missing.is_empty() {
-                return Ok(());
-            }
-            (
-                format!(
-                    "ALTER PUBLICATION {} ADD TABLE {}",
-                    quote_ident(publication),
-                    list(&missing)
-                ),
-                missing,
-            )
-        }
+        .map_err(q)?
+        .is_some();
+    let adding = unpublished(client, publication, tables).await?;
+    if adding.is_empty() {
+        return Ok(());
+    }
+    let list = adding
+        .iter()
+        .map(TableName::quoted)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let sql = if exists {
+        format!(
+            "ALTER PUBLICATION {} ADD TABLE {list}",
+            quote_ident(publication)
+        )
+    } else {
+        format!(
+            "CREATE PUBLICATION {name} FOR TABLE {list} WITH (publish_via_partition_root = true); \
+             COMMENT ON PUBLICATION {name} IS '{CREATED_BY_MARK}'",
+            name = quote_ident(publication),
+        )
     };
     client.batch_execute(&sql).await.map_err(|e| {
         let hint = if e.code().map(|c| c.code()) == Some("42501") {
