@@ -145,16 +145,7 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
         stderr.contains("does not publish public.unpublished") && stderr.contains("changes no"),
         "{stderr}"
     );
-    let published: i64 = db
-        .client
-        .query_one(
-            "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'unpublished'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(published, 0);
+    assert_eq!(db.publishing("unpublished").await, 0);
     assert_eq!(db.slot_count().await, slots);
 
     wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
@@ -1524,16 +1515,7 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
             && dir.path().join("warehouse/shop/customers").exists(),
         "its files are gone, the other table's stay"
     );
-    let published: i64 = db
-        .client
-        .query_one(
-            "SELECT count(*) FROM pg_publication_tables WHERE pubname = 'pub' AND tablename = 'orders'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(published, 0);
+    assert_eq!(db.publishing("orders").await, 0);
 
     // Runs no longer apply it; named again, it is loaded afresh.
     db.exec("UPDATE orders SET total = 20; UPDATE customers SET plan = 'pro';")

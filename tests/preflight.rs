@@ -90,16 +90,7 @@ async fn a_table_without_key_or_full_identity_is_never_published() {
     let err = capture::open(&db.config, &options).await.err().unwrap();
     assert_eq!(err.kind(), ErrorKind::Preflight);
     assert!(err.to_string().contains("public.nokey"), "{err}");
-    let published: i64 = db
-        .client
-        .query_one(
-            "SELECT count(*) FROM pg_publication_tables WHERE tablename = 'nokey'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(published, 0);
+    assert_eq!(db.publishing("nokey").await, 0);
     // The application's UPDATE and DELETE still work.
     db.exec("UPDATE nokey SET v = 'b'; DELETE FROM nokey;")
         .await;

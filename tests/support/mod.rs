@@ -235,6 +235,18 @@ impl TestDb {
     }
 
     /// Waits (at most a minute) until a consumer holds the slot.
+    /// How many publications publish `table` (a name in any schema).
+    pub async fn publishing(&self, table: &str) -> i64 {
+        self.client
+            .query_one(
+                "SELECT count(*) FROM pg_publication_tables WHERE tablename = $1",
+                &[&table],
+            )
+            .await
+            .expect("read pg_publication_tables")
+            .get(0)
+    }
+
     /// Waits until a walsender streams from `slot` (after its initial
     /// load; the slot is active while it is being created too).
     pub async fn wait_until_streaming(&self, slot: &str) {
