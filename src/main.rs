@@ -470,7 +470,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             } else {
                 out!("{}", status.to_text());
             }
-            Ok(if status.lake_missing() {
+            Ok(if status.lake_missing() || status.other_slots().is_some() {
                 ExitCode::from(1)
             } else {
                 ExitCode::SUCCESS

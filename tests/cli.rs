@@ -496,6 +496,16 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
         stdout.contains("no lake") && stdout.contains("typo"),
         "{stdout}"
     );
+    // A lake, and a slot its tables do not record: exit 1 too.
+    let (code, stdout, _) = run(&[
+        "status", "--source", &url, "--slot", "nosuch", "--lake", &lake_path,
+    ])
+    .await;
+    assert_eq!(code, 1, "{stdout}");
+    assert!(
+        stdout.contains(&format!("replicated from slot {slot}, not nosuch")),
+        "{stdout}"
+    );
 
     let (code, stdout, stderr) = run(&[&["status", "--json"], &common[..]].concat()).await;
     let wal_after = current_wal(&db).await;

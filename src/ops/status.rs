@@ -20,6 +20,7 @@ use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::lake::expire::LAST_EXPIRY_PROPERTY;
 use crate::lake::writer::{Position, summary_total};
+use crate::ops::table_set::SOURCE_SLOT;
 use crate::pg::config::PgConfig;
 use crate::pg::source::SourceClient;
 
@@ -58,6 +59,8 @@ pub struct TableStatus {
     pub last_compaction: Option<String>,
     /// When an expiry last removed snapshots.
     pub last_expiry: Option<String>,
+    /// The slot a bronze table records it is replicated from.
+    pub replicated_from: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,6 +79,19 @@ impl Status {
     /// or a lost lake. `status` exits 1 then.
     pub fn lake_missing(&self) -> bool {
         self.slot.is_some() && !self.lake_found
+    }
+
+    /// The slots the lake's tables record, when `slot_name` is not one of
+    /// them: a mistyped `--slot`. `status` exits 1 then.
+    pub fn other_slots(&self) -> Option<Vec<&str>> {
+        let mut slots: Vec<&str> = self
+            .tables
+            .iter()
+            .filter_map(|t| t.replicated_from.as_deref())
+            .collect();
+        slots.sort_unstable();
+        slots.dedup();
+        (!slots.is_empty() && !slots.contains(&self.slot_name.as_str())).then_some(slots)
     }
 }
 
@@ -168,6 +184,7 @@ async fn table_statuses(
                 .get(LAST_EXPIRY_PROPERTY)
                 .and_then(|ms| ms.parse::<i64>().ok())
                 .map(|ms| format_timestamp_utc(ms * 1000)),
+            replicated_from: table.metadata().properties().get(SOURCE_SLOT).cloned(),
             table: ident.to_string(),
             commit_lsn: position.commit_lsn.to_string(),
             source_commit_time: format_timestamp_utc(position.commit_ts),
@@ -235,6 +252,14 @@ impl Status {
         if self.tables.is_empty() {
             let _ = writeln!(out, "no lake tables with a committed position");
             return out;
+        }
+        if let Some(slots) = self.other_slots() {
+            let _ = writeln!(
+                out,
+                "the lake's tables are replicated from slot {}, not {}: give --slot the run uses",
+                slots.join(", "),
+                self.slot_name
+            );
         }
         let _ = writeln!(
             out,
