@@ -619,6 +619,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     (true, false) => TailSlot::Peek,
                     (false, false) => TailSlot::Temporary,
                 },
+                shutdown: Shutdown::on_signals()?,
             };
             tail(&settings.source, &options, &mut Stdout).await?;
             Ok(ExitCode::SUCCESS)

@@ -161,6 +161,45 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
 }
 
 #[tokio::test]
+async fn tail_stops_cleanly_on_sigterm_with_exit_0() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE t(id int PRIMARY KEY); CREATE PUBLICATION wal2iceberg FOR TABLE t;")
+        .await;
+    let slots = db.slot_count().await;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(["tail", "--source", &db.config_url(), "--tables", "public.t"])
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while db.slot_count().await == slots {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "tail never made its slot"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let pid = child.id().unwrap().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
+        .await
+        .expect("tail stopped")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(
+        db.slot_count().await,
+        slots,
+        "its temporary slot went with it"
+    );
+}
+
+#[tokio::test]
 async fn check_lists_failures_with_fixes_and_exits_non_zero() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE nokey(v text)").await;

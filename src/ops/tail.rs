@@ -15,6 +15,7 @@ use crate::cdc::capture::{self, Capture, CaptureOptions};
 use crate::cdc::event::Event;
 use crate::cdc::stream::Next;
 use crate::error::{Error, ErrorKind, Result};
+use crate::ops::shutdown::Shutdown;
 use crate::pg::config::PgConfig;
 use crate::pg::source::{self, SourceClient};
 
@@ -23,6 +24,8 @@ pub struct TailOptions {
     /// Exit 0 once no event arrived for this long; run forever when unset.
     pub exit_when_idle: Option<Duration>,
     pub slot: TailSlot,
+    /// SIGINT or SIGTERM: stop between events, cleanly, and exit 0.
+    pub shutdown: Shutdown,
 }
 
 /// Which slot tail reads, and whether it confirms what it printed.
@@ -37,8 +40,8 @@ pub enum TailSlot {
     Consume,
 }
 
-/// Streams events to `out` until idle (if asked) or until the server ends
-/// the stream. Returns the number of events written.
+/// Streams events to `out` until idle (if asked), a stop request, or the
+/// server ends the stream. Returns the number of events written.
 pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write) -> Result<u64> {
     options.capture.validate()?;
     let mut capture_options = options.capture.clone();
@@ -91,9 +94,13 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
         stream.never_confirm();
     }
     let idle_from_now = || options.exit_when_idle.map(|d| Instant::now() + d);
-    let mut deadline = idle_from_now();
-    loop {
-        let next = stream.next_before(deadline).await?;
+    let mut idle_at = idle_from_now();
+    while !options.shutdown.is_requested() {
+        // Wakes at least every quarter second to see a stop request.
+        let wake = Instant::now() + Duration::from_millis(250);
+        let next = stream
+            .next_before(Some(idle_at.map_or(wake, |d| d.min(wake))))
+            .await?;
         // A streamed transaction's chunks arrive as no event until its
         // Stream Commit: while one is open, the stream is not idle.
         let streaming = stream.in_streamed_transaction();
@@ -107,10 +114,11 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
                         stream.confirm(end_lsn).await?;
                     }
                 }
-                deadline = idle_from_now();
+                idle_at = idle_from_now();
             }
-            Next::Idle if streaming => deadline = idle_from_now(),
-            Next::Idle => break,
+            Next::Idle if streaming => idle_at = idle_from_now(),
+            Next::Idle if idle_at.is_some_and(|d| Instant::now() >= d) => break,
+            Next::Idle => {}
             Next::Closed => {
                 return Err(Error::new(
                     ErrorKind::Connection,
@@ -119,6 +127,7 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
             }
         }
     }
+    out.flush()?;
     stream.stop().await?;
     Ok(written)
 }
