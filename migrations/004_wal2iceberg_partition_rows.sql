@@ -80,6 +80,19 @@ BEGIN
            OR a.attnum = ANY ((SELECT i.indkey FROM pg_index i WHERE i.indrelid = rel AND i.indisprimary)::int2[]))
   $fn$;
 
+  -- A trigger that failed must not fail the user's command: it says so in
+  -- the session and in the stream (prefix wal2iceberg.partition_rows_failed),
+  -- where wal2iceberg logs it as an error naming the table to reload.
+  CREATE OR REPLACE FUNCTION wal2iceberg.report_failure(rel regclass, what text, error text)
+  RETURNS void
+  LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $fn$
+  BEGIN
+    RAISE WARNING 'wal2iceberg: the % of % were not sent to the lake: %', what, rel, error;
+    PERFORM pg_logical_emit_message(true, 'wal2iceberg.partition_rows_failed',
+      json_build_object('table', rel::text, 'what', what, 'error', error)::text);
+  END
+  $fn$;
+
   -- Before a TRUNCATE of a partition: the keys of its rows, as deletes of
   -- the table publishing it. A TRUNCATE of that table itself is published:
   -- its own trigger marks it for the statement, and its partitions' send
@@ -96,18 +109,22 @@ BEGIN
       PERFORM set_config('wal2iceberg.truncating', '', true);
       RETURN NULL;
     END IF;
-    FOR target IN SELECT * FROM wal2iceberg.publishing_roots(TG_RELID) LOOP
-      IF target.relid = TG_RELID THEN
-        truncating := truncating || ',' || TG_RELID || ',';
-        PERFORM set_config('wal2iceberg.truncating', truncating, true);
-        CONTINUE;
-      END IF;
-      CONTINUE WHEN truncating LIKE '%,' || target.relid || ',%';
-      -- A partitioned partition holds no rows: its partitions' triggers fire.
-      CONTINUE WHEN (SELECT relkind FROM pg_class WHERE oid = TG_RELID) <> 'r';
-      PERFORM wal2iceberg.emit_rows('wal2iceberg.truncated_row', target.relid, TG_RELID::regclass,
-                                    wal2iceberg.published_columns(target.relid, true));
-    END LOOP;
+    BEGIN
+      FOR target IN SELECT * FROM wal2iceberg.publishing_roots(TG_RELID) LOOP
+        IF target.relid = TG_RELID THEN
+          truncating := truncating || ',' || TG_RELID || ',';
+          PERFORM set_config('wal2iceberg.truncating', truncating, true);
+          CONTINUE;
+        END IF;
+        CONTINUE WHEN truncating LIKE '%,' || target.relid || ',%';
+        -- A partitioned partition holds no rows: its partitions' triggers fire.
+        CONTINUE WHEN (SELECT relkind FROM pg_class WHERE oid = TG_RELID) <> 'r';
+        PERFORM wal2iceberg.emit_rows('wal2iceberg.truncated_row', target.relid, TG_RELID::regclass,
+                                      wal2iceberg.published_columns(target.relid, true));
+      END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+      PERFORM wal2iceberg.report_failure(TG_RELID::regclass, 'truncated rows', SQLERRM);
+    END;
     RETURN NULL;
   END
   $fn$;
@@ -119,7 +136,9 @@ BEGIN
   DECLARE
     rel regclass;
   BEGIN
+    -- Tables and partitioned tables: a foreign partition takes no trigger.
     FOR rel IN SELECT t.relid FROM pg_partition_tree(root) t
+               JOIN pg_class c ON c.oid = t.relid AND c.relkind IN ('r', 'p')
                WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g
                                  WHERE g.tgrelid = t.relid AND g.tgname = 'wal2iceberg_truncated_rows')
     LOOP
@@ -168,13 +187,17 @@ BEGIN
       CONTINUE WHEN done LIKE '%,' || attached.child || ',%';
       done := done || ',' || attached.child || ',';
       PERFORM set_config('wal2iceberg.attached', done, true);
-      FOR target IN SELECT * FROM wal2iceberg.publishing_roots(attached.parent) LOOP
-        PERFORM wal2iceberg.watch_truncates(target.relid::regclass);
-        -- A partition created here is empty: its rows come as changes.
-        CONTINUE WHEN tg_tag = 'CREATE TABLE';
-        PERFORM wal2iceberg.emit_rows('wal2iceberg.attached_row', target.relid, attached.child::regclass,
-                                      wal2iceberg.published_columns(target.relid, false));
-      END LOOP;
+      BEGIN
+        FOR target IN SELECT * FROM wal2iceberg.publishing_roots(attached.parent) LOOP
+          PERFORM wal2iceberg.watch_truncates(target.relid::regclass);
+          -- A partition created here is empty: its rows come as changes.
+          CONTINUE WHEN tg_tag = 'CREATE TABLE';
+          PERFORM wal2iceberg.emit_rows('wal2iceberg.attached_row', target.relid, attached.child::regclass,
+                                        wal2iceberg.published_columns(target.relid, false));
+        END LOOP;
+      EXCEPTION WHEN OTHERS THEN
+        PERFORM wal2iceberg.report_failure(attached.child::regclass, 'attached rows', SQLERRM);
+      END;
     END LOOP;
   END
   $fn$;

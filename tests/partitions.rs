@@ -429,3 +429,50 @@ async fn a_truncate_of_partitions_alone_deletes_their_rows_and_one_of_the_whole_
         "a TRUNCATE of the partitioned table sends no keys"
     );
 }
+
+#[tokio::test]
+async fn a_partition_trigger_that_fails_never_fails_the_users_command_and_the_run_says_so() {
+    let (db, dir, opts) = loaded_events("failing").await;
+    // A broken helper of the triggers (as a bug would be): the user's
+    // ATTACH and TRUNCATE still go through.
+    db.exec(&format!(
+        "DROP FUNCTION wal2iceberg.emit_rows(text, oid, regclass, text[]);
+         {}{}
+         ALTER TABLE ev ATTACH PARTITION ev_jp FOR VALUES IN ('jp');
+         TRUNCATE ev_us;",
+        standalone("ev_jp"),
+        rows("ev_jp", "jp", 5000)
+    ))
+    .await;
+    let lake = dir.path().display().to_string();
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([
+            "run",
+            "--source",
+            &db.config_url(),
+            "--tables",
+            "public.ev",
+            "--slot",
+            &opts.capture.slot,
+            "--publication",
+            &opts.capture.publication,
+            "--lake",
+            &lake,
+            "--namespace",
+            "shop",
+            "--exit-when-idle",
+            "1s",
+        ])
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("partition trigger failed")
+            && stderr.contains("public.ev_jp")
+            && stderr.contains("public.ev_us"),
+        "{stderr}"
+    );
+}

@@ -302,6 +302,9 @@ impl<D: Describe> Assembler<D> {
                 let row = PartitionRow::parse(&m.prefix, &m.content, lsn)?;
                 return self.partition_row(op, row, tx, seq, lsn).await;
             }
+            if m.prefix == partition_rows::FAILED {
+                partition_rows::log_failure(&m.content, lsn);
+            }
             self.ready.push_back(Event::Message {
                 tx: if m.transactional {
                     tx.map(|(t, _)| t)

@@ -26,6 +26,33 @@ use crate::pg::source::TableName;
 pub const ATTACHED: &str = "wal2iceberg.attached_row";
 pub const TRUNCATED: &str = "wal2iceberg.truncated_row";
 
+/// A trigger that failed, which let the user's command go through: the
+/// lake misses rows it should have sent.
+pub const FAILED: &str = "wal2iceberg.partition_rows_failed";
+
+/// Logs a [`FAILED`] message as the error it reports; the run goes on.
+pub fn log_failure(content: &[u8], lsn: Lsn) {
+    #[derive(Deserialize)]
+    struct Failure {
+        table: String,
+        what: String,
+        error: String,
+    }
+    match serde_json::from_slice::<Failure>(content) {
+        Ok(f) => tracing::error!(
+            table = %f.table, %lsn, error = %f.error,
+            "the source's partition trigger failed to send the {} (the command itself went \
+             through): the lake misses them. Reload the partitioned table: wal2iceberg \
+             drop-table, then a run that names it",
+            f.what
+        ),
+        Err(_) => tracing::error!(
+            %lsn,
+            "a partition trigger of the source failed: the lake misses rows of a partitioned table"
+        ),
+    }
+}
+
 /// The change a message with `prefix` stands for, if it is one of ours.
 pub fn op_of(prefix: &str) -> Option<Op> {
     match prefix {
