@@ -150,14 +150,10 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
 
     wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
-    let bronze = pyiceberg(dir.path(), "shop.customers_changes", "rows").await;
-    let ops: String = bronze
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["_cdc_op"].as_str().unwrap())
-        .collect();
-    assert_eq!(ops, "rrud");
+    assert_eq!(
+        bronze_ops(dir.path(), "shop.customers_changes").await,
+        "rrud"
+    );
 }
 
 #[tokio::test]

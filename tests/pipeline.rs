@@ -13,13 +13,7 @@ fn options(db: &TestDb, slot: &str, lake: &std::path::Path) -> RunOptions {
 }
 
 async fn ops_and_plans(lake: &std::path::Path) -> (String, Vec<(i64, String)>) {
-    let bronze = pyiceberg(lake, "shop.customers_changes", "rows").await;
-    let ops = bronze
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
-        .collect();
+    let ops = bronze_ops(lake, "shop.customers_changes").await;
     let plans = id_plan_rows(lake, "shop.customers").await;
     (ops, plans)
 }

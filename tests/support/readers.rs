@@ -25,6 +25,18 @@ pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value
     read_with("read_lake.py", &[&lake.display().to_string(), table, mode]).await
 }
 
+/// The `_cdc_op` of each row of a bronze table through pyiceberg, in the
+/// order it gives them (commit LSN, then seq): `rrud`.
+pub async fn bronze_ops(lake: &std::path::Path, table: &str) -> String {
+    pyiceberg(lake, table, "rows")
+        .await
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().expect("an op"))
+        .collect()
+}
+
 /// Rows of a table as DuckDB's iceberg extension reads them.
 pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
     read_with("read_lake_duckdb.py", &[&lake.display().to_string(), table]).await
