@@ -56,14 +56,19 @@ async fn a_partitioned_table_is_one_lake_table_of_all_its_partitions() {
          INSERT INTO ev SELECT * FROM asia_rows;
          COMMIT;
          INSERT INTO ev VALUES (2000, 'asia', 1, 'in a new partition');
-         UPDATE ev SET note = 'moved' WHERE region = 'us' AND id > 250;",
+         UPDATE ev SET note = 'moved' WHERE region = 'us' AND id > 250;
+         BEGIN;
+         DELETE FROM ev WHERE id = 4;
+         INSERT INTO ev VALUES (4, 'eu', 0, 'deleted, then inserted elsewhere');
+         COMMIT;",
     )
     .await;
     run(&db.config, &opts).await.unwrap();
     assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
 
-    // Bronze: one table, the root's; a row that moved partitions is a
-    // delete and an insert of one transaction, as PostgreSQL decodes it.
+    // Bronze: one table, the root's; a row that moved partitions is one
+    // update, its before image the key it moved from, though PostgreSQL
+    // decodes a delete and an insert.
     let bronze = pyiceberg(dir.path(), "shop.ev_changes", "rows").await;
     let moved: Vec<&serde_json::Value> = bronze
         .as_array()
@@ -75,8 +80,17 @@ async fn a_partitioned_table_is_one_lake_table_of_all_its_partitions() {
         .iter()
         .map(|r| r["_cdc_op"].as_str().unwrap())
         .collect();
-    assert_eq!(ops, ["r", "d", "c"], "{moved:?}");
-    assert_eq!(moved[1]["_cdc_commit_lsn"], moved[2]["_cdc_commit_lsn"]);
+    assert_eq!(ops, ["r", "u"], "{moved:?}");
+    assert_eq!(moved[1]["id"], json!(103));
+    assert_eq!(moved[1]["_cdc_before"]["id"], json!(3), "{moved:?}");
+    let replaced: Vec<&str> = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["id"] == json!(4))
+        .map(|r| r["_cdc_op"].as_str().unwrap())
+        .collect();
+    assert_eq!(replaced, ["r", "d", "c"], "a delete and an insert stay so");
     let tables = db
         .client
         .query_one(
@@ -298,6 +312,7 @@ async fn rows_a_partition_held_when_attached_reach_the_lake_at_the_attach_whethe
     db.exec(&format!(
         "{}{}
          ALTER TABLE ev ATTACH PARTITION ev_fr FOR VALUES IN ('fr');
+         UPDATE ev SET note = 'right after its read' WHERE region = 'fr' AND id = 2019;
          UPDATE ev SET v = v + 2000 WHERE region = 'fr' AND id % 2 = 0;
          DELETE FROM ev WHERE region = 'fr' AND id % 7 = 0;",
         standalone("ev_fr"),

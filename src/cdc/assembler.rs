@@ -96,6 +96,18 @@ struct OpenTx {
     seq: u64,
 }
 
+/// A row an update moves to another partition, which the server sends as
+/// a delete and then an insert, as it would a delete and an insert the
+/// user made: the trigger's [`partition_rows::MOVING`] message tells them
+/// apart.
+enum Moving {
+    /// The trigger named the row; its delete comes next.
+    Marked(PartitionRow),
+    /// Its delete, held until the next change says whether its insert
+    /// follows.
+    Deleted(Change),
+}
+
 pub struct Assembler<D = Catalog> {
     /// Changes of other tables (a publication can hold more) are dropped.
     tables: HashSet<TableName>,
@@ -106,6 +118,7 @@ pub struct Assembler<D = Catalog> {
     /// describes them: for rows of partitions ([`partition_rows`]).
     described: HashMap<TableName, Arc<RelationInfo>>,
     open: Option<OpenTx>,
+    moving: Option<Moving>,
     /// The top-level xid of the open Stream Start/Stop block.
     streaming: Option<u32>,
     spools: HashMap<u32, Spool>,
@@ -122,6 +135,7 @@ impl<D: Describe> Assembler<D> {
             relations: RelationCache::default(),
             described: HashMap::new(),
             open: None,
+            moving: None,
             streaming: None,
             spools: HashMap::new(),
             replay: None,
@@ -133,6 +147,7 @@ impl<D: Describe> Assembler<D> {
     /// keepalive's position may then be confirmed.
     pub fn is_idle(&self) -> bool {
         self.open.is_none()
+            && self.moving.is_none()
             && !self.in_streamed_transaction()
             && self.replay.is_none()
             && self.ready.is_empty()
@@ -168,6 +183,7 @@ impl<D: Describe> Assembler<D> {
                     .open
                     .take()
                     .ok_or_else(|| out_of_order("Commit without Begin", wal_start))?;
+                self.settle_moving();
                 self.ready.push_back(Event::Commit {
                     tx: open.tx,
                     end_lsn: c.end_lsn,
@@ -251,6 +267,7 @@ impl<D: Describe> Assembler<D> {
                 return Ok(None);
             };
             if replay.remaining == 0 {
+                self.settle_moving();
                 self.ready.push_back(Event::Commit {
                     tx: replay.tx,
                     end_lsn: replay.end_lsn,
@@ -295,6 +312,25 @@ impl<D: Describe> Assembler<D> {
             return Ok(());
         }
         if let Message::Message(_, m) = message {
+            match m.prefix.as_str() {
+                partition_rows::FENCE => return Ok(()),
+                // Only a hint: a move it cannot name stays a delete and an insert.
+                partition_rows::MOVING if m.transactional && tx.is_some() => {
+                    match PartitionRow::parse(&m.prefix, &m.content, lsn) {
+                        Ok(row) if self.tables.contains(&row.table()) => {
+                            self.settle_moving();
+                            self.moving = Some(Moving::Marked(row));
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(%lsn, error = %e, "a moving-row message is not ours: ignored")
+                        }
+                    }
+                    return Ok(());
+                }
+                partition_rows::FAILED => partition_rows::log_failure(&m.content, lsn),
+                _ => {}
+            }
             if m.transactional
                 && let Some(op) = partition_rows::op_of(&m.prefix)
                 && let Some((tx, seq)) = tx
@@ -302,9 +338,7 @@ impl<D: Describe> Assembler<D> {
                 let row = PartitionRow::parse(&m.prefix, &m.content, lsn)?;
                 return self.partition_row(op, row, tx, seq, lsn).await;
             }
-            if m.prefix == partition_rows::FAILED {
-                partition_rows::log_failure(&m.content, lsn);
-            }
+            self.settle_moving();
             self.ready.push_back(Event::Message {
                 tx: if m.transactional {
                     tx.map(|(t, _)| t)
@@ -318,19 +352,12 @@ impl<D: Describe> Assembler<D> {
             return Ok(());
         }
         let (tx, seq) = tx.ok_or_else(|| out_of_order("a change outside a transaction", lsn))?;
-        let tables = &self.tables;
         let mut next = Numbering { tx, seq, lsn };
-        let mut emit = |relation: Arc<RelationInfo>, op, before, after, truncate_options| {
-            if tables.contains(&relation.name) {
-                self.ready
-                    .push_back(next.change(relation, op, before, after, truncate_options));
-            }
-        };
         // Rows of tables not captured are not decoded: a value of theirs
         // must not stop the captured ones.
         let captured = |oid| -> Result<Option<Arc<RelationInfo>>> {
             let relation = self.relations.get(oid, lsn)?;
-            Ok(tables.contains(&relation.name).then_some(relation))
+            Ok(self.tables.contains(&relation.name).then_some(relation))
         };
         let xid = tx.xid;
         let with_xid = |e: Error| e.with_context("xid", xid);
@@ -342,7 +369,8 @@ impl<D: Describe> Assembler<D> {
                 let after = relation
                     .decode_tuple(m.new, TupleRole::Complete, lsn)
                     .map_err(with_xid)?;
-                emit(relation, Op::Insert, None, Some(after), 0);
+                let change = next.change(relation, Op::Insert, None, Some(after), 0);
+                self.route(&mut next, change);
             }
             Message::Update(_, m) => {
                 let Some(relation) = captured(m.relation_oid)? else {
@@ -357,19 +385,24 @@ impl<D: Describe> Assembler<D> {
                 let after = relation
                     .decode_tuple(m.new, TupleRole::Complete, lsn)
                     .map_err(with_xid)?;
-                emit(relation, Op::Update, before, Some(after), 0);
+                let change = next.change(relation, Op::Update, before, Some(after), 0);
+                self.route(&mut next, change);
             }
             Message::Delete(_, m) => {
                 let Some(relation) = captured(m.relation_oid)? else {
                     return Ok(());
                 };
                 let before = before_image(&relation, m.old_kind, m.old, lsn).map_err(with_xid)?;
-                emit(relation, Op::Delete, Some(before), None, 0);
+                let change = next.change(relation, Op::Delete, Some(before), None, 0);
+                self.route(&mut next, change);
             }
             Message::Truncate(_, m) => {
                 for oid in m.relation_oids {
                     let relation = self.relations.get(oid, lsn)?;
-                    emit(relation, Op::Truncate, None, None, m.options);
+                    if self.tables.contains(&relation.name) {
+                        let change = next.change(relation, Op::Truncate, None, None, m.options);
+                        self.route(&mut next, change);
+                    }
                 }
             }
             _ => {
@@ -428,9 +461,51 @@ impl<D: Describe> Assembler<D> {
             _ => (None, Some(row.decode(&relation, lsn).map_err(with_xid)?)),
         };
         let mut next = Numbering { tx, seq, lsn };
+        self.settle_moving();
         self.ready
-            .push_back(next.change(relation, op, before, after, 0));
+            .push_back(Event::Change(next.change(relation, op, before, after, 0)));
         Ok(())
+    }
+
+    /// Queues a change of a captured table. A moving row's delete waits
+    /// for the next change: the insert that ends the move makes them one
+    /// update, under the delete's number and before image; anything else
+    /// lets the delete go first, as it is.
+    fn route(&mut self, next: &mut Numbering, change: Change) {
+        match self.moving.take() {
+            Some(Moving::Marked(row)) if row.table() == change.relation.name => {
+                if change.op == Op::Delete
+                    && let Some(before) = &change.before
+                    && row.is_row(&change.relation, before, change.lsn)
+                {
+                    self.moving = Some(Moving::Deleted(change));
+                    return;
+                }
+            }
+            Some(Moving::Deleted(deleted)) => {
+                // By value: the server describes the table again before
+                // the first change of each partition a session meets.
+                if change.op == Op::Insert && deleted.relation == change.relation {
+                    next.take_back();
+                    self.ready.push_back(Event::Change(Change {
+                        op: Op::Update,
+                        after: change.after,
+                        ..deleted
+                    }));
+                    return;
+                }
+                self.ready.push_back(Event::Change(deleted));
+            }
+            other => self.moving = other,
+        }
+        self.ready.push_back(Event::Change(change));
+    }
+
+    /// Ends a move in waiting: its delete, if held, goes out as it is.
+    fn settle_moving(&mut self) {
+        if let Some(Moving::Deleted(deleted)) = self.moving.take() {
+            self.ready.push_back(Event::Change(deleted));
+        }
     }
 }
 
@@ -443,6 +518,12 @@ struct Numbering<'a> {
 }
 
 impl Numbering<'_> {
+    /// The number just taken goes unused: its change became part of the
+    /// one before.
+    fn take_back(&mut self) {
+        *self.seq -= 1;
+    }
+
     fn change(
         &mut self,
         relation: Arc<RelationInfo>,
@@ -450,10 +531,10 @@ impl Numbering<'_> {
         before: Option<BeforeImage>,
         after: Option<Vec<Datum>>,
         truncate_options: u8,
-    ) -> Event {
+    ) -> Change {
         let seq = *self.seq;
         *self.seq += 1;
-        Event::Change(Change {
+        Change {
             op,
             relation,
             tx: self.tx,
@@ -462,7 +543,7 @@ impl Numbering<'_> {
             before,
             after,
             truncate_options,
-        })
+        }
     }
 }
 

@@ -1,15 +1,17 @@
 //! Rows of a partitioned table published via its root that change with no
 //! change of that table in the WAL: the rows a partition held when it was
-//! attached (written as the standalone table's), and the rows a TRUNCATE
+//! attached (written as the standalone table's), the rows a TRUNCATE
 //! of one partition removes (not published under
-//! `publish_via_partition_root`). The triggers of
+//! `publish_via_partition_root`), and the key of a row about to move to
+//! another partition (decoded as a delete and an insert). The triggers of
 //! `migrations/004_wal2iceberg_partition_rows.sql` write each into the
 //! same transaction as a transactional logical message: `{"schema": ..,
 //! "table": .., "row": {column: text or null, ..}}`, each value in the
 //! text form pgoutput sends, the whole row when attached, the key when
-//! truncated. The assembler turns them into reads and deletes of the
-//! partitioned table at their place in the stream (docs/tables.md,
-//! Partitioned tables).
+//! truncated or moving. The assembler turns them into reads and deletes
+//! of the partitioned table at their place in the stream, and a moved
+//! row's delete and insert into an update (docs/tables.md, Partitioned
+//! tables).
 
 use std::collections::HashMap;
 
@@ -25,6 +27,15 @@ use crate::pg::source::TableName;
 /// The prefixes of the triggers' messages.
 pub const ATTACHED: &str = "wal2iceberg.attached_row";
 pub const TRUNCATED: &str = "wal2iceberg.truncated_row";
+
+/// The key of a row an update of a partition key column is about to move:
+/// when the server then sends its delete and, next, an insert, they are
+/// one update ([`crate::cdc::assembler`]).
+pub const MOVING: &str = "wal2iceberg.moving_row";
+
+/// Written after each trigger's messages, which keeps the changes that
+/// follow after them (migrations/004): it carries nothing.
+pub const FENCE: &str = "wal2iceberg.fence";
 
 /// A trigger that failed, which let the user's command go through: the
 /// lake misses rows it should have sent.
@@ -103,6 +114,19 @@ impl PartitionRow {
                 Some(text) => relation.parse_text(column, &text, lsn).map(Datum::Value),
             })
             .collect()
+    }
+
+    /// Whether `before`, a delete's before image of `relation`, is this
+    /// row: each value the message holds is the same there.
+    pub fn is_row(self, relation: &RelationInfo, before: &BeforeImage, lsn: Lsn) -> bool {
+        let Ok(marked) = self.decode_key(relation, lsn) else {
+            return false;
+        };
+        marked
+            .row
+            .iter()
+            .zip(&before.row)
+            .all(|(m, b)| matches!(m, Datum::NotSent) || m == b)
     }
 
     /// A truncated row's before image: its key, or the whole row for a

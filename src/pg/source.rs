@@ -644,8 +644,8 @@ async fn check_partitions(
 pub const SLOT_HELD_BY_RUN: &str = "slot_held_by_run";
 
 /// The event trigger that sends the rows of attached partitions and puts
-/// the TRUNCATE triggers on new ones ([`crate::cdc::partition_rows`]), and
-/// the migration that installs them.
+/// the triggers on new ones ([`crate::cdc::partition_rows`]), and the
+/// migration that installs them.
 pub const PARTITION_ROWS_TRIGGER: &str = "wal2iceberg_partition_rows";
 pub const PARTITION_ROWS_MIGRATION: &str = "004_wal2iceberg_partition_rows.sql";
 pub const PARTITION_ROWS_SQL: &str =
@@ -662,14 +662,16 @@ async fn is_superuser(client: &Client) -> Result<bool> {
     Ok(row.get(0))
 }
 
-/// Whether the event trigger is enabled and every table of `root`'s
-/// partition tree has its TRUNCATE trigger.
+/// Whether the event trigger is enabled, `root` has its moving-row
+/// trigger, and every table of its partition tree its TRUNCATE trigger.
 async fn partition_rows_ready(client: &Client, root: &TableName) -> Result<bool> {
     let row = client
         .query_one(
             "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D') \
                     AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = $2::text::regclass \
                                 AND g.tgname = 'wal2iceberg_truncated_end') \
+                    AND EXISTS (SELECT 1 FROM pg_trigger g WHERE g.tgrelid = $2::text::regclass \
+                                AND g.tgname = 'wal2iceberg_moving_rows' AND g.tgenabled <> 'D') \
                     AND NOT EXISTS (SELECT 1 FROM pg_partition_tree($2::text::regclass) t \
                                     WHERE NOT EXISTS (SELECT 1 FROM pg_trigger g \
                                                       WHERE g.tgrelid = t.relid AND g.tgenabled <> 'D' \
@@ -681,10 +683,11 @@ async fn partition_rows_ready(client: &Client, root: &TableName) -> Result<bool>
     Ok(row.get(0))
 }
 
-/// Installs what sends the rows of attached and truncated partitions for
-/// each partitioned table of `tables` that lacks it, as a superuser (the
-/// preflight refuses the tables otherwise). Putting a TRUNCATE trigger on
-/// a partition takes a brief SHARE ROW EXCLUSIVE lock on it, once.
+/// Installs what sends the rows of partitions attached, truncated or moved
+/// out of for each partitioned table of `tables` that lacks it, as a
+/// superuser (the preflight refuses the tables otherwise). Putting a
+/// trigger on a partition takes a brief SHARE ROW EXCLUSIVE lock on it,
+/// once.
 pub async fn ensure_partition_rows(client: &Client, tables: &[TableName]) -> Result<()> {
     let mut unready = Vec::new();
     for table in tables {
@@ -708,14 +711,14 @@ pub async fn ensure_partition_rows(client: &Client, tables: &[TableName]) -> Res
     for table in unready {
         client
             .execute(
-                "SELECT wal2iceberg.watch_truncates($1::text::regclass)",
+                "SELECT wal2iceberg.watch_partitions($1::text::regclass)",
                 &[&table.quoted()],
             )
             .await
             .map_err(failed)?;
         tracing::info!(
             %table,
-            "installed the triggers that send the rows of attached and truncated partitions"
+            "installed the triggers that send the rows of attached, truncated and moving partitions"
         );
     }
     Ok(())

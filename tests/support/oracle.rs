@@ -24,12 +24,30 @@ const SCHEMA: &str = "
     CREATE TABLE accounts(id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL, note text);
     ALTER TABLE accounts ALTER COLUMN note SET STORAGE EXTERNAL;
     CREATE TABLE audit(seq bigserial PRIMARY KEY, op text NOT NULL, old jsonb, new jsonb);
+    -- An update is recorded before it happens: one that moves a row to
+    -- another partition reaches the AFTER triggers as a delete and an
+    -- insert (CREATE TRIGGER), which the statement's list of updates,
+    -- `(old id>new id)`, then tells from a delete and an insert.
     CREATE FUNCTION audit_row() RETURNS trigger LANGUAGE plpgsql AS $$
+    DECLARE
+      updates text := coalesce(current_setting('audit.updates', true), '');
     BEGIN
-      INSERT INTO audit(op, old, new) VALUES (
-        CASE TG_OP WHEN 'INSERT' THEN 'c' WHEN 'UPDATE' THEN 'u' ELSE 'd' END,
-        CASE WHEN TG_OP IN ('UPDATE', 'DELETE') THEN to_jsonb(OLD) END,
-        CASE WHEN TG_OP IN ('INSERT', 'UPDATE') THEN to_jsonb(NEW) END);
+      IF TG_WHEN = 'BEFORE' THEN
+        INSERT INTO audit(op, old, new) VALUES ('u', to_jsonb(OLD), to_jsonb(NEW));
+        PERFORM set_config('audit.updates', updates || format('(%s>%s)', OLD.id, NEW.id), true);
+        RETURN NEW;
+      ELSIF TG_OP = 'UPDATE' THEN
+        PERFORM set_config('audit.updates', replace(updates, format('(%s>%s)', OLD.id, NEW.id), ''), true);
+      ELSIF TG_OP = 'DELETE' AND strpos(updates, format('(%s>', OLD.id)) > 0 THEN
+        NULL;
+      ELSIF TG_OP = 'INSERT' AND strpos(updates, format('>%s)', NEW.id)) > 0 THEN
+        PERFORM set_config('audit.updates', regexp_replace(updates, format('\\(-?\\d+>%s\\)', NEW.id), ''), true);
+      ELSE
+        INSERT INTO audit(op, old, new) VALUES (
+          CASE TG_OP WHEN 'INSERT' THEN 'c' ELSE 'd' END,
+          CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) END,
+          CASE WHEN TG_OP = 'INSERT' THEN to_jsonb(NEW) END);
+      END IF;
       RETURN NULL;
     END $$;
     CREATE FUNCTION audit_truncate() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -55,6 +73,8 @@ const PARTITIONED_ACCOUNTS: &str = "
 /// is checked by count, the audit holds only what the stream must carry.
 const TRIGGERS: &str = "
     CREATE TRIGGER accounts_audit AFTER INSERT OR UPDATE OR DELETE ON accounts
+      FOR EACH ROW EXECUTE FUNCTION audit_row();
+    CREATE TRIGGER accounts_audit_update BEFORE UPDATE ON accounts
       FOR EACH ROW EXECUTE FUNCTION audit_row();
     CREATE TRIGGER accounts_truncate AFTER TRUNCATE ON accounts
       FOR EACH STATEMENT EXECUTE FUNCTION audit_truncate();";
@@ -450,13 +470,32 @@ impl Oracle {
             load.len() as u64 == self.initial_rows && load.iter().all(|r| r["_cdc_op"] == "r"),
             "the initial load, once"
         );
+        let first_difference = changes
+            .iter()
+            .zip(&audit)
+            .position(|(row, (op, ..))| row["_cdc_op"] != op.as_str());
         assert_eq!(
             changes.len(),
             audit.len(),
-            "bronze has {} changes, the audit {} ({} transactions)",
+            "bronze has {} changes, the audit {} ({} transactions); the first op that differs: {:?}",
             changes.len(),
             audit.len(),
-            self.transactions()
+            self.transactions(),
+            first_difference.map(|i| {
+                let near = |n: usize| i.saturating_sub(3)..(i + 24).min(n);
+                let bronze: Vec<String> = changes[near(changes.len())]
+                    .iter()
+                    .map(|r| format!("{} {} {}", r["_cdc_op"], r["id"], r["_cdc_seq"]))
+                    .collect();
+                let audited: Vec<String> = audit[near(audit.len())]
+                    .iter()
+                    .map(|(op, old, new)| {
+                        let id = |v: &Option<Value>| v.as_ref().map(|v| v["id"].to_string());
+                        format!("{op} {:?} {:?}", id(old), id(new))
+                    })
+                    .collect();
+                (i, bronze, audited)
+            })
         );
         for (i, (row, (op, old, new))) in changes.iter().zip(&audit).enumerate() {
             assert_eq!(row["_cdc_op"], op.as_str(), "change {i}");
@@ -469,6 +508,15 @@ impl Oracle {
                 }
                 _ => new.as_ref().unwrap(),
             };
+            // A before image, when bronze has one, is of the row changed:
+            // a moved row's is the key it moved from.
+            if op == "u" && row["_cdc_before"].is_object() {
+                assert_eq!(
+                    row["_cdc_before"]["id"],
+                    old.as_ref().unwrap()["id"],
+                    "change {i} (u), its before image"
+                );
+            }
             for column in ["id", "owner", "note"] {
                 assert_eq!(
                     row[column], image[column],
