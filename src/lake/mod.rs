@@ -8,6 +8,8 @@
 //!   `silver`).
 //! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
 //! - `expire`: snapshot expiry and the files only expired snapshots read.
+//! - `gap`: unchanged TOAST values of changes bronze takes alone, after
+//!   silver was loaded again at a later point.
 //! - `key`: primary keys as bytes for silver's index.
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
 //! - `lock`: one writing process per namespace of a lake.
@@ -24,6 +26,7 @@ pub mod catalog;
 pub mod compaction;
 pub mod evolve;
 pub mod expire;
+pub mod gap;
 pub mod key;
 pub mod key_index;
 pub mod lock;

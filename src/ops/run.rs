@@ -35,6 +35,7 @@ use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::compaction::{DEFAULT_AFTER_FILES, Merge, merge_small_files};
 use crate::lake::evolve;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
+use crate::lake::gap::Gap;
 use crate::lake::lock::WriterLock;
 use crate::lake::schema::{
     HISTORY_ONLY, bronze_schema, has_silver, history_only, silver_schema, source_arrow_fields,
@@ -148,6 +149,8 @@ struct TableSink {
     /// What each table already holds; `None` until its initial load landed.
     bronze_at: Option<Position>,
     silver_at: Option<Position>,
+    /// The changes bronze took alone, silver being ahead of it.
+    gap: Gap,
     /// Whether the open batch staged anything for each table.
     bronze_dirty: bool,
     silver_dirty: bool,
@@ -866,10 +869,16 @@ impl Pipeline<'_> {
                 let to_silver = sink.silver.is_some() && wants(sink.silver_at, &change);
                 match &mut sink.silver {
                     Some(silver) if to_silver => {
+                        sink.gap = Gap::default();
                         silver.fill_unchanged(&self.lake, &mut change).await?;
                     }
                     // History only: a complete before image (FULL) holds them.
                     None => change.fill_unchanged_from_before_image(),
+                    Some(silver) if to_bronze => {
+                        sink.gap
+                            .fill_unchanged(&self.lake, &sink.bronze, silver, &mut change)
+                            .await?;
+                    }
                     Some(_) => {}
                 }
                 let change_bytes = change.approx_bytes();
@@ -880,6 +889,9 @@ impl Pipeline<'_> {
                         .stage(&self.lake, change.clone(), change_bytes)
                         .await?;
                     sink.bronze_dirty = true;
+                    if let Some(silver) = sink.silver.as_ref().filter(|_| !to_silver) {
+                        sink.gap.record(silver, &change)?;
+                    }
                 }
                 if let Some(silver) = sink.silver.as_mut().filter(|_| to_silver) {
                     silver.stage(&self.lake, change, change_bytes).await?;
@@ -1022,6 +1034,7 @@ impl Pipeline<'_> {
                 .transpose()?
                 .flatten(),
             silver,
+            gap: Gap::default(),
             bronze_dirty: false,
             silver_dirty: false,
             ops: HashMap::new(),

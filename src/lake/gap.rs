@@ -1,0 +1,234 @@
+//! Changes bronze takes alone. When silver was loaded again from a newer
+//! snapshot than bronze's position (silver lost while bronze held changes
+//! after its load), the stream replays the changes in between to bronze
+//! only: silver already holds their outcome, as rows of a later time, so
+//! it cannot fill their unchanged TOAST values. [`Gap`] fills them from the
+//! gap's own earlier change of the row, or else from bronze's newest row of
+//! its key, which is the row as it was when the gap began. Exact, and slow
+//! where it reads bronze: each value not changed earlier in the gap reads
+//! bronze's key and value columns whole, once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::Int64Type;
+use arrow_array::{BooleanArray, RecordBatch};
+use arrow_select::filter::filter_record_batch;
+use futures_util::TryStreamExt;
+
+use super::arrow::{arrow_value, verbatim_entries};
+use super::bronze::BronzeTable;
+use super::catalog::Lake;
+use super::key::{Key, KeyCodec};
+use super::scan::scan;
+use super::schema::{COMMIT_LSN, OP, SEQ, VERBATIM, column_names};
+use super::silver::SilverTable;
+use crate::cdc::event::{Change, Datum, Op};
+use crate::cdc::value::Value;
+use crate::error::{Error, ErrorKind, Result};
+
+/// The changes of one table that bronze took alone so far in a run.
+#[derive(Default)]
+pub struct Gap {
+    /// Each key the gap changed: its newest change, `None` once deleted.
+    newest: HashMap<Key, Option<Arc<Change>>>,
+    /// A truncate in the gap: no row from before it is left.
+    truncated: bool,
+}
+
+impl Gap {
+    /// Replaces the unchanged TOAST values of `change`, bound for bronze
+    /// alone, with the row's values at that point; one that cannot be
+    /// found is an error, never a guess.
+    pub async fn fill_unchanged(
+        &self,
+        lake: &Lake,
+        bronze: &BronzeTable,
+        silver: &SilverTable,
+        change: &mut Change,
+    ) -> Result<()> {
+        change.fill_unchanged_from_before_image();
+        let Some(after) = &change.after else {
+            return Ok(());
+        };
+        let missing: Vec<String> = after
+            .iter()
+            .zip(&change.relation.columns)
+            .filter(|(d, _)| matches!(d, Datum::UnchangedToast))
+            .map(|(_, c)| c.name.clone())
+            .collect();
+        let Some(first) = missing.first() else {
+            return Ok(());
+        };
+        // The row as it was: under its old key when the update moved it.
+        let image = change.before.as_ref().map_or(after, |b| &b.row);
+        let key = silver.key_of(change, image)?;
+        let values = match self.newest.get(&key) {
+            Some(Some(previous)) => missing
+                .iter()
+                .map(|name| {
+                    match previous
+                        .column(name)
+                        .and_then(|j| previous.after.as_ref()?.get(j))
+                    {
+                        Some(Datum::Value(v)) => Some(v.clone()),
+                        _ => None,
+                    }
+                })
+                .collect(),
+            Some(None) => None,
+            None if self.truncated => None,
+            None => {
+                tracing::info!(
+                    table = %change.relation.name, lsn = %change.lsn,
+                    "reading bronze's history for an unchanged TOAST value that silver, loaded at a later point, cannot give"
+                );
+                let (names, codec) = silver.key_columns();
+                newest_values(lake, bronze, &names, codec, &key, &missing).await?
+            }
+        };
+        let values = values.ok_or_else(|| change.unfilled(first))?;
+        let after = change.after.as_mut().expect("checked above");
+        for (name, value) in missing.iter().zip(values) {
+            if let Some(j) = change.relation.columns.iter().position(|c| &c.name == name) {
+                after[j] = Datum::Value(value);
+            }
+        }
+        Ok(())
+    }
+
+    /// Remembers `change`, which bronze took alone, for the gap's later
+    /// changes of the same row.
+    pub fn record(&mut self, silver: &SilverTable, change: &Arc<Change>) -> Result<()> {
+        match change.op {
+            Op::Truncate => {
+                self.newest.clear();
+                self.truncated = true;
+            }
+            Op::Delete => {
+                if let Some(before) = &change.before {
+                    self.newest
+                        .insert(silver.key_of(change, &before.row)?, None);
+                }
+            }
+            Op::Read | Op::Insert | Op::Update => {
+                let Some(after) = &change.after else {
+                    return Ok(());
+                };
+                let key = silver.key_of(change, after)?;
+                if let Some(before) = &change.before {
+                    let old = silver.key_of(change, &before.row)?;
+                    if old != key {
+                        self.newest.insert(old, None);
+                    }
+                }
+                self.newest.insert(key, Some(change.clone()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The values of the columns `wanted` in bronze's newest row of `key`
+/// (encoded by `codec` over the columns `key_names`), or `None` when that
+/// row's newest change deleted it, a truncate came after it, or bronze has
+/// none.
+async fn newest_values(
+    lake: &Lake,
+    bronze: &BronzeTable,
+    key_names: &[String],
+    codec: &KeyCodec,
+    key: &[u8],
+    wanted: &[String],
+) -> Result<Option<Vec<Value>>> {
+    let table = lake.catalog_table(bronze.ident()).await?;
+    let present = column_names(&table);
+    let mut columns: Vec<String> = vec![OP.into(), COMMIT_LSN.into(), SEQ.into()];
+    for name in key_names.iter().chain(wanted) {
+        if !columns.contains(name) {
+            columns.push(name.clone());
+        }
+    }
+    if present.iter().any(|c| c == VERBATIM) {
+        columns.push(VERBATIM.into());
+    }
+    let unreadable = || {
+        Error::new(ErrorKind::Lake, "cannot read bronze's history of a row")
+            .with_context("table", bronze.ident())
+    };
+    // The newest truncate, and the key's newest change with its values
+    // when it left the row in place.
+    let mut truncated = (i64::MIN, i64::MIN);
+    let mut newest: Option<(Place, Option<Vec<Value>>)> = None;
+    let mut rows = std::pin::pin!(scan(&table, None, &columns).await?);
+    while let Some(batch) = rows.try_next().await? {
+        let ops = batch
+            .column_by_name(OP)
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(unreadable)?;
+        let keyed = BooleanArray::from_iter(ops.iter().map(|op| Some(op != Some("t"))));
+        for row in (0..batch.num_rows()).filter(|&i| !keyed.value(i)) {
+            truncated = truncated.max(position(&batch, row).ok_or_else(unreadable)?);
+        }
+        let batch = filter_record_batch(&batch, &keyed).map_err(|e| unreadable().with_source(e))?;
+        let key_columns = key_names
+            .iter()
+            .map(|name| batch.column_by_name(name).cloned().ok_or_else(unreadable))
+            .collect::<Result<Vec<_>>>()?;
+        let keys = codec.encode_columns(&key_columns)?;
+        let ops = batch
+            .column_by_name(OP)
+            .and_then(|c| c.as_string_opt::<i32>())
+            .ok_or_else(unreadable)?;
+        for (row, _) in keys.iter().enumerate().filter(|(_, k)| k.as_slice() == key) {
+            let at = position(&batch, row).ok_or_else(unreadable)?;
+            if newest.as_ref().is_some_and(|(n, _)| *n >= at) {
+                continue;
+            }
+            let values = if ops.value(row) == Op::Delete.code() {
+                None
+            } else {
+                Some(row_values(&batch, row, wanted)?)
+            };
+            newest = Some((at, values));
+        }
+    }
+    Ok(newest
+        .filter(|(at, _)| *at > truncated)
+        .and_then(|(_, v)| v))
+}
+
+/// A bronze row's place in the stream: (commit LSN, seq).
+type Place = (i64, i64);
+
+fn position(batch: &RecordBatch, row: usize) -> Option<Place> {
+    let long = |name| {
+        batch
+            .column_by_name(name)?
+            .as_primitive_opt::<Int64Type>()
+            .map(|a| a.value(row))
+    };
+    Some((long(COMMIT_LSN)?, long(SEQ)?))
+}
+
+/// The values of `names` in a bronze row, those kept verbatim as their text.
+fn row_values(batch: &RecordBatch, row: usize, names: &[String]) -> Result<Vec<Value>> {
+    let verbatim = batch
+        .column_by_name(VERBATIM)
+        .map(|v| verbatim_entries(v.as_ref(), row))
+        .unwrap_or_default();
+    names
+        .iter()
+        .map(|name| {
+            if let Some((_, text)) = verbatim.iter().find(|(c, _)| c == name) {
+                return Ok(Value::Unknown(text.clone()));
+            }
+            let array = batch.column_by_name(name).ok_or_else(|| {
+                Error::new(ErrorKind::Lake, "bronze lacks a column of its table")
+                    .with_context("column", name)
+            })?;
+            arrow_value(array.as_ref(), row)
+        })
+        .collect()
+}
