@@ -1580,21 +1580,26 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
 async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
     let db = TestDb::new().await;
     db.exec(
-        "CREATE TABLE inf(id int PRIMARY KEY, ts timestamp, tz timestamptz, d date);
-         INSERT INTO inf VALUES (1, 'infinity', '-infinity', 'infinity'),
-                                (2, '2026-12-01 10:00:00', '2026-12-01 10:00:00+00', '2026-12-01');",
+        "CREATE TABLE inf(id int PRIMARY KEY, ts timestamp, tz timestamptz, d date, tsa timestamp[]);
+         ALTER TABLE inf REPLICA IDENTITY FULL;
+         INSERT INTO inf VALUES (1, 'infinity', '-infinity', 'infinity', ARRAY['infinity', '2026-01-01']::timestamp[]),
+                                (2, '2026-12-01 10:00:00', '2026-12-01 10:00:00+00', '2026-12-01', NULL);",
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["inf"], &unique("inf"), dir.path());
     wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    // Bronze: infinite values in the before image too.
+    db.exec("UPDATE inf SET ts = '2027-01-01' WHERE id = 1")
+        .await;
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
     let lake = dir.path().display().to_string();
-    let show = |format: &'static str| {
+    let show_table = |table: &'static str, format: &'static str| {
         let lake = lake.clone();
         async move {
             run(&[
                 "show",
-                "inf",
+                table,
                 "--lake",
                 &lake,
                 "--namespace",
@@ -1605,24 +1610,42 @@ async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
             .await
         }
     };
-    let (code, json, stderr) = show("json").await;
+    let (code, json, stderr) = show_table("inf", "json").await;
     assert_eq!(code, 0, "{stderr}");
     let rows: Value = serde_json::from_str(&json).expect("valid JSON");
     assert_eq!(
-        (&rows[0]["ts"], &rows[0]["tz"], &rows[0]["d"]),
-        (&json!("infinity"), &json!("-infinity"), &json!("infinity")),
+        (&rows[0]["tz"], &rows[0]["d"]),
+        (&json!("-infinity"), &json!("infinity")),
         "{json}"
     );
+    assert!(
+        rows[0]["ts"].as_str().unwrap().starts_with("2027-01-01"),
+        "{json}"
+    );
+    assert_eq!(rows[0]["tsa"][0], json!("infinity"), "{json}");
     assert!(
         rows[1]["ts"].as_str().unwrap().starts_with("2026-12-01"),
         "{json}"
     );
-    for format in ["table", "csv"] {
-        let (code, text, stderr) = show(format).await;
-        assert_eq!(code, 0, "{stderr}");
-        assert!(
-            text.contains("-infinity") && !text.contains("ERROR"),
-            "{text}"
-        );
+    let (code, json, stderr) = show_table("inf_changes", "json").await;
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Value = serde_json::from_str(&json).expect("valid JSON");
+    let update = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["_cdc_op"] == json!("u"))
+        .unwrap_or_else(|| panic!("{json}"));
+    assert_eq!(update["_cdc_before"]["ts"], json!("infinity"), "{json}");
+    assert_eq!(update["_cdc_before"]["tsa"][0], json!("infinity"), "{json}");
+    for table in ["inf", "inf_changes"] {
+        for format in ["table", "csv"] {
+            let (code, text, stderr) = show_table(table, format).await;
+            assert_eq!(code, 0, "{stderr}");
+            assert!(
+                text.contains("-infinity") && !text.contains("ERROR"),
+                "{table} {format}: {text}"
+            );
+        }
     }
 }

@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Date32Type, Int64Type, TimestampMicrosecondType};
-use arrow_array::{ArrayRef, RecordBatch, StringArray};
+use arrow_array::{Array, ArrayRef, ListArray, RecordBatch, StringArray, StructArray};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_ord::sort::{SortColumn, lexsort_to_indices};
-use arrow_schema::{DataType, Field, Schema, TimeUnit};
+use arrow_schema::{DataType, Field, Fields, Schema, TimeUnit};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use futures_util::TryStreamExt;
@@ -214,48 +214,74 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
 /// write them, and dates and timestamps whose sentinel stands for
 /// PostgreSQL's `infinity` (docs/values.md) as that word.
 fn printable(rows: &RecordBatch) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
-    let schema = rows.schema();
-    let mut fields = Vec::with_capacity(rows.num_columns());
-    let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns());
-    for (field, column) in schema.fields().iter().zip(rows.columns()) {
-        let text: Option<StringArray> = match column.data_type() {
-            DataType::Int64 if [COMMIT_LSN, LSN].contains(&field.name().as_str()) => Some(
-                column
-                    .as_primitive::<Int64Type>()
-                    .iter()
-                    .map(|v| v.map(|v| Lsn(v as u64).to_string()))
-                    .collect(),
-            ),
-            DataType::Date32 => Some(infinite_as_word(column, |i| {
-                infinity_of(
-                    i64::from(column.as_primitive::<Date32Type>().value(i)),
-                    i64::from(i32::MAX),
-                )
-            })?),
-            DataType::Timestamp(TimeUnit::Microsecond, _) => Some(infinite_as_word(column, |i| {
-                infinity_of(
-                    column.as_primitive::<TimestampMicrosecondType>().value(i),
-                    i64::MAX,
-                )
-            })?),
-            _ => None,
-        };
-        match text {
-            Some(text) => {
-                fields.push(Field::new(
-                    field.name(),
-                    DataType::Utf8,
-                    field.is_nullable(),
-                ));
-                columns.push(Arc::new(text));
-            }
-            None => {
-                fields.push(field.as_ref().clone());
-                columns.push(column.clone());
-            }
-        }
-    }
+    let (fields, columns): (Vec<Field>, Vec<ArrayRef>) = rows
+        .schema()
+        .fields()
+        .iter()
+        .zip(rows.columns())
+        .map(|(field, column)| printable_column(field, column))
+        .collect::<std::result::Result<Vec<_>, _>>()?
+        .into_iter()
+        .unzip();
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+/// One column as [`printable`] prints it, inside structs and lists too
+/// (`_cdc_before`, a `timestamp[]` column).
+fn printable_column(
+    field: &Field,
+    column: &ArrayRef,
+) -> std::result::Result<(Field, ArrayRef), arrow_schema::ArrowError> {
+    let text: StringArray = match column.data_type() {
+        DataType::Int64 if [COMMIT_LSN, LSN].contains(&field.name().as_str()) => column
+            .as_primitive::<Int64Type>()
+            .iter()
+            .map(|v| v.map(|v| Lsn(v as u64).to_string()))
+            .collect(),
+        DataType::Date32 => infinite_as_word(column, |i| {
+            infinity_of(
+                i64::from(column.as_primitive::<Date32Type>().value(i)),
+                i64::from(i32::MAX),
+            )
+        })?,
+        DataType::Timestamp(TimeUnit::Microsecond, _) => infinite_as_word(column, |i| {
+            infinity_of(
+                column.as_primitive::<TimestampMicrosecondType>().value(i),
+                i64::MAX,
+            )
+        })?,
+        DataType::Struct(_) => {
+            let parts = column.as_struct();
+            let (fields, children): (Vec<Field>, Vec<ArrayRef>) = parts
+                .fields()
+                .iter()
+                .zip(parts.columns())
+                .map(|(f, c)| printable_column(f, c))
+                .collect::<std::result::Result<Vec<_>, _>>()?
+                .into_iter()
+                .unzip();
+            let fields = Fields::from(fields);
+            let array = StructArray::try_new(fields.clone(), children, parts.nulls().cloned())?;
+            let field = Field::new(field.name(), DataType::Struct(fields), field.is_nullable());
+            return Ok((field, Arc::new(array)));
+        }
+        DataType::List(item) => {
+            let list = column.as_list::<i32>();
+            let (item, values) = printable_column(item, list.values())?;
+            let item = Arc::new(item);
+            let array = ListArray::try_new(
+                item.clone(),
+                list.offsets().clone(),
+                values,
+                list.nulls().cloned(),
+            )?;
+            let field = Field::new(field.name(), DataType::List(item), field.is_nullable());
+            return Ok((field, Arc::new(array)));
+        }
+        _ => return Ok((field.clone(), column.clone())),
+    };
+    let field = Field::new(field.name(), DataType::Utf8, field.is_nullable());
+    Ok((field, Arc::new(text)))
 }
 
 /// `infinity` or `-infinity` for the sentinels `max` and `-max`.
