@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use iceberg::TableIdent;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
@@ -354,9 +354,66 @@ macro_rules! outln {
     };
 }
 
+/// The settings only `run` reads.
+const RUN_TUNING: &[&str] = &[
+    "flush_interval",
+    "max_batch_rows",
+    "max_batch_bytes",
+    "compact_after_files",
+    "load_connections",
+    "snapshot_retention",
+    "retain_snapshots",
+    "metrics_addr",
+    "heartbeat_interval",
+    "retained_wal_warn_bytes",
+];
+/// Read by `run` and `tail`.
+const IDLE: &[&str] = &["exit_when_idle"];
+const STREAM: &[&str] = &["proto_version", "streaming"];
+const LAKE: &[&str] = &["lake", "catalog", "warehouse", "namespace"];
+
+/// Each command's settings flags that it does not read. They stay
+/// accepted, so that scripts passing one set of flags to every command
+/// keep working, and are left out of the command's `--help`.
+const UNREAD: &[(&str, &[&[&str]])] = &[
+    ("check", &[RUN_TUNING, IDLE]),
+    (
+        "status",
+        &[RUN_TUNING, IDLE, STREAM, &["tables", "publication"]],
+    ),
+    ("teardown", &[RUN_TUNING, IDLE, STREAM, &["tables"]]),
+    (
+        "setup",
+        &[RUN_TUNING, IDLE, STREAM, LAKE, &["slot", "publication"]],
+    ),
+    (
+        "drop-table",
+        &[RUN_TUNING, IDLE, STREAM, &["tables", "slot"]],
+    ),
+    ("verify", &[RUN_TUNING, IDLE, STREAM]),
+    ("tail", &[RUN_TUNING, LAKE]),
+];
+
+/// The command line, each command's help showing the flags it reads.
+fn command() -> clap::Command {
+    UNREAD.iter().fold(Cli::command(), |cli, (name, groups)| {
+        cli.mut_subcommand(*name, |command| {
+            groups
+                .iter()
+                .flat_map(|group| group.iter())
+                .fold(command, |command, id| {
+                    command.mut_arg(*id, |arg| arg.hide(true))
+                })
+        })
+    })
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = command()
+        .try_get_matches()
+        .and_then(|matches| Cli::from_arg_matches(&matches))
+        .unwrap_or_else(|e| e.exit());
     match run(cli).await {
         Ok(code) => code,
         // `wal2iceberg show t | head -1`: the reader has what it wanted.

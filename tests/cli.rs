@@ -31,6 +31,89 @@ fn change_ops(stdout: &str) -> String {
 }
 
 #[tokio::test]
+async fn each_commands_help_shows_the_flags_it_reads_and_the_others_are_still_accepted() {
+    let flags = |help: &str| -> Vec<String> {
+        help.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .map(|l| l.split([' ', '<']).next().unwrap().to_owned())
+            .collect()
+    };
+    let help = |command: &'static str| async move {
+        let (code, stdout, stderr) = run(&[command, "--help"]).await;
+        assert_eq!(code, 0, "{stderr}");
+        flags(&stdout)
+    };
+    let run_flags = help("run").await;
+    for flag in [
+        "flush-interval",
+        "metrics-addr",
+        "exit-when-idle",
+        "streaming",
+        "lake",
+    ] {
+        assert!(run_flags.iter().any(|f| f == flag), "run: {run_flags:?}");
+    }
+    for (command, shown, hidden) in [
+        (
+            "status",
+            &["source", "slot", "lake"][..],
+            &["flush-interval", "tables", "streaming"][..],
+        ),
+        (
+            "setup",
+            &["source", "tables"],
+            &["lake", "slot", "max-batch-rows"],
+        ),
+        (
+            "tail",
+            &["slot", "streaming", "exit-when-idle", "consume"],
+            &["lake", "compact-after-files"],
+        ),
+        (
+            "check",
+            &["tables", "lake", "proto-version"],
+            &["load-connections", "exit-when-idle"],
+        ),
+        (
+            "verify",
+            &["tables", "lake", "wait"],
+            &["snapshot-retention"],
+        ),
+        (
+            "drop-table",
+            &["table", "lake", "publication"],
+            &["tables", "heartbeat-interval"],
+        ),
+        ("teardown", &["slot", "drop-tables"], &["retain-snapshots"]),
+    ] {
+        let listed = help(command).await;
+        for flag in shown {
+            assert!(
+                listed.iter().any(|f| f == flag),
+                "{command} lacks --{flag}: {listed:?}"
+            );
+        }
+        for flag in hidden {
+            assert!(
+                !listed.iter().any(|f| f == flag),
+                "{command} lists --{flag}: {listed:?}"
+            );
+        }
+    }
+    // A flag left out of a command's help is still accepted there.
+    let (code, _, stderr) = run(&[
+        "status",
+        "--flush-interval",
+        "5s",
+        "--source",
+        "host=/nonexistent port=1 user=nobody dbname=x",
+    ])
+    .await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
+}
+
+#[tokio::test]
 async fn tail_consuming_its_slot_prints_the_load_then_changes_and_resumes_after_what_it_printed() {
     let db = TestDb::new().await;
     db.exec(
