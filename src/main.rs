@@ -515,6 +515,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let status = wal2iceberg::ops::status::status(
                 &settings.source,
                 &settings.slot,
+                &settings.publication,
                 &settings.lake,
                 settings.namespace.as_deref(),
             )

@@ -69,8 +69,12 @@ pub struct Metrics {
     /// 1 while the retained WAL is above the warning threshold.
     pub retained_wal_over_threshold: AtomicI64,
     /// Source commit time (µs since the epoch) of the last transaction
-    /// committed to the lake; 0 before the first.
+    /// committed to the lake, as far as this process knows (the lake's
+    /// positions at start); 0 before any.
     pub last_source_commit_micros: AtomicI64,
+    /// Source commit time of the oldest transaction received and not yet
+    /// visible in the lake; 0 when there is none.
+    pub oldest_pending_commit_micros: AtomicI64,
     pub received_bytes: AtomicU64,
     pub iceberg_commits: AtomicU64,
     pub iceberg_commit_retries: AtomicU64,
@@ -98,6 +102,7 @@ static METRICS: LazyLock<Metrics> = LazyLock::new(|| Metrics {
     retained_wal_bytes: AtomicI64::new(0),
     retained_wal_over_threshold: AtomicI64::new(0),
     last_source_commit_micros: AtomicI64::new(0),
+    oldest_pending_commit_micros: AtomicI64::new(0),
     received_bytes: AtomicU64::new(0),
     iceberg_commits: AtomicU64::new(0),
     iceberg_commit_retries: AtomicU64::new(0),
@@ -171,18 +176,25 @@ impl Metrics {
             "1 while the retained WAL is above retained_wal_warn_bytes",
             load(&self.retained_wal_over_threshold),
         );
-        let last = self.last_source_commit_micros.load(Ordering::Relaxed);
-        let age = if last == 0 {
-            f64::NAN
-        } else {
-            (now_micros() - last) as f64 / 1e6
-        };
+        let age = |micros: i64| (now_micros() - micros).max(0) as f64 / 1e6;
+        let pending = self.oldest_pending_commit_micros.load(Ordering::Relaxed);
         gauge(
             &mut out,
-            "wal2iceberg_last_source_commit_age_seconds",
-            "seconds since the source commit of the last transaction committed to the lake",
-            age,
+            "wal2iceberg_seconds_behind",
+            "age of the oldest source commit received and not yet visible in the lake; 0 when none",
+            if pending == 0 { 0.0 } else { age(pending) },
         );
+        // Before anything is in the lake there is no last commit: no sample.
+        let last = self.last_source_commit_micros.load(Ordering::Relaxed);
+        let name = "wal2iceberg_last_source_commit_age_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} seconds since the source commit of the last transaction in the lake \
+             (it grows on a quiet source: not a lag)\n# TYPE {name} gauge"
+        );
+        if last != 0 {
+            let _ = writeln!(out, "{name} {}", age(last));
+        }
         counter(
             &mut out,
             "wal2iceberg_received_bytes_total",

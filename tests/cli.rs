@@ -701,6 +701,84 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
     );
 }
 
+#[tokio::test]
+async fn seconds_behind_is_the_age_of_the_oldest_commit_not_in_the_lake_stopped_or_running() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');")
+        .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("behind");
+    let common = ["--source", &url, "--slot", &slot, "--lake", &lake_path];
+    let once = [
+        &[
+            "run",
+            "--tables",
+            "public.customers",
+            "--exit-when-idle",
+            "1s",
+        ][..],
+        &common[..],
+    ]
+    .concat();
+    let status = || async {
+        let (code, stdout, stderr) = run(&[&["status", "--json"], &common[..]].concat()).await;
+        assert_eq!(code, 0, "{stderr}");
+        serde_json::from_str::<Value>(&stdout).unwrap()
+    };
+    let (code, _, stderr) = run(&once).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(status().await["slot"]["seconds_behind"], json!(0.0));
+
+    // Stopped: the age of the update not yet in the lake.
+    db.exec("UPDATE customers SET plan = 'pro'").await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let behind = status().await["slot"]["seconds_behind"].as_f64().unwrap();
+    assert!((2.0..60.0).contains(&behind), "{behind}");
+    let (code, _, stderr) = run(&once).await;
+    assert_eq!(code, 0, "{stderr}");
+    let caught_up = status().await;
+    assert_eq!(
+        caught_up["slot"]["seconds_behind"],
+        json!(0.0),
+        "{caught_up}"
+    );
+
+    // A table's latency is its last transaction's, whatever came after
+    // it with the same position (a compaction).
+    let (code, _, stderr) = run(&["compact", "--lake", &lake_path]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let compacted = status().await;
+    let tables = |s: &Value| s["tables"].as_array().unwrap().clone();
+    for (before, after) in tables(&caught_up).iter().zip(&tables(&compacted)) {
+        assert_eq!(before["visible_time"], after["visible_time"], "{after}");
+        assert_eq!(before["lag_seconds"], after["lag_seconds"], "{after}");
+    }
+    assert!(
+        tables(&compacted)
+            .iter()
+            .zip(&tables(&caught_up))
+            .any(|(a, b)| a["snapshots"].as_u64() > b["snapshots"].as_u64()),
+        "a compaction committed: {compacted}"
+    );
+
+    // Running: the walsender's measure, a number.
+    let mut streaming = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([&["run", "--tables", "public.customers"][..], &common[..]].concat())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    db.wait_until_active(&slot).await;
+    db.exec("UPDATE customers SET plan = 'team'").await;
+    let held = status().await;
+    assert_eq!(held["slot"]["active"], json!(true), "{held}");
+    let behind = held["slot"]["seconds_behind"].as_f64().unwrap();
+    assert!((0.0..60.0).contains(&behind), "{held}");
+    streaming.kill().await.unwrap();
+}
+
 async fn current_wal(db: &TestDb) -> wal2iceberg::pg::lsn::Lsn {
     let row = db
         .client
@@ -1141,51 +1219,55 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
     let lake = tempfile::tempdir().unwrap();
     let lake_path = lake.path().display().to_string();
     let slot = unique("metrics");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .stdout(std::process::Stdio::null())
-        .args([
-            "run",
-            "--source",
-            &url,
-            "--tables",
-            "public.events",
-            "--slot",
-            &slot,
-            "--lake",
-            &lake_path,
-            "--flush-interval",
-            "100ms",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--retained-wal-warn-bytes",
-            "1",
-            "--compact-after-files",
-            "2",
-        ])
-        .env("RUST_LOG", "wal2iceberg=info")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("address=").nth(1)
-                && line.contains("serving /metrics")
-            {
-                return rest.split_whitespace().next().unwrap().to_owned();
+    let start = || async {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+            .stdout(std::process::Stdio::null())
+            .args([
+                "run",
+                "--source",
+                &url,
+                "--tables",
+                "public.events",
+                "--slot",
+                &slot,
+                "--lake",
+                &lake_path,
+                "--flush-interval",
+                "100ms",
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--retained-wal-warn-bytes",
+                "1",
+                "--compact-after-files",
+                "2",
+            ])
+            .env("RUST_LOG", "wal2iceberg=info")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let addr = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(rest) = line.split("address=").nth(1)
+                    && line.contains("serving /metrics")
+                {
+                    return rest.split_whitespace().next().unwrap().to_owned();
+                }
             }
-        }
-        panic!("the run ended before serving metrics");
-    })
-    .await
-    .expect("metrics address logged");
-    let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let log = logged.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(line)) = lines.next_line().await {
-            log.lock().unwrap().push_str(&(line + "\n"));
-        }
-    });
+            panic!("the run ended before serving metrics");
+        })
+        .await
+        .expect("metrics address logged");
+        let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let log = logged.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        (child, addr, logged)
+    };
+    let (mut child, addr, logged) = start().await;
     assert_eq!(http_get(&addr, "/healthz").await, "ok\n");
 
     let applied = "wal2iceberg_changes_applied_total{table=\"public.events\",op=\"c\"}";
@@ -1214,6 +1296,8 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         );
     };
     assert!(sample(&scrape, applied) >= 100.0);
+    let behind = sample(&scrape, "wal2iceberg_seconds_behind");
+    assert!((0.0..60.0).contains(&behind), "{scrape}");
     assert!(sample(&scrape, "wal2iceberg_received_bytes_total") > 0.0);
     assert!(sample(&scrape, "wal2iceberg_iceberg_commits_total") >= 2.0);
     assert!(sample(&scrape, "wal2iceberg_commit_to_visible_seconds_count") >= 1.0);
@@ -1286,6 +1370,30 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         logged.contains("retains more WAL than the threshold"),
         "a loud warning: {logged}"
     );
+    assert!(!scrape.contains("NaN"), "{scrape}");
+
+    // Restarted on a caught-up lake: nothing behind, and the last source
+    // commit's age known from the lake before any change arrives.
+    let (mut child, addr, _) = start().await;
+    let age = "wal2iceberg_last_source_commit_age_seconds ";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let scrape = loop {
+        let scrape = http_get(&addr, "/metrics").await;
+        assert!(!scrape.contains("NaN"), "{scrape}");
+        if scrape.lines().any(|l| l.starts_with(age)) {
+            break scrape;
+        }
+        assert!(std::time::Instant::now() < deadline, "{scrape}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        sample(&scrape, "wal2iceberg_seconds_behind"),
+        0.0,
+        "{scrape}"
+    );
+    let age = sample(&scrape, age.trim_end());
+    assert!((0.0..120.0).contains(&age), "{scrape}");
+    child.kill().await.unwrap();
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use arrow_array::RecordBatch;
 use iceberg::TableIdent;
-use iceberg::spec::{DataContentType, DataFile, DataFileFormat};
+use iceberg::spec::{DataContentType, DataFile, DataFileFormat, Snapshot};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
 use iceberg::writer::file_writer::location_generator::{
@@ -99,9 +99,14 @@ impl Position {
 
     /// The position the table's current snapshot covers, if any.
     pub fn of(table: &Table) -> Result<Option<Position>> {
-        let Some(snapshot) = table.metadata().current_snapshot() else {
-            return Ok(None);
-        };
+        match table.metadata().current_snapshot() {
+            Some(snapshot) => Position::of_snapshot(table, snapshot),
+            None => Ok(None),
+        }
+    }
+
+    /// The position a snapshot of `table` covers, if it records one.
+    pub fn of_snapshot(table: &Table, snapshot: &Snapshot) -> Result<Option<Position>> {
         let properties = &snapshot.summary().additional_properties;
         let read = |key: &str| -> Result<Option<i64>> {
             properties

@@ -906,6 +906,11 @@ impl Pipeline<'_> {
             }
             Event::Commit { tx, end_lsn } => {
                 if tx.xid != 0 {
+                    if self.batch_commit_times.is_empty() {
+                        metrics()
+                            .oldest_pending_commit_micros
+                            .store(tx.commit_ts, Ordering::Relaxed);
+                    }
                     self.batch_commit_times.push(tx.commit_ts);
                 }
                 self.batch_end = Some(Position {
@@ -1024,10 +1029,16 @@ impl Pipeline<'_> {
             Some(_) => Some(SilverTable::open(&self.lake, silver_ident, relation).await?),
             None => None,
         };
+        let bronze_at = Position::of(&bronze_table)?;
+        if let Some(at) = bronze_at {
+            metrics()
+                .last_source_commit_micros
+                .fetch_max(at.commit_ts, Ordering::Relaxed);
+        }
         let sink = TableSink {
             relation: None,
             bronze: BronzeTable::new(bronze),
-            bronze_at: Position::of(&bronze_table)?,
+            bronze_at,
             silver_at: silver_table
                 .as_ref()
                 .map(Position::of)
@@ -1098,7 +1109,8 @@ impl Pipeline<'_> {
             m.commit_to_visible.observe(Duration::from_micros(micros));
         }
         m.last_source_commit_micros
-            .store(position.commit_ts, Ordering::Relaxed);
+            .fetch_max(position.commit_ts, Ordering::Relaxed);
+        m.oldest_pending_commit_micros.store(0, Ordering::Relaxed);
         for (table, sink) in &mut self.sinks {
             let table = table.to_string();
             for (op, n) in sink.ops.drain() {

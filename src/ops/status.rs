@@ -5,23 +5,30 @@
 //! describe one moment: retained WAL is `pg_current_wal_lsn() -
 //! restart_lsn` (what the slot keeps on the server's disk), lag is
 //! `pg_current_wal_lsn() - confirmed_flush_lsn` (what is not yet in the
-//! lake). Table figures come from each table's current snapshot: the last
-//! source transaction it holds, when that committed at the source, when
-//! it became visible in the lake, and the difference.
+//! lake), and seconds behind the age of the oldest source commit the slot
+//! has not confirmed (docs/operations.md, "Lag"). Table figures come from
+//! each table's current snapshot: the last source transaction it holds,
+//! when that committed at the source, when it first became visible in the
+//! lake, and the difference, that transaction's latency.
 
 use std::fmt::Write;
 
-use iceberg::spec::Operation;
+use bytes::Bytes;
+use iceberg::spec::{Operation, Snapshot};
+use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent};
 use serde::Serialize;
 
-use crate::cdc::temporal::format_timestamp_utc;
+use crate::cdc::temporal::{format_timestamp_utc, pg_micros_to_unix};
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::lake::expire::LAST_EXPIRY_PROPERTY;
 use crate::lake::writer::{Position, summary_total};
+use crate::metrics::now_micros;
 use crate::ops::table_set::SOURCE_SLOT;
 use crate::pg::config::PgConfig;
+use crate::pg::pgoutput::{Decoder, Message};
+use crate::pg::replication::quote_ident;
 use crate::pg::source::SourceClient;
 
 #[derive(Debug, Clone, Serialize)]
@@ -33,6 +40,9 @@ pub struct SlotStatus {
     pub restart_lsn: Option<String>,
     pub retained_wal_bytes: Option<i64>,
     pub lag_bytes: Option<i64>,
+    /// The age of the oldest source commit not yet in the lake, 0 when
+    /// none is pending; null when it could not be read ([`seconds_behind`]).
+    pub seconds_behind: Option<f64>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
     pub wal_status: Option<String>,
     /// Bytes that can still be written before the slot is at risk of being
@@ -46,8 +56,10 @@ pub struct TableStatus {
     /// The last source transaction the table holds.
     pub commit_lsn: String,
     pub source_commit_time: String,
-    /// When the snapshot holding it was committed.
+    /// When the first snapshot holding it was committed (a compaction or
+    /// an expiry after it records the same position).
     pub visible_time: String,
+    /// The difference: that transaction's source-commit-to-visible latency.
     pub lag_seconds: f64,
     /// Live files of the current snapshot and their bytes (its summary).
     pub data_files: u64,
@@ -98,6 +110,7 @@ impl Status {
 pub async fn status(
     config: &PgConfig,
     slot: &str,
+    publication: &str,
     lake: &LakeLocation,
     namespace: Option<&str>,
 ) -> Result<Status> {
@@ -113,7 +126,7 @@ pub async fn status(
         )
         .await
         .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
-    let slot_status = row.map(|r| SlotStatus {
+    let mut slot_status = row.map(|r| SlotStatus {
         slot_name: slot.to_owned(),
         active: r.get(0),
         active_pid: r.get(1),
@@ -121,9 +134,13 @@ pub async fn status(
         restart_lsn: r.get(3),
         retained_wal_bytes: r.get(4),
         lag_bytes: r.get(5),
+        seconds_behind: None,
         wal_status: r.get(6),
         safe_wal_size: r.get(7),
     });
+    if let Some(s) = &mut slot_status {
+        s.seconds_behind = seconds_behind(&client, s, publication).await;
+    }
     let namespace = NamespaceIdent::new(namespace.unwrap_or(&config.dbname).to_owned());
     Ok(Status {
         slot: slot_status,
@@ -132,6 +149,70 @@ pub async fn status(
         lake_found: lake.catalog.is_file(),
         tables: table_statuses(lake, &namespace).await?,
     })
+}
+
+/// How long ago the oldest source transaction the slot has not confirmed
+/// committed: 0 when none is pending. A slot no run holds is peeked at
+/// (its first pending transaction's Begin message carries the commit
+/// time), under a statement timeout since the server decodes that whole
+/// transaction first. A slot a run holds cannot be peeked at: the
+/// walsender's own measure of the same (`pg_stat_replication.flush_lag`:
+/// how long ago the WAL the run confirmed last was written) stands in,
+/// 0 once the server reports none. `None` when neither can be read.
+async fn seconds_behind(
+    client: &SourceClient,
+    slot: &SlotStatus,
+    publication: &str,
+) -> Option<f64> {
+    if slot.lag_bytes.unwrap_or(0) <= 0 {
+        return Some(0.0);
+    }
+    let measured = if slot.active {
+        client
+            .query_opt(
+                "SELECT COALESCE(EXTRACT(epoch FROM flush_lag), 0)::float8 \
+                 FROM pg_stat_replication WHERE pid = $1",
+                &[&slot.active_pid],
+            )
+            .await
+            .map(|row| row.map_or(0.0, |r| r.get(0)))
+    } else {
+        peek_oldest_pending(client, &slot.slot_name, publication).await
+    };
+    match measured {
+        Ok(seconds) => Some(seconds.max(0.0)),
+        Err(e) => {
+            tracing::warn!(slot = %slot.slot_name, error = %e, "cannot tell how far behind the lake is");
+            None
+        }
+    }
+}
+
+/// The age of the first pending transaction of a slot no run holds.
+async fn peek_oldest_pending(
+    client: &SourceClient,
+    slot: &str,
+    publication: &str,
+) -> std::result::Result<f64, tokio_postgres::Error> {
+    client
+        .batch_execute("BEGIN; SET LOCAL statement_timeout = '5s'")
+        .await?;
+    let row = client
+        .query_opt(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
+             'proto_version', '1', 'publication_names', $2) LIMIT 1",
+            &[&slot, &quote_ident(publication)],
+        )
+        .await;
+    client.batch_execute("COMMIT").await?;
+    let commit =
+        row?.and_then(
+            |r| match Decoder::new().decode(Bytes::from(r.get::<_, Vec<u8>>(0))) {
+                Ok(Message::Begin(begin)) => Some(pg_micros_to_unix(begin.commit_ts)),
+                _ => None,
+            },
+        );
+    Ok(commit.map_or(0.0, |ts| (now_micros() - ts) as f64 / 1e6))
 }
 
 async fn table_statuses(
@@ -163,7 +244,7 @@ async fn table_statuses(
         else {
             continue;
         };
-        let visible_micros = snapshot.timestamp_ms() * 1000;
+        let visible_micros = first_visible_ms(&table, snapshot, position)? * 1000;
         let total = |key: &str| summary_total(&table, key);
         let last_compaction = table
             .metadata()
@@ -193,6 +274,22 @@ async fn table_statuses(
         });
     }
     Ok(tables)
+}
+
+/// When the table first held `position`: the commit time of the oldest
+/// snapshot in `snapshot`'s line of parents that records it.
+fn first_visible_ms(table: &Table, snapshot: &Snapshot, position: Position) -> Result<i64> {
+    let mut first = snapshot;
+    while let Some(parent) = first
+        .parent_snapshot_id()
+        .and_then(|id| table.metadata().snapshot_by_id(id))
+    {
+        if Position::of_snapshot(table, parent)? != Some(position) {
+            break;
+        }
+        first = parent;
+    }
+    Ok(first.timestamp_ms())
 }
 
 impl Status {
@@ -225,6 +322,10 @@ impl Status {
                         or_dash(s.retained_wal_bytes.map(|b| format!("{b} bytes"))),
                     ),
                     ("lag", or_dash(s.lag_bytes.map(|b| format!("{b} bytes")))),
+                    (
+                        "seconds behind",
+                        or_dash(s.seconds_behind.map(|b| format!("{b:.3}"))),
+                    ),
                     ("wal_status", or_dash(s.wal_status.clone())),
                     (
                         "safe_wal_size",
@@ -264,7 +365,7 @@ impl Status {
         let _ = writeln!(
             out,
             "{:<32} {:<14} {:<28} {:<28} {:>10}",
-            "table", "commit_lsn", "source commit", "visible", "lag (s)"
+            "table", "commit_lsn", "source commit", "visible", "latency (s)"
         );
         for t in &self.tables {
             let _ = writeln!(
