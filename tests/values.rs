@@ -9,9 +9,10 @@ use crate::support::*;
 
 /// Odd values in every column but the key, as SQL literals.
 const ODD: &str = "'NaN', '24:00:00', ARRAY['a{', '{br}', '\"q\"', 'NULL', NULL, ' ', 'a,b', 'back\\slash'], \
-                   '[0:1]={1,2}', '294276-12-31 23:59:59.999999+00', '{{1,2},{3,4}}'";
+                   '[0:1]={1,2}', '294276-12-31 23:59:59.999999+00', '{{1,2},{3,4}}', \
+                   '294247-01-10 04:00:54.775807'";
 /// Plain values of the same columns.
-const PLAIN: &str = "12.50, '12:00:00', ARRAY['x'], '{1,2}', '2026-12-01 10:00:00+00', '{5}'";
+const PLAIN: &str = "12.50, '12:00:00', ARRAY['x'], '{1,2}', '2026-12-01 10:00:00+00', '{5}', '2026-12-01 10:00:00'";
 
 /// The rows of a table through pyiceberg, by id.
 async fn rows_by_id(lake: &std::path::Path, table: &str) -> std::collections::BTreeMap<i64, Value> {
@@ -44,7 +45,7 @@ async fn values_a_column_cannot_hold_are_kept_verbatim_and_the_run_goes_on() {
     let db = TestDb::new().await;
     db.exec(&format!(
         "CREATE TABLE odd(id int PRIMARY KEY, amount numeric(12,2), at time, ta text[],
-                          bounded int[], far timestamptz, grid int[]);
+                          bounded int[], far timestamptz, grid int[], edge timestamp);
          CREATE TABLE plain(id int PRIMARY KEY, name text);
          INSERT INTO odd VALUES (1, {ODD}), (2, {PLAIN});
          INSERT INTO plain VALUES (1, 'a');"
@@ -78,6 +79,8 @@ async fn values_a_column_cannot_hold_are_kept_verbatim_and_the_run_goes_on() {
         let mut expected = vec![
             ("at".to_owned(), "24:00:00".to_owned()),
             ("bounded".to_owned(), "[0:1]={1,2}".to_owned()),
+            // i64::MAX microseconds: what `infinity` is stored as.
+            ("edge".to_owned(), "294247-01-10 04:00:54.775807".to_owned()),
             (
                 "far".to_owned(),
                 "294276-12-31 23:59:59.999999+00".to_owned(),
@@ -116,7 +119,7 @@ async fn values_a_column_cannot_hold_are_kept_verbatim_and_the_run_goes_on() {
             ]),
             "any character in a quoted array element"
         );
-        for column in ["at", "bounded", "far", "grid"] {
+        for column in ["at", "bounded", "edge", "far", "grid"] {
             assert_eq!(row[column], Value::Null, "{column} is null beside its text");
         }
     }

@@ -97,6 +97,32 @@ pub fn parse_timestamp(s: &str, with_zone: bool) -> Option<MaybeInfinite<i64>> {
     ))
 }
 
+/// Whether a finite timestamp is one of the numbers the lake stores the
+/// infinities as (`i64::MAX` microseconds is `294247-01-10
+/// 04:00:54.775807`), so that it must be kept as its text instead.
+pub fn is_sentinel(t: &MaybeInfinite<i64>) -> bool {
+    matches!(t, MaybeInfinite::Finite(m) if *m == i64::MAX || *m == -i64::MAX)
+}
+
+/// Whether `s` has a timestamp's form: for text [`parse_timestamp`]
+/// rejected, that it lies past what microseconds since 1970 hold
+/// (PostgreSQL's go to the year 294276).
+pub fn is_well_formed_timestamp(s: &str, with_zone: bool) -> bool {
+    let (body, bc) = strip_bc(s);
+    let Some((date, time)) = body.split_once(' ') else {
+        return false;
+    };
+    let time = if with_zone {
+        match split_offset(time) {
+            Some((time, _)) => time,
+            None => return false,
+        }
+    } else {
+        time
+    };
+    parse_ymd(date, bc).is_some() && parse_time_of_day(time).is_some()
+}
+
 /// Parses a `time`: microseconds since midnight (24:00:00 is allowed).
 pub fn parse_time(s: &str) -> Option<i64> {
     parse_time_of_day(s)

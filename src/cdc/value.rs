@@ -143,11 +143,18 @@ impl PgType {
                     offset_secs,
                 }
             }
-            PgType::Timestamp => {
-                Value::Timestamp(temporal::parse_timestamp(text, false).ok_or_else(bad)?)
-            }
-            PgType::TimestampTz => {
-                Value::TimestampTz(temporal::parse_timestamp(text, true).ok_or_else(bad)?)
+            PgType::Timestamp | PgType::TimestampTz => {
+                let with_zone = *self == PgType::TimestampTz;
+                match temporal::parse_timestamp(text, with_zone) {
+                    Some(t) if temporal::is_sentinel(&t) => Value::Unknown(text.to_owned()),
+                    Some(t) if with_zone => Value::TimestampTz(t),
+                    Some(t) => Value::Timestamp(t),
+                    // Past what microseconds since 1970 hold: as its text.
+                    None if temporal::is_well_formed_timestamp(text, with_zone) => {
+                        Value::Unknown(text.to_owned())
+                    }
+                    None => return Err(bad()),
+                }
             }
             PgType::Interval => Value::Interval(temporal::parse_interval(text).ok_or_else(bad)?),
             PgType::Uuid => Value::Uuid(parse_uuid(text).ok_or_else(bad)?),
@@ -281,6 +288,7 @@ impl Wire {
             m => m
                 .checked_add(temporal::PG_EPOCH_DAYS * temporal::MICROS_PER_DAY)
                 .map(MaybeInfinite::Finite)
+                .filter(|t| !temporal::is_sentinel(t))
                 .ok_or_else(|| temporal::format_pg_timestamp(m, with_zone)),
         };
         Ok(match self {

@@ -3,8 +3,10 @@
 //!
 //! Infinite dates and timestamps are stored as the largest and the negated
 //! largest value of the column's integer (i32 days, i64 microseconds), the
-//! encoding DuckDB reads back as `infinity` and `-infinity`; no finite
-//! PostgreSQL date or timestamp comes near them. A value that the column's
+//! encoding DuckDB reads back as `infinity` and `-infinity`. The one finite
+//! value that meets them, timestamp `294247-01-10 04:00:54.775807`, is
+//! decoded as its text (`temporal::is_sentinel`), and refused here should
+//! it come as a number: never stored as infinity. A value that the column's
 //! type cannot hold exactly is an error naming the column, never a silently
 //! changed value (see docs/tables.md).
 //!
@@ -433,7 +435,7 @@ impl ColumnBuilder {
             Kind::Date(b) => put!(
                 b,
                 match v {
-                    Value::Date(d) => Some(encode_infinite(d, i32::MAX)),
+                    Value::Date(d) => encode_infinite(d, i32::MAX),
                     _ => None,
                 }
             ),
@@ -448,7 +450,7 @@ impl ColumnBuilder {
                 builder,
                 match (v, *with_zone) {
                     (Value::Timestamp(t), false) | (Value::TimestampTz(t), true) =>
-                        Some(encode_infinite(t, i64::MAX)),
+                        encode_infinite(t, i64::MAX),
                     _ => None,
                 }
             ),
@@ -693,12 +695,17 @@ fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
     }
 }
 
-/// `max` for infinity, `-max` for -infinity.
-fn encode_infinite<T: Copy + std::ops::Neg<Output = T>>(value: &MaybeInfinite<T>, max: T) -> T {
+/// `max` for infinity, `-max` for -infinity; `None` for a finite value
+/// that is one of them, which the column then cannot hold.
+fn encode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
+    value: &MaybeInfinite<T>,
+    max: T,
+) -> Option<T> {
     match value {
-        MaybeInfinite::Finite(v) => *v,
-        MaybeInfinite::Infinity => max,
-        MaybeInfinite::NegInfinity => -max,
+        MaybeInfinite::Finite(v) if *v == max || *v == -max => None,
+        MaybeInfinite::Finite(v) => Some(*v),
+        MaybeInfinite::Infinity => Some(max),
+        MaybeInfinite::NegInfinity => Some(-max),
     }
 }
 

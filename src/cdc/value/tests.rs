@@ -307,6 +307,28 @@ fn binary_fields_decode_to_the_values_their_text_gives() {
             .unwrap(),
         Value::Unknown("294277-01-09 04:00:54.775806+00".into())
     );
+    // i64::MAX microseconds since 1970, what infinity is stored as: its
+    // text too, from the load's binary form and the stream's text alike.
+    let edge = "294247-01-10 04:00:54.775807";
+    let pg_micros = i64::MAX - 946_684_800_000_000;
+    assert_eq!(
+        Wire::Timestamp
+            .decode(&PgType::Timestamp, &pg_micros.to_be_bytes())
+            .unwrap(),
+        Value::Unknown(edge.into())
+    );
+    assert_eq!(
+        PgType::Timestamp.parse(edge).unwrap(),
+        Value::Unknown(edge.into())
+    );
+    assert_eq!(
+        PgType::TimestampTz
+            .parse("294276-12-31 23:59:59+00")
+            .unwrap(),
+        Value::Unknown("294276-12-31 23:59:59+00".into()),
+        "past i64 microseconds, without an error"
+    );
+    assert!(PgType::Timestamp.parse("2026-13-01 00:00:00").is_err());
     assert!(
         Wire::Int4.decode(&PgType::Int4, &[0, 1]).is_err(),
         "wrong length"
