@@ -1774,7 +1774,8 @@ async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
         "CREATE TABLE inf(id int PRIMARY KEY, ts timestamp, tz timestamptz, d date, tsa timestamp[]);
          ALTER TABLE inf REPLICA IDENTITY FULL;
          INSERT INTO inf VALUES (1, 'infinity', '-infinity', 'infinity', ARRAY['infinity', '2026-01-01']::timestamp[]),
-                                (2, '2026-12-01 10:00:00', '2026-12-01 10:00:00+00', '2026-12-01', NULL);",
+                                (2, '2026-12-01 10:00:00', '2026-12-01 10:00:00+00', '2026-12-01', NULL),
+                                (3, '294247-01-10 04:00:54.775806', NULL, '5874897-12-31', NULL);",
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
@@ -1814,6 +1815,15 @@ async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
         "{json}"
     );
     assert_eq!(rows[0]["tsa"][0], json!("infinity"), "{json}");
+    // Past Arrow's calendar, not PostgreSQL's.
+    assert_eq!(
+        (&rows[2]["ts"], &rows[2]["d"]),
+        (
+            &json!("294247-01-10 04:00:54.775806"),
+            &json!("5874897-12-31")
+        ),
+        "{json}"
+    );
     assert!(
         rows[1]["ts"].as_str().unwrap().starts_with("2026-12-01"),
         "{json}"

@@ -22,6 +22,7 @@ use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use iceberg::table::Table;
 
+use crate::cdc::temporal::{MICROS_PER_DAY, PG_EPOCH_DAYS, format_date, format_pg_timestamp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
 use crate::lake::scan::scan;
@@ -238,18 +239,22 @@ fn printable_column(
             .iter()
             .map(|v| v.map(|v| Lsn(v as u64).to_string()))
             .collect(),
-        DataType::Date32 => infinite_as_word(column, |i| {
-            infinity_of(
-                i64::from(column.as_primitive::<Date32Type>().value(i)),
-                i64::from(i32::MAX),
-            )
-        })?,
-        DataType::Timestamp(TimeUnit::Microsecond, _) => infinite_as_word(column, |i| {
-            infinity_of(
-                column.as_primitive::<TimestampMicrosecondType>().value(i),
-                i64::MAX,
-            )
-        })?,
+        DataType::Date32 => {
+            let days = |i| i64::from(column.as_primitive::<Date32Type>().value(i));
+            temporal_text(
+                column,
+                |i| infinity_of(days(i), i64::from(i32::MAX)),
+                |i| format_date(days(i)),
+            )?
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, zone) => {
+            let micros = |i| column.as_primitive::<TimestampMicrosecondType>().value(i);
+            temporal_text(
+                column,
+                |i| infinity_of(micros(i), i64::MAX),
+                |i| format_pg_timestamp(micros(i) - PG_EPOCH_MICROS, zone.is_some()),
+            )?
+        }
         DataType::Struct(_) => {
             let parts = column.as_struct();
             let (fields, children): (Vec<Field>, Vec<ArrayRef>) = parts
@@ -284,6 +289,9 @@ fn printable_column(
     Ok((field, Arc::new(text)))
 }
 
+/// Microseconds from 1970 to 2000, PostgreSQL's epoch.
+const PG_EPOCH_MICROS: i64 = PG_EPOCH_DAYS * MICROS_PER_DAY;
+
 /// `infinity` or `-infinity` for the sentinels `max` and `-max`.
 fn infinity_of(value: i64, max: i64) -> Option<&'static str> {
     match value {
@@ -293,17 +301,23 @@ fn infinity_of(value: i64, max: i64) -> Option<&'static str> {
     }
 }
 
-/// A temporal column's display text, its sentinels as words.
-fn infinite_as_word(
+/// A temporal column's display text: its sentinels as words, and values
+/// Arrow's calendar does not reach (a date in the year 5874897, which
+/// PostgreSQL takes) in PostgreSQL's form.
+fn temporal_text(
     column: &ArrayRef,
     word: impl Fn(usize) -> Option<&'static str>,
+    beyond: impl Fn(usize) -> String,
 ) -> std::result::Result<StringArray, arrow_schema::ArrowError> {
     let formatter = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())?;
     Ok((0..column.len())
         .map(|i| {
             (!column.is_null(i)).then(|| match word(i) {
                 Some(word) => word.to_owned(),
-                None => formatter.value(i).to_string(),
+                None => formatter
+                    .value(i)
+                    .try_to_string()
+                    .unwrap_or_else(|_| beyond(i)),
             })
         })
         .collect())
