@@ -982,6 +982,8 @@ async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
     assert!(
         stdout.contains("a wal2iceberg run")
             && stdout.contains("application_name \"wal2iceberg\"")
+            && stdout.contains("connected from")
+            && stdout.contains("the server's walsender process")
             && !stdout.contains("pg_terminate_backend"),
         "{stdout}"
     );

@@ -344,7 +344,7 @@ async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing
     // held; the lake's lock would say the same of the lake.
     assert!(
         stderr.contains(&format!(
-            "replication slot {:?} is in use by process",
+            "replication slot {:?} is in use by a wal2iceberg run",
             oracle.slot
         )),
         "the error names the cause, the slot in use: {stderr}"

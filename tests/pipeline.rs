@@ -869,7 +869,25 @@ async fn a_table_without_a_primary_key_under_full_identity_keeps_its_whole_histo
     assert_success(&verified);
     let said = String::from_utf8_lossy(&verified.stdout);
     assert!(
-        said.contains("public.events") && said.contains("not compared"),
+        said.contains("public.events")
+            && said.contains("not compared")
+            && said.contains("matches the source in every table compared"),
+        "{said}"
+    );
+    // show points to its history.
+    let shown = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([
+            "show",
+            "events",
+            "--lake",
+            &dir.path().display().to_string(),
+        ])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&shown.stderr);
+    assert!(
+        said.contains("its history is shop.events_changes"),
         "{said}"
     );
 }

@@ -203,8 +203,17 @@ impl Lake {
             None => TableIdent::new(self.resolve_namespace(namespace).await?, name.to_owned()),
         };
         if self.table_if_exists(&ident).await?.is_none() {
-            return Err(Error::new(ErrorKind::Config, "no such table in the lake")
-                .with_context("table", &ident));
+            let history = TableIdent::new(
+                ident.namespace().clone(),
+                format!("{}_changes", ident.name()),
+            );
+            let message = if self.table_if_exists(&history).await?.is_some() {
+                // A table without a primary key keeps its history only.
+                format!("no such table in the lake; its history is {history}")
+            } else {
+                "no such table in the lake".to_owned()
+            };
+            return Err(Error::new(ErrorKind::Config, message).with_context("table", &ident));
         }
         Ok(ident)
     }

@@ -164,10 +164,10 @@ impl Report {
                 "{table}\n  not compared: no primary key, the lake holds its history (bronze) only"
             );
         }
-        out.push_str(if self.equal() {
-            "the lake matches the source\n"
-        } else {
-            "the lake DIFFERS from the source\n"
+        out.push_str(match (self.equal(), self.history_only.is_empty()) {
+            (true, true) => "the lake matches the source\n",
+            (true, false) => "the lake matches the source in every table compared\n",
+            (false, _) => "the lake DIFFERS from the source\n",
         });
         out
     }

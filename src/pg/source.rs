@@ -243,25 +243,28 @@ pub async fn preflight(
         }
         Some(info) => {
             if let Some(pid) = info.active_pid {
-                let holder: String = client
+                let (holder, from): (String, String) = client
                     .query_opt(
-                        "SELECT application_name::text FROM pg_stat_activity WHERE pid = $1",
+                        "SELECT application_name::text, \
+                                COALESCE(host(client_addr) || ':' || client_port, 'a local socket') \
+                         FROM pg_stat_activity WHERE pid = $1",
                         &[&pid],
                     )
                     .await
                     .map_err(q)?
-                    .map(|r| r.get(0))
+                    .map(|r| (r.get(0), r.get(1)))
                     .unwrap_or_default();
                 failures.push(if holder.starts_with(DEFAULT_APPLICATION_NAME) {
                     CheckFailure {
                         check: SLOT_HELD_BY_RUN,
                         problem: format!(
-                            "replication slot {slot:?} is in use by process {pid}, a wal2iceberg \
-                             run (application_name {holder:?}): another run on it cannot start"
+                            "replication slot {slot:?} is in use by a wal2iceberg run \
+                             (application_name {holder:?}, connected from {from}; the server's \
+                             walsender process {pid}): nothing else can stream from it meanwhile"
                         ),
                         fix: "nothing, while that run is meant to go on; to start another, stop \
-                              that run first (SIGTERM, or its service manager), which commits \
-                              and confirms what it holds"
+                              that run first (SIGTERM to the wal2iceberg process, or its service \
+                              manager), which commits and confirms what it holds"
                             .to_owned(),
                     }
                 } else {
