@@ -201,6 +201,19 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
+    /// Reload one table's silver from a new snapshot while the stream goes
+    /// on: bronze keeps its history and gets the reload's rows as reads. A
+    /// streaming run does it within seconds, or the next run when it starts.
+    Resync {
+        #[command(flatten)]
+        settings: SettingsArgs,
+        /// The source table (`public.orders`).
+        #[arg(long = "table", value_name = "TABLE")]
+        table: String,
+        /// Wait this long for a run to do it (30s, 5m); exit 1 if none did.
+        #[arg(long, value_name = "DURATION")]
+        wait: Option<String>,
+    },
     /// Print a lake table through wal2iceberg's own reader.
     Show {
         /// The table: `customers`, `customers_changes`, or `shop.customers`.
@@ -390,6 +403,10 @@ const UNREAD: &[(&str, &[&[&str]])] = &[
         "drop-table",
         &[RUN_TUNING, IDLE, STREAM, &["tables", "slot"]],
     ),
+    (
+        "resync",
+        &[RUN_TUNING, IDLE, STREAM, &["tables", "slot", "publication"]],
+    ),
     ("verify", &[RUN_TUNING, IDLE, STREAM]),
     ("tail", &[RUN_TUNING, LAKE]),
 ];
@@ -544,6 +561,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             table,
             yes,
         } => drop_table(settings(args)?, &table, yes).await,
+        Command::Resync {
+            settings: args,
+            table,
+            wait,
+        } => resync(settings(args)?, &table, wait.as_deref()).await,
         Command::Setup { settings: args } => {
             let settings = settings(args)?;
             if settings.tables.is_empty() {
@@ -754,6 +776,37 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
     } else {
         ExitCode::SUCCESS
     })
+}
+
+async fn resync(settings: Settings, table: &str, wait: Option<&str>) -> Result<ExitCode, Error> {
+    use wal2iceberg::ops::resync::{self, Resync, ResyncOptions};
+    let wait = wait
+        .map(wal2iceberg::config::parse_duration)
+        .transpose()
+        .map_err(|e| Error::new(ErrorKind::Config, format!("--wait: {e}")))?;
+    let table = wal2iceberg::pg::source::TableName::parse(table)?;
+    let options = ResyncOptions {
+        name: settings.table_names.get(&table).cloned(),
+        namespace: namespace(
+            settings
+                .namespace
+                .as_deref()
+                .unwrap_or(&settings.source.dbname),
+        ),
+        lake: settings.lake.clone(),
+        wait,
+        table,
+    };
+    match resync::request(&options).await? {
+        Resync::Requested { id, bronze } => outln!(
+            "resync of {} requested ({id}, on {bronze}): a streaming run does it within {:?}, \
+             or the next run when it starts",
+            options.table,
+            resync::POLL
+        ),
+        Resync::Done { id, .. } => outln!("{} resynced ({id})", options.table),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCode, Error> {

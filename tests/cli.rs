@@ -779,6 +779,98 @@ async fn seconds_behind_is_the_age_of_the_oldest_commit_not_in_the_lake_stopped_
     streaming.kill().await.unwrap();
 }
 
+#[tokio::test]
+async fn resync_while_stopped_keeps_bronzes_history_and_a_crash_inside_it_does_it_once() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE docs(id int PRIMARY KEY, n int NOT NULL, body text);
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
+         INSERT INTO docs SELECT i, 0, repeat(md5(i::text), 200) FROM generate_series(1, 3) i;",
+    )
+    .await;
+    let url = db.config_url();
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let slot = unique("resync");
+    let place = ["--source", &url, "--slot", &slot, "--lake", &lake_path];
+    let once = [
+        &["run", "--tables", "public.docs", "--exit-when-idle", "1s"][..],
+        &place[..],
+    ]
+    .concat();
+    let (code, _, stderr) = run(&once).await;
+    assert_eq!(code, 0, "{stderr}");
+
+    // Changes the next run streams, one leaving the large value alone
+    // (TOAST) after another changed it; then the resync.
+    db.exec(
+        "UPDATE docs SET body = repeat('changed ', 800) WHERE id = 1;
+         UPDATE docs SET n = 1 WHERE id = 1;
+         DELETE FROM docs WHERE id = 2;
+         INSERT INTO docs VALUES (4, 0, 'new');",
+    )
+    .await;
+    let (code, stdout, stderr) =
+        run(&[&["resync", "--table", "public.docs"][..], &place[..]].concat()).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("requested"), "{stdout}");
+
+    // A crash between the resync's silver commit and bronze's: the next
+    // run does the whole resync again, once.
+    let crashed = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(&once)
+        .env(
+            wal2iceberg::failpoint::VARIABLE,
+            "between-resync-silver-and-bronze:1",
+        )
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&crashed.stderr);
+    assert!(
+        !crashed.status.success()
+            && said.contains("failpoint between-resync-silver-and-bronze reached"),
+        "{said}"
+    );
+    let (code, _, stderr) = run(&once).await;
+    assert_eq!(code, 0, "{stderr}");
+
+    assert_reconciled(
+        &db,
+        "docs",
+        lake.path(),
+        &format!("{}.docs", db.config.dbname),
+    )
+    .await;
+    let bronze_table = format!("{}.docs_changes", db.config.dbname);
+    // The load, the changes before the resync's snapshot, the reload.
+    assert_eq!(bronze_ops(lake.path(), &bronze_table).await, "rrruudcrrr");
+    let bronze = pyiceberg(lake.path(), &bronze_table, "rows").await;
+    let rows = bronze.as_array().unwrap();
+    let body: String = db
+        .client
+        .query_one("SELECT body FROM docs WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        rows[4]["body"].as_str(),
+        Some(body.as_str()),
+        "the value it had then"
+    );
+    let mut reloaded: Vec<i64> = rows[7..]
+        .iter()
+        .map(|r| r["id"].as_i64().unwrap())
+        .collect();
+    reloaded.sort_unstable();
+    assert_eq!(reloaded, [1, 3, 4]);
+
+    // Done: a later run resyncs nothing.
+    let (code, _, stderr) = run(&once).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(bronze_ops(lake.path(), &bronze_table).await, "rrruudcrrr");
+}
+
 async fn current_wal(db: &TestDb) -> wal2iceberg::pg::lsn::Lsn {
     let row = db
         .client

@@ -890,6 +890,17 @@ async fn a_table_without_a_primary_key_under_full_identity_keeps_its_whole_histo
         said.contains("its history is shop.events_changes"),
         "{said}"
     );
+    // Nor can a new snapshot redo its history.
+    let resync = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(["resync", "--table", "public.events", "--namespace", "shop"])
+        .args(["--lake", &dir.path().display().to_string()])
+        .args(["--source", &db.config_url()])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&resync.stderr);
+    assert_eq!(resync.status.code(), Some(2), "{said}");
+    assert!(said.contains("no primary key"), "{said}");
 }
 
 #[tokio::test]

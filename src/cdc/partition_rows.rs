@@ -53,8 +53,8 @@ pub fn log_failure(content: &[u8], lsn: Lsn) {
         Ok(f) => tracing::error!(
             table = %f.table, %lsn, error = %f.error,
             "the source's partition trigger failed to send the {} (the command itself went \
-             through): the lake misses them. Reload the partitioned table: wal2iceberg \
-             drop-table, then a run that names it",
+             through): the lake misses them. Reload the partitioned table it belongs \
+             to: wal2iceberg resync --table <it>",
             f.what
         ),
         Err(_) => tracing::error!(

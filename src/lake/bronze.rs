@@ -12,6 +12,7 @@
 //! [`BronzeTable`] stages changes into an open batch, written to data files
 //! as it grows and committed as one append snapshot at its end.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, ListBuilder, StringBuilder, TimestampMicrosecondBuilder};
@@ -157,11 +158,31 @@ impl BronzeTable {
     /// Commits the open batch as one snapshot recording `position` (an
     /// empty one when nothing was staged).
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+        self.commit_with(lake, position.summary()).await
+    }
+
+    /// [`Self::commit`], its snapshot summary recording `mark` too.
+    pub async fn commit_recording(
+        &mut self,
+        lake: &Lake,
+        position: Position,
+        (key, value): (&str, &str),
+    ) -> Result<()> {
+        let mut properties = position.summary();
+        properties.insert(key.to_owned(), value.to_owned());
+        self.commit_with(lake, properties).await
+    }
+
+    async fn commit_with(
+        &mut self,
+        lake: &Lake,
+        properties: HashMap<String, String>,
+    ) -> Result<()> {
         self.finish_load_file().await?;
         self.write_buffer(lake).await?;
         let delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
-            properties: position.summary(),
+            properties,
             ..RowDelta::default()
         };
         commit_row_delta(lake, &self.ident, &delta).await?;

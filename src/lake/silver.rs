@@ -381,6 +381,16 @@ impl SilverTable {
         Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
     }
 
+    /// Stages the deletion of every row, committed and staged, as a
+    /// truncate does: the next commit's snapshot holds none of them.
+    pub fn delete_all(&mut self) -> Result<()> {
+        self.deletes.extend(self.index.clear()?);
+        self.pending.clear();
+        self.order.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
     /// Adds a change of about `bytes` (`Change::approx_bytes`), its
     /// unchanged TOAST values already filled, to the open batch. A large
     /// batch is written to data files as it grows; nothing is visible until
@@ -388,12 +398,7 @@ impl SilverTable {
     pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
         self.finish_load_file().await?;
         match change.op {
-            Op::Truncate => {
-                self.deletes.extend(self.index.clear()?);
-                self.pending.clear();
-                self.order.clear();
-                self.pending_bytes = 0;
-            }
+            Op::Truncate => self.delete_all()?,
             Op::Delete => {
                 let before = change
                     .before

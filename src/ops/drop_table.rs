@@ -6,8 +6,7 @@
 
 use iceberg::NamespaceIdent;
 
-use super::run::iceberg_name;
-use super::table_set::SOURCE_TABLE;
+use super::table_set;
 use super::teardown::drop_with_files;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
@@ -57,7 +56,7 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
     let lake = Lake::open_existing(&options.lake).await?;
     let name = match &options.name {
         Some(name) => name.clone(),
-        None => recorded_name(&lake, options).await?,
+        None => table_set::recorded_name(&lake, &options.namespace, &options.table).await?,
     };
     let mut report = DropTableReport::default();
     for ident in [format!("{name}_changes"), name] {
@@ -70,27 +69,6 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
     let client = SourceClient::connect(config).await?;
     report.publication = leave_publication(&client, &options.publication, &options.table).await?;
     Ok(report)
-}
-
-/// The Iceberg name of `options.table` by the source its bronze records,
-/// or its default name.
-async fn recorded_name(lake: &Lake, options: &DropTableOptions) -> Result<String> {
-    if lake.has_namespace(&options.namespace).await? {
-        let wanted = options.table.to_string();
-        for ident in lake
-            .tables(options.namespace.first().map(String::as_str))
-            .await?
-        {
-            let Some(name) = ident.name().strip_suffix("_changes") else {
-                continue;
-            };
-            let bronze = lake.catalog_table(&ident).await?;
-            if bronze.metadata().properties().get(SOURCE_TABLE) == Some(&wanted) {
-                return Ok(name.to_owned());
-            }
-        }
-    }
-    Ok(iceberg_name(&options.table))
 }
 
 async fn leave_publication(

@@ -5,6 +5,7 @@
 //! - `drop_table`: one source table out of the lake and the publication.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `monitor`: the slot's lag and retained WAL while a run streams.
+//! - `resync`: one table's silver reloaded beside a running run.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
 //! - `setup`: the source's role and publication, from `migrations/`.
 //! - `show`: a lake table printed through our own reader.
@@ -19,6 +20,7 @@ pub mod compact;
 pub mod demo;
 pub mod drop_table;
 pub mod monitor;
+pub mod resync;
 pub mod run;
 pub mod scratch;
 pub mod setup;

@@ -43,7 +43,7 @@ use crate::lake::schema::{
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::{Position, summary_total};
 use crate::metrics::{metrics, now_micros};
-use crate::ops::table_set;
+use crate::ops::{resync, table_set};
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
@@ -149,6 +149,8 @@ struct TableSink {
     /// What each table already holds; `None` until its initial load landed.
     bronze_at: Option<Position>,
     silver_at: Option<Position>,
+    /// The request this start's load resyncs the table for.
+    resync: Option<String>,
     /// The changes bronze took alone, silver being ahead of it.
     gap: Gap,
     /// Whether the open batch staged anything for each table.
@@ -446,8 +448,17 @@ struct Pipeline<'r> {
     /// `RunOptions::compact_after_files` and `retention`.
     compact_after_files: usize,
     retention: Retention,
+    /// The tables this start resyncs ([`resync`]), by request.
+    resyncing: HashMap<TableName, String>,
     /// What all runs of this process did so far.
     report: &'r mut RunReport,
+}
+
+/// How a stream ended: for good, or to start over for a resync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamEnd {
+    Done,
+    Resync,
 }
 
 /// The longest wait between reconnects.
@@ -465,7 +476,8 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     loop {
         let mut started = false;
         match run_once(config, options, &mut started, &mut total).await {
-            Ok(()) => return Ok(total),
+            Ok(StreamEnd::Done) => return Ok(total),
+            Ok(StreamEnd::Resync) => backoff = Duration::from_millis(250),
             Err(err) if err.is_retryable() && (started || streamed) => {
                 if options.shutdown.is_requested() {
                     return Ok(total);
@@ -490,7 +502,7 @@ async fn run_once(
     options: &RunOptions,
     started: &mut bool,
     total: &mut RunReport,
-) -> Result<()> {
+) -> Result<StreamEnd> {
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
     // Every table the lake holds from this slot, named or not: the slot's
     // position is shared, and confirming past a table's changes loses them.
@@ -541,6 +553,7 @@ async fn run_once(
         batch_end: None,
         compact_after_files: options.compact_after_files,
         retention: options.retention,
+        resyncing: HashMap::new(),
         report: total,
     };
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
@@ -561,7 +574,7 @@ async fn run_once(
             progress.tick(&batch);
             if options.shutdown.is_requested() {
                 tracing::info!("stopping during the initial load: nothing of it is committed");
-                return Ok(());
+                return Ok(StreamEnd::Done);
             }
             pipeline.take_load(tx, &batch).await?;
             let m = metrics();
@@ -609,11 +622,11 @@ async fn run_once(
         stream.confirm(point).await?;
         pipeline.report.confirmed = point;
     }
-    pipeline.stream(&mut stream, options).await?;
+    let end = pipeline.stream(&mut stream, options).await?;
     // Keepalives may have moved the slot past the last batch while idle.
     pipeline.report.confirmed = stream.confirmed();
     stream.stop().await?;
-    Ok(())
+    Ok(end)
 }
 
 /// Bronze and silver of `table`, named as `names` (from [`names`]) says.
@@ -633,6 +646,38 @@ pub(crate) fn idents(
 }
 
 impl TableSink {
+    /// Commits a resync's load at `position` ([`resync`]): silver first,
+    /// every row it held deleted in the same snapshot; then bronze, the
+    /// reload's reads with bronze's own position kept, so the changes
+    /// before `position` still reach it, recording request `id`; then the
+    /// request done. True when silver was compacted after.
+    async fn commit_resync(
+        &mut self,
+        lake: &Lake,
+        position: Position,
+        id: &str,
+        compact_after_files: usize,
+    ) -> Result<bool> {
+        let (Some(silver), Some(kept)) = (&mut self.silver, self.bronze_at) else {
+            return Err(Error::new(
+                ErrorKind::Lake,
+                "a resync needs a loaded bronze and a silver table",
+            )
+            .with_context("table", self.bronze.ident()));
+        };
+        silver.commit(lake, position).await?;
+        self.silver_at = Some(position);
+        self.silver_dirty = false;
+        failpoint::hit("between-resync-silver-and-bronze");
+        self.bronze
+            .commit_recording(lake, kept, (resync::RESYNCED, id))
+            .await?;
+        self.bronze_dirty = false;
+        resync::mark_done(lake, self.bronze.ident(), id).await?;
+        tracing::info!(table = %silver.ident(), request = %id, lsn = %position.commit_lsn, "resynced");
+        Ok(silver.compact(lake, compact_after_files).await?.is_some())
+    }
+
     /// Loads silver from bronze's initial load at `at`, all bronze holds:
     /// what a crash between the two load commits leaves to do. Loaded from
     /// a newer snapshot instead, silver would hold the changes in between
@@ -755,11 +800,16 @@ pub(crate) fn names(
 }
 
 impl Pipeline<'_> {
-    async fn stream(&mut self, stream: &mut ChangeStream, options: &RunOptions) -> Result<()> {
+    async fn stream(
+        &mut self,
+        stream: &mut ChangeStream,
+        options: &RunOptions,
+    ) -> Result<StreamEnd> {
         let mut policy = FlushPolicy::new(options, Instant::now());
         // Whether a full compaction found nothing left to do since the
         // last change.
         let mut settled = false;
+        let mut resync_checked = Instant::now();
         loop {
             let next = stream
                 .next_before(Some(policy.deadline(Instant::now())))
@@ -809,20 +859,46 @@ impl Pipeline<'_> {
                     self.flush_and_confirm(stream).await?;
                     policy.flushed();
                 }
-                Step::Exit => return Ok(()),
+                Step::Exit => return Ok(StreamEnd::Done),
                 Step::FlushAndExit => {
                     self.flush_and_confirm(stream).await?;
-                    return Ok(());
+                    return Ok(StreamEnd::Done);
                 }
                 Step::Abandon => {
                     tracing::info!(
                         changes = self.batch_changes,
                         "stopping inside a transaction: the open batch is not committed and will be streamed again"
                     );
-                    return Ok(());
+                    return Ok(StreamEnd::Done);
+                }
+            }
+            // Between transactions, with nothing staged: where a resync
+            // may end the stream.
+            if self.batch_end.is_none()
+                && self.batch_changes == 0
+                && resync_checked.elapsed() >= resync::POLL
+            {
+                resync_checked = Instant::now();
+                if self.resync_requested().await? {
+                    return Ok(StreamEnd::Resync);
                 }
             }
         }
+    }
+
+    /// Whether a table's bronze holds a resync request not done yet.
+    async fn resync_requested(&self) -> Result<bool> {
+        for (table, sink) in &self.sinks {
+            if sink.silver.is_none() {
+                continue;
+            }
+            let bronze = self.lake.catalog_table(sink.bronze.ident()).await?;
+            if let Some(id) = resync::pending(&bronze) {
+                tracing::info!(%table, request = %id, "resync requested: committing, then starting over to reload the table");
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// One round of full compaction of each table, as `wal2iceberg
@@ -934,7 +1010,7 @@ impl Pipeline<'_> {
             .get_mut(&relation.name)
             .expect("ensure_sink just ran");
         sink.follow(&self.lake, relation).await?;
-        let to_bronze = sink.bronze_at.is_none();
+        let to_bronze = sink.bronze_at.is_none() || sink.resync.is_some();
         let to_silver = sink.silver.is_some() && sink.silver_at.is_none();
         if !to_bronze && !to_silver {
             return Ok(());
@@ -971,17 +1047,27 @@ impl Pipeline<'_> {
 
     /// The tables whose bronze holds its initial load, and silver too, or
     /// can take it from bronze ([`TableSink::load_silver_from_bronze`]), or
-    /// has none (a table without a key).
-    async fn loaded_tables(&self, tables: &[TableName]) -> Result<Vec<TableName>> {
+    /// has none (a table without a key). A table with a resync pending
+    /// counts as not loaded, and is noted in `resyncing` for its load; one
+    /// whose resync's bronze commit landed is recorded done.
+    async fn loaded_tables(&mut self, tables: &[TableName]) -> Result<Vec<TableName>> {
         let mut loaded = Vec::new();
         for table in tables {
-            let (bronze, silver) = self.idents(table);
-            let Some(bronze) = self.lake.table_if_exists(&bronze).await? else {
+            let (bronze_ident, silver) = self.idents(table);
+            let Some(bronze) = self.lake.table_if_exists(&bronze_ident).await? else {
                 continue;
             };
             let Some(at) = Position::of(&bronze)? else {
                 continue;
             };
+            if let Some(id) = resync::pending(&bronze).filter(|_| !history_only(&bronze)) {
+                if !resync::committed(&bronze, &id) {
+                    tracing::info!(%table, request = %id, "resyncing: silver is loaded again from a new snapshot");
+                    self.resyncing.insert(table.clone(), id);
+                    continue;
+                }
+                resync::mark_done(&self.lake, &bronze_ident, &id).await?;
+            }
             let silver_at = match self.lake.table_if_exists(&silver).await? {
                 Some(t) => Position::of(&t)?,
                 None => None,
@@ -1025,10 +1111,15 @@ impl Pipeline<'_> {
         };
         // The source may have changed while wal2iceberg was stopped.
         evolve::follow(&self.lake, &bronze_table, silver_table.as_ref(), relation).await?;
-        let silver = match &silver_table {
+        let mut silver = match &silver_table {
             Some(_) => Some(SilverTable::open(&self.lake, silver_ident, relation).await?),
             None => None,
         };
+        // A resync's load replaces every row silver holds.
+        let resync = self.resyncing.get(&relation.name).cloned();
+        if let Some(silver) = silver.as_mut().filter(|_| resync.is_some()) {
+            silver.delete_all()?;
+        }
         let bronze_at = Position::of(&bronze_table)?;
         if let Some(at) = bronze_at {
             metrics()
@@ -1039,12 +1130,16 @@ impl Pipeline<'_> {
             relation: None,
             bronze: BronzeTable::new(bronze),
             bronze_at,
-            silver_at: silver_table
-                .as_ref()
-                .map(Position::of)
-                .transpose()?
-                .flatten(),
+            silver_at: match resync {
+                Some(_) => None,
+                None => silver_table
+                    .as_ref()
+                    .map(Position::of)
+                    .transpose()?
+                    .flatten(),
+            },
             silver,
+            resync,
             gap: Gap::default(),
             bronze_dirty: false,
             silver_dirty: false,
@@ -1069,6 +1164,15 @@ impl Pipeline<'_> {
         let m = metrics();
         for (table, sink) in &mut self.sinks {
             let mut compacted = false;
+            if let Some(id) = sink.resync.take() {
+                compacted |= sink
+                    .commit_resync(&self.lake, position, &id, self.compact_after_files)
+                    .await?;
+                sink.commits_since_expiry += 1;
+                sink.housekeeping(&self.lake, table, compacted, self.retention)
+                    .await;
+                continue;
+            }
             if sink.bronze_dirty || sink.bronze_at.is_none() {
                 sink.bronze.commit(&self.lake, position).await?;
                 sink.bronze_at = Some(position);

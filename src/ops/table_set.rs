@@ -28,6 +28,28 @@ pub fn source_properties(table: &TableName, slot: &str) -> [(&'static str, Strin
     ]
 }
 
+/// The Iceberg name of `table` in `namespace`: that of the bronze table
+/// recording it as its source, or its default name.
+pub async fn recorded_name(
+    lake: &Lake,
+    namespace: &NamespaceIdent,
+    table: &TableName,
+) -> Result<String> {
+    if lake.has_namespace(namespace).await? {
+        let wanted = table.to_string();
+        for ident in lake.tables(namespace.first().map(String::as_str)).await? {
+            let Some(name) = ident.name().strip_suffix("_changes") else {
+                continue;
+            };
+            let bronze = lake.catalog_table(&ident).await?;
+            if bronze.metadata().properties().get(SOURCE_TABLE) == Some(&wanted) {
+                return Ok(name.to_owned());
+            }
+        }
+    }
+    Ok(iceberg_name(table))
+}
+
 /// Records `table` and `slot` on `bronze` if it does not say them yet (a
 /// table made before they were recorded).
 pub async fn record_source(

@@ -188,6 +188,9 @@ pub struct Oracle {
     commits: Arc<AtomicU64>,
     /// Values that replace those of [`Self::run_args`], by flag.
     settings: Vec<(&'static str, String)>,
+    /// Whether a resync reloaded the table: bronze then also holds the
+    /// reload's reads, which the audit knows nothing of.
+    pub reloaded: bool,
 }
 
 impl Oracle {
@@ -231,6 +234,7 @@ impl Oracle {
             seed: 42,
             commits: Arc::new(AtomicU64::new(0)),
             settings: Vec::new(),
+            reloaded: false,
         }
     }
 
@@ -470,6 +474,19 @@ impl Oracle {
             load.len() as u64 == self.initial_rows && load.iter().all(|r| r["_cdc_op"] == "r"),
             "the initial load, once"
         );
+        // A resync's reads, all at its snapshot's position, once.
+        let (reads, changes): (Vec<&Value>, Vec<&Value>) = changes
+            .iter()
+            .partition(|r| self.reloaded && r["_cdc_op"] == "r");
+        if self.reloaded {
+            assert!(!reads.is_empty(), "the resync's reads");
+            assert!(
+                reads
+                    .iter()
+                    .all(|r| r["_cdc_commit_lsn"] == reads[0]["_cdc_commit_lsn"]),
+                "one reload"
+            );
+        }
         let first_difference = changes
             .iter()
             .zip(&audit)
