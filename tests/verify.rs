@@ -136,6 +136,11 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
 async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_loses_nothing() {
     let mut oracle = Oracle::new(500).await;
     oracle.set("--snapshot-retention", "1h");
+    oracle
+        .db
+        .exec("CREATE TABLE other(id int PRIMARY KEY, v int); INSERT INTO other VALUES (1, 1);")
+        .await;
+    oracle.set("--tables", "public.accounts,public.other");
     oracle.drain().await;
     // Silver wrong behind the tool's back: one row gone, one changed.
     tamper(&oracle, &["delete", "7"]).await;
@@ -164,12 +169,42 @@ async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_
         String::from_utf8_lossy(&out.stdout).contains("public.accounts resynced"),
         "{out:?}"
     );
+    // drop-table beside it is refused: the run would apply the table again.
+    let mut drop_other = vec![
+        "drop-table".to_owned(),
+        "--table".to_owned(),
+        "public.other".to_owned(),
+        "--yes".to_owned(),
+    ];
+    drop_other.extend(oracle.place_args());
+    let out = cli(&drop_other).await;
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lock"),
+        "{out:?}"
+    );
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(run.try_wait().unwrap().is_none(), "the run went on");
     run.kill().await.unwrap();
     oracle.reloaded = true;
     let (changes, _) = oracle.finish().await;
     assert!(changes > 0);
+
+    // Stopped, drop-table takes `other` out with its files; the rest stays
+    // verified.
+    let out = cli(&drop_other).await;
+    assert_success(&out);
+    let other = oracle.lake.path().join(format!("warehouse/{NAMESPACE}"));
+    let left: Vec<String> = std::fs::read_dir(&other)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("other"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "files of the dropped table remain: {left:?}"
+    );
+    oracle.set("--tables", "public.accounts");
     let (code, report, stderr) = verify(&oracle).await;
     assert_eq!(code, 0, "{report}{stderr}");
 

@@ -46,7 +46,7 @@ use crate::metrics::{metrics, now_micros};
 use crate::ops::{resync, table_set};
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::pg::source::{self, SourceClient, TableName};
 
 /// Flush a batch at least this often while changes arrive.
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -475,9 +475,15 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     let mut streamed = false;
     loop {
         let mut started = false;
+        if streamed {
+            wait_for_slot_release(config, &options.capture.slot).await;
+        }
         match run_once(config, options, &mut started, &mut total).await {
             Ok(StreamEnd::Done) => return Ok(total),
-            Ok(StreamEnd::Resync) => backoff = Duration::from_millis(250),
+            Ok(StreamEnd::Resync) => {
+                streamed = true;
+                backoff = Duration::from_millis(250);
+            }
             Err(err) if err.is_retryable() && (started || streamed) => {
                 if options.shutdown.is_requested() {
                     return Ok(total);
@@ -492,6 +498,39 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             }
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// How long a restart waits for the server to let go of the slot.
+const SLOT_RELEASE_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits, up to [`SLOT_RELEASE_WAIT`], until no process holds `slot`: the
+/// walsender of this process's last replication connection outlives it
+/// for a moment (until `wal_sender_timeout` when the connection was cut),
+/// and the next start's preflight would find the slot in use. Errors are
+/// left to that preflight.
+async fn wait_for_slot_release(config: &PgConfig, slot: &str) {
+    let Ok(client) = SourceClient::connect(config).await else {
+        return;
+    };
+    let give_up = Instant::now() + SLOT_RELEASE_WAIT;
+    let mut told = false;
+    while let Ok(Some(info)) = source::slot_info(&client, slot).await {
+        let Some(pid) = info.active_pid else {
+            return;
+        };
+        if Instant::now() >= give_up {
+            return;
+        }
+        if !told {
+            tracing::info!(
+                slot,
+                pid,
+                "waiting for the server to release the slot the last connection held"
+            );
+            told = true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
