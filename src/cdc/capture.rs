@@ -271,7 +271,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             tracing::info!(
                 tables = ?names,
                 consistent_point = %load.consistent_point(),
-                "loading tables the lake lacks from a temporary slot's snapshot"
+                "loading tables the lake lacks, or is told to resync, from a temporary slot's snapshot"
             );
             Some(load)
         };

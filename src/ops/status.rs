@@ -178,7 +178,8 @@ async fn seconds_behind(
             .map(|row| row.map_or(0.0, |r| r.get(0)))
     } else {
         peek_oldest_pending(client, &slot.slot_name, publication).await
-    };
+    }
+    .map_err(|e| postgres(e, "cannot read the slot's oldest pending transaction"));
     match measured {
         Ok(seconds) => Some(seconds.max(0.0)),
         Err(e) => {
