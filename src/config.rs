@@ -13,7 +13,7 @@ use serde::Deserialize;
 
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::catalog::LakeLocation;
+use crate::lake::catalog::{LakeLocation, namespace};
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
 use crate::ops::run::DEFAULT_LOAD_CONNECTIONS;
@@ -154,6 +154,11 @@ impl Settings {
             merged.over(layer, &origin, &names);
         }
         merged.check()
+    }
+
+    /// The lake namespace: `namespace`, or the source database's name.
+    pub fn lake_namespace(&self) -> iceberg::NamespaceIdent {
+        namespace(self.namespace.as_deref().unwrap_or(&self.source.dbname))
     }
 
     /// What the capture needs.

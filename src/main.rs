@@ -8,7 +8,7 @@ use iceberg::TableIdent;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
 use wal2iceberg::error::OutputClosed;
-use wal2iceberg::lake::catalog::{Lake, LakeLocation, namespace};
+use wal2iceberg::lake::catalog::{Lake, LakeLocation};
 use wal2iceberg::lake::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
@@ -737,7 +737,7 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
             ),
         ));
     }
-    let lake_namespace = namespace(settings.namespace.as_deref().unwrap_or(&config.dbname));
+    let lake_namespace = settings.lake_namespace();
     let options = wal2iceberg::ops::teardown::TeardownOptions {
         slot: slot.clone(),
         publication: publication.clone(),
@@ -787,12 +787,7 @@ async fn resync(settings: Settings, table: &str, wait: Option<&str>) -> Result<E
     let table = wal2iceberg::pg::source::TableName::parse(table)?;
     let options = ResyncOptions {
         name: settings.table_names.get(&table).cloned(),
-        namespace: namespace(
-            settings
-                .namespace
-                .as_deref()
-                .unwrap_or(&settings.source.dbname),
-        ),
+        namespace: settings.lake_namespace(),
         lake: settings.lake.clone(),
         wait,
         table,
@@ -826,12 +821,7 @@ async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCo
     }
     let options = DropTableOptions {
         name: settings.table_names.get(&table).cloned(),
-        namespace: namespace(
-            settings
-                .namespace
-                .as_deref()
-                .unwrap_or(&settings.source.dbname),
-        ),
+        namespace: settings.lake_namespace(),
         lake: settings.lake.clone(),
         publication: settings.publication.clone(),
         table,

@@ -782,12 +782,7 @@ async fn seconds_behind_is_the_age_of_the_oldest_commit_not_in_the_lake_stopped_
 #[tokio::test]
 async fn resync_while_stopped_keeps_bronzes_history_and_a_crash_inside_it_does_it_once() {
     let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE docs(id int PRIMARY KEY, n int NOT NULL, body text);
-         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
-         INSERT INTO docs SELECT i, 0, repeat(md5(i::text), 200) FROM generate_series(1, 3) i;",
-    )
-    .await;
+    db.exec(TOASTED_DOCS).await;
     let url = db.config_url();
     let lake = tempfile::tempdir().unwrap();
     let lake_path = lake.path().display().to_string();

@@ -136,11 +136,7 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
 async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_loses_nothing() {
     let mut oracle = Oracle::new(500).await;
     oracle.set("--snapshot-retention", "1h");
-    oracle
-        .db
-        .exec("CREATE TABLE other(id int PRIMARY KEY, v int); INSERT INTO other VALUES (1, 1);")
-        .await;
-    oracle.set("--tables", "public.accounts,public.other");
+    oracle.add_other_table().await;
     oracle.drain().await;
     // Silver wrong behind the tool's back: one row gone, one changed.
     tamper(&oracle, &["delete", "7"]).await;

@@ -104,6 +104,13 @@ fn start_server() -> wal2iceberg::Result<Server> {
     Ok(Server { pg, ca_file })
 }
 
+/// `docs`, three rows whose `body` is stored out of line (TOAST), for
+/// updates that leave it unchanged.
+pub const TOASTED_DOCS: &str = "
+    CREATE TABLE docs(id int PRIMARY KEY, n int NOT NULL, body text);
+    ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
+    INSERT INTO docs SELECT i, 0, repeat(md5(i::text), 200) FROM generate_series(1, 3) i;";
+
 /// The seed's Step 6, one statement per transaction as psql runs them:
 /// two updates of Ada, the delete of Linus, the insert of Barbara.
 pub const SEED_CHANGES: [&str; 4] = [

@@ -291,6 +291,15 @@ impl Oracle {
         .to_vec()
     }
 
+    /// A second table, `other` with one row, that runs from now on capture
+    /// beside `accounts`.
+    pub async fn add_other_table(&mut self) {
+        self.db
+            .exec("CREATE TABLE other(id int PRIMARY KEY, v int); INSERT INTO other VALUES (1, 1);")
+            .await;
+        self.set("--tables", "public.accounts,public.other");
+    }
+
     /// Runs from now on use `value` for `flag`, one of [`Self::run_args`].
     pub fn set(&mut self, flag: &'static str, value: &str) {
         self.settings.retain(|(f, _)| *f != flag);
