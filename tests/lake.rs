@@ -228,6 +228,7 @@ mod row_delta {
             pg_type,
             is_identity_key: is_primary_key,
             is_primary_key,
+            has_default: false,
         };
         RelationInfo {
             oid: 1,

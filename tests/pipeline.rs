@@ -315,12 +315,7 @@ async fn tables_the_lake_lacks_are_loaded_from_a_new_snapshot_while_the_others_s
 async fn changes_bronze_takes_alone_after_silver_was_lost_fill_unchanged_toast_values_from_history()
 {
     let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE docs(id int PRIMARY KEY, n int NOT NULL, body text);
-         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
-         INSERT INTO docs SELECT i, 0, repeat(md5(i::text), 200) FROM generate_series(1, 3) i;",
-    )
-    .await;
+    db.exec(TOASTED_DOCS).await;
     let dir = tempfile::tempdir().unwrap();
     let opts = options_for(&db, &["docs"], &unique("gap"), dir.path());
     run(&db.config, &opts).await.unwrap();
@@ -906,11 +901,7 @@ async fn a_table_without_a_primary_key_under_full_identity_keeps_its_whole_histo
 #[tokio::test]
 async fn a_run_that_leaves_out_a_table_the_lake_holds_applies_it_anyway_and_loses_nothing() {
     let mut oracle = crate::support::oracle::Oracle::new(300).await;
-    oracle
-        .db
-        .exec("CREATE TABLE other(id int PRIMARY KEY, v int); INSERT INTO other VALUES (1, 1);")
-        .await;
-    oracle.set("--tables", "public.accounts,public.other");
+    oracle.add_other_table().await;
     oracle.drain().await;
 
     // Runs naming only `other` while the workload changes `accounts`: one
@@ -936,4 +927,64 @@ async fn a_run_that_leaves_out_a_table_the_lake_holds_applies_it_anyway_and_lose
     let (changes, _) = oracle.finish().await;
     assert!(changes > 50, "{changes} changes");
     assert_reconciled(&oracle.db, "other", oracle.lake.path(), "shop.other").await;
+}
+
+#[tokio::test]
+async fn a_column_added_with_a_default_reaches_the_rows_before_it_in_silver_by_a_resync() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, plan text);
+         INSERT INTO customers SELECT i, 'free' FROM generate_series(1, 3) i;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("default");
+    let opts = options_for(&db, &["customers"], &slot, dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    // While stopped: a constant default (the rows before read it without a
+    // rewrite), one row changed, and a volatile default (a rewrite).
+    db.exec(
+        "ALTER TABLE customers ADD COLUMN flag int NOT NULL DEFAULT 5;
+         UPDATE customers SET flag = 7 WHERE id = 1;
+         ALTER TABLE customers ADD COLUMN seen timestamptz DEFAULT clock_timestamp();",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+    // Bronze keeps what the stream said: the update, then the reload.
+    assert_eq!(
+        bronze_ops(dir.path(), "shop.customers_changes").await,
+        "rrrurrr"
+    );
+
+    // While a run streams.
+    let mut streaming = options_for(&db, &["customers"], &slot, dir.path());
+    streaming.exit_when_idle = None;
+    let shutdown = streaming.shutdown.clone();
+    let config = db.config.clone();
+    let pipeline = tokio::spawn(async move { run(&config, &streaming).await });
+    db.wait_until_active(&slot).await;
+    db.exec("ALTER TABLE customers ADD COLUMN note text DEFAULT 'none'; INSERT INTO customers VALUES (4, 'pro', 1);")
+        .await;
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    let target = db.wal_insert_lsn().await;
+    loop {
+        let bronze = pyiceberg(dir.path(), "shop.customers_changes", "summary").await;
+        let done = db
+            .confirmed_flush(&slot)
+            .await
+            .is_some_and(|at| at >= target)
+            && bronze_ops(dir.path(), "shop.customers_changes")
+                .await
+                .ends_with("rrrr");
+        if done {
+            break;
+        }
+        assert!(std::time::Instant::now() < give_up, "no resync: {bronze}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    shutdown.request();
+    pipeline.await.unwrap().unwrap();
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
 }

@@ -28,6 +28,9 @@ pub struct ColumnInfo {
     /// Part of the replica identity: sent in a key-only before image.
     pub is_identity_key: bool,
     pub is_primary_key: bool,
+    /// A default, or a value the rows before the column read
+    /// ([`crate::pg::source::CatalogColumn::has_default`]).
+    pub has_default: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -55,6 +58,7 @@ impl RelationInfo {
         rel: pgoutput::Relation,
         primary_key: &[String],
         types: Vec<PgType>,
+        defaulted: &[String],
     ) -> RelationInfo {
         let columns = rel
             .columns
@@ -63,6 +67,7 @@ impl RelationInfo {
             .map(|(c, pg_type)| ColumnInfo {
                 pg_type,
                 is_primary_key: primary_key.contains(&c.name),
+                has_default: defaulted.contains(&c.name),
                 name: c.name,
                 type_oid: c.type_oid,
                 type_modifier: c.type_modifier,
@@ -266,16 +271,24 @@ impl Catalog {
     /// The relation a pgoutput Relation message describes.
     pub async fn relation_from_message(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
         let primary_key = source::primary_key(&self.client, rel.oid).await?;
-        let dimensions = source::array_dimensions(&self.client, rel.oid).await?;
+        let facts = source::column_facts(&self.client, rel.oid).await?;
+        let of = |name: &str| facts.iter().find(|f| f.name == name);
         let mut types = Vec::with_capacity(rel.columns.len());
         for c in &rel.columns {
-            let declared = dimensions
-                .iter()
-                .find(|(name, _)| name == &c.name)
-                .map_or(1, |(_, d)| *d);
+            let declared = of(&c.name).map_or(1, |f| f.dimensions);
             types.push(self.column_type(c.type_oid, declared).await?);
         }
-        Ok(RelationInfo::from_message(rel, &primary_key, types))
+        let defaulted: Vec<String> = facts
+            .iter()
+            .filter(|f| f.has_default)
+            .map(|f| f.name.clone())
+            .collect();
+        Ok(RelationInfo::from_message(
+            rel,
+            &primary_key,
+            types,
+            &defaulted,
+        ))
     }
 
     /// The relation as the catalog describes it now (for the initial load).
@@ -289,6 +302,7 @@ impl Catalog {
                 pg_type: self.column_type(c.type_oid, c.dimensions).await?,
                 is_identity_key: c.is_identity_key,
                 is_primary_key: c.is_primary_key,
+                has_default: c.has_default,
             });
         }
         Ok(RelationInfo {
@@ -351,7 +365,7 @@ impl Describe for MessageOnly {
             .iter()
             .map(|c| PgType::builtin(c.type_oid).unwrap_or(PgType::Unknown))
             .collect();
-        Ok(RelationInfo::from_message(rel, &primary_key, types))
+        Ok(RelationInfo::from_message(rel, &primary_key, types, &[]))
     }
 
     async fn describe_table(&mut self, _table: &TableName) -> Result<Option<RelationInfo>> {
@@ -411,6 +425,7 @@ pub(crate) mod fixtures {
             pg_type,
             is_identity_key: is_primary_key,
             is_primary_key,
+            has_default: false,
         }
     }
 

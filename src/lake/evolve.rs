@@ -22,14 +22,23 @@ use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 
+/// What [`follow`] changed.
+#[derive(Debug, Default)]
+pub struct Followed {
+    /// A schema changed.
+    pub changed: bool,
+    /// The columns added to silver.
+    pub added_to_silver: Vec<String>,
+}
+
 /// Brings a source table's bronze and silver tables (none for a table
-/// without a key) to the relation's columns. True when a schema changed.
+/// without a key) to the relation's columns.
 pub async fn follow(
     lake: &Lake,
     bronze: &Table,
     silver: Option<&Table>,
     relation: &RelationInfo,
-) -> Result<bool> {
+) -> Result<Followed> {
     if let Some(silver) = silver {
         check_key(silver.metadata().current_schema(), relation)?;
     }
@@ -37,7 +46,7 @@ pub async fn follow(
     if let Some(silver) = silver {
         tables.push((add_verbatim(lake, silver).await?, None));
     }
-    let mut changed = false;
+    let mut followed = Followed::default();
     for (table, nested_in) in &tables {
         let columns = missing_columns(table.metadata().current_schema(), relation)?;
         if !columns.is_empty() {
@@ -48,10 +57,13 @@ pub async fn follow(
             );
             add_columns(lake, table, &columns, *nested_in).await?;
             failpoint::hit("mid-schema-change");
-            changed = true;
+            followed.changed = true;
+            if nested_in.is_none() {
+                followed.added_to_silver = columns.iter().map(|c| c.name.clone()).collect();
+            }
         }
     }
-    Ok(changed)
+    Ok(followed)
 }
 
 /// The relation's columns `schema` lacks, in column order; an error for a

@@ -69,6 +69,13 @@ pub fn committed(bronze: &Table, id: &str) -> bool {
     false
 }
 
+/// Records a new request on the bronze table `ident`; its id.
+pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
+    let id = uuid::Uuid::new_v4().to_string();
+    set_property(lake, ident, REQUESTED, &id).await?;
+    Ok(id)
+}
+
 /// Records request `id` done on the bronze table `ident`.
 pub async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
     set_property(lake, ident, DONE, id).await
@@ -142,8 +149,7 @@ pub async fn request(options: &ResyncOptions) -> Result<Resync> {
     if Position::of(&bronze)?.is_none() {
         return Err(refused("its initial load has not landed yet"));
     }
-    let id = uuid::Uuid::new_v4().to_string();
-    set_property(&lake, &ident, REQUESTED, &id).await?;
+    let id = request_on(&lake, &ident).await?;
     let Some(wait) = options.wait else {
         return Ok(Resync::Requested { id, bronze: ident });
     };

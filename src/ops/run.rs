@@ -166,13 +166,15 @@ struct TableSink {
 
 impl TableSink {
     /// Takes up a schema change of the source table (docs/tables.md).
-    async fn follow(&mut self, lake: &Lake, relation: &Arc<RelationInfo>) -> Result<()> {
+    /// Brings the tables to `relation`'s columns; true when that asked
+    /// for a resync ([`resync_for_defaults`]).
+    async fn follow(&mut self, lake: &Lake, relation: &Arc<RelationInfo>) -> Result<bool> {
         if self
             .relation
             .as_ref()
             .is_some_and(|r| Arc::ptr_eq(r, relation) || r.columns == relation.columns)
         {
-            return Ok(());
+            return Ok(false);
         }
         if let Some(previous) = &self.relation {
             evolve::check_rename(previous, relation)?;
@@ -182,13 +184,15 @@ impl TableSink {
             Some(silver) => Some(lake.catalog_table(silver.ident()).await?),
             None => None,
         };
-        if evolve::follow(lake, &bronze, silver.as_ref(), relation).await?
+        let followed = evolve::follow(lake, &bronze, silver.as_ref(), relation).await?;
+        if followed.changed
             && let Some(silver) = &mut self.silver
         {
             silver.refresh_schema(lake).await?;
         }
+        let asked = resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?;
         self.relation = Some(relation.clone());
-        Ok(())
+        Ok(asked)
     }
 
     /// Whether every table of the sink holds its initial load.
@@ -202,6 +206,32 @@ impl TableSink {
             .chain(self.silver.as_ref().map(SilverTable::ident))
             .collect()
     }
+}
+
+/// Requests a resync of a table whose silver just gained a column with a
+/// default: the rows no change touched hold that default at the source,
+/// and read null in silver until it is loaded again (docs/tables.md,
+/// Schema changes).
+async fn resync_for_defaults(
+    lake: &Lake,
+    bronze: &TableIdent,
+    relation: &RelationInfo,
+    followed: &evolve::Followed,
+) -> Result<bool> {
+    let defaulted: Vec<&str> = relation
+        .columns
+        .iter()
+        .filter(|c| c.has_default && followed.added_to_silver.contains(&c.name))
+        .map(|c| c.name.as_str())
+        .collect();
+    if !defaulted.is_empty() {
+        let id = resync::request_on(lake, bronze).await?;
+        tracing::info!(
+            table = %relation.name, columns = ?defaulted, request = %id,
+            "new columns with a default: silver is reloaded (resync) so that the rows before them hold it"
+        );
+    }
+    Ok(!defaulted.is_empty())
 }
 
 /// Whether a table holding `held` still needs a streamed `change`: one not
@@ -450,6 +480,9 @@ struct Pipeline<'r> {
     retention: Retention,
     /// The tables this start resyncs ([`resync`]), by request.
     resyncing: HashMap<TableName, String>,
+    /// Whether this run asked for a resync itself (a new column with a
+    /// default), to be done at the next transaction boundary.
+    resync_asked: bool,
     /// What all runs of this process did so far.
     report: &'r mut RunReport,
 }
@@ -480,6 +513,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         }
         match run_once(config, options, &mut started, &mut total).await {
             Ok(StreamEnd::Done) => return Ok(total),
+            Ok(StreamEnd::Resync) if options.shutdown.is_requested() => return Ok(total),
             Ok(StreamEnd::Resync) => {
                 streamed = true;
                 backoff = Duration::from_millis(250);
@@ -493,6 +527,18 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                 }
                 streamed = true;
                 tracing::warn!(error = %err, retry_in = ?backoff, "the connection was lost; reconnecting");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            // A TRUNCATE or rewrite of a table between a load's snapshot
+            // and its lock: nothing of that load was committed, and the
+            // next start loads it from a new snapshot.
+            Err(err) if err.kind() == ErrorKind::Concurrent => {
+                if options.shutdown.is_requested() {
+                    return Ok(total);
+                }
+                streamed |= started;
+                tracing::warn!(error = %err, retry_in = ?backoff, "a table changed under the load's snapshot; loading it again");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
@@ -593,6 +639,7 @@ async fn run_once(
         compact_after_files: options.compact_after_files,
         retention: options.retention,
         resyncing: HashMap::new(),
+        resync_asked: false,
         report: total,
     };
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
@@ -898,10 +945,10 @@ impl Pipeline<'_> {
                     self.flush_and_confirm(stream).await?;
                     policy.flushed();
                 }
-                Step::Exit => return Ok(StreamEnd::Done),
+                Step::Exit => return self.end(),
                 Step::FlushAndExit => {
                     self.flush_and_confirm(stream).await?;
-                    return Ok(StreamEnd::Done);
+                    return self.end();
                 }
                 Step::Abandon => {
                     tracing::info!(
@@ -913,16 +960,28 @@ impl Pipeline<'_> {
             }
             // Between transactions, with nothing staged: where a resync
             // may end the stream.
-            if self.batch_end.is_none()
-                && self.batch_changes == 0
-                && resync_checked.elapsed() >= resync::POLL
-            {
-                resync_checked = Instant::now();
-                if self.resync_requested().await? {
+            if self.batch_end.is_none() && self.batch_changes == 0 {
+                if self.resync_asked {
                     return Ok(StreamEnd::Resync);
+                }
+                if resync_checked.elapsed() >= resync::POLL {
+                    resync_checked = Instant::now();
+                    if self.resync_requested().await? {
+                        return Ok(StreamEnd::Resync);
+                    }
                 }
             }
         }
+    }
+
+    /// How a stream that ends for good ends: a resync this run asked for
+    /// comes first.
+    fn end(&self) -> Result<StreamEnd> {
+        Ok(if self.resync_asked {
+            StreamEnd::Resync
+        } else {
+            StreamEnd::Done
+        })
     }
 
     /// Whether a table's bronze holds a resync request not done yet.
@@ -979,7 +1038,7 @@ impl Pipeline<'_> {
                     .sinks
                     .get_mut(&change.relation.name)
                     .expect("ensure_sink just ran");
-                sink.follow(&self.lake, &change.relation).await?;
+                self.resync_asked |= sink.follow(&self.lake, &change.relation).await?;
                 let to_bronze = wants(sink.bronze_at, &change);
                 let to_silver = sink.silver.is_some() && wants(sink.silver_at, &change);
                 match &mut sink.silver {
@@ -1048,7 +1107,7 @@ impl Pipeline<'_> {
             .sinks
             .get_mut(&relation.name)
             .expect("ensure_sink just ran");
-        sink.follow(&self.lake, relation).await?;
+        self.resync_asked |= sink.follow(&self.lake, relation).await?;
         let to_bronze = sink.bronze_at.is_none() || sink.resync.is_some();
         let to_silver = sink.silver.is_some() && sink.silver_at.is_none();
         if !to_bronze && !to_silver {
@@ -1149,7 +1208,13 @@ impl Pipeline<'_> {
             ),
         };
         // The source may have changed while wal2iceberg was stopped.
-        evolve::follow(&self.lake, &bronze_table, silver_table.as_ref(), relation).await?;
+        let followed =
+            evolve::follow(&self.lake, &bronze_table, silver_table.as_ref(), relation).await?;
+        // A table being resynced reads the new columns' values anyway.
+        if !self.resyncing.contains_key(&relation.name) {
+            self.resync_asked |=
+                resync_for_defaults(&self.lake, &bronze, relation, &followed).await?;
+        }
         let mut silver = match &silver_table {
             Some(_) => Some(SilverTable::open(&self.lake, silver_ident, relation).await?),
             None => None,

@@ -875,6 +875,10 @@ pub struct CatalogColumn {
     /// The dimensions an array column was declared with (`int[][]`: 2;
     /// `attndims`, which PostgreSQL records but does not enforce).
     pub dimensions: i32,
+    /// A default (`atthasdef`), or a value the rows before the column
+    /// existed read (`atthasmissing`): added later, the column holds
+    /// values in rows no change touched.
+    pub has_default: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -893,7 +897,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
             "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
                     COALESCE(a.attnum = ANY (pk.indkey::int2[]), false), \
                     COALESCE(a.attnum = ANY (ri.indkey::int2[]), false), c.relkind = 'p', \
-                    a.attndims::int4 \
+                    a.attndims::int4, a.atthasdef OR a.atthasmissing \
              FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
@@ -935,6 +939,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
                         _ => is_pk,
                     },
                     dimensions: r.get(8),
+                    has_default: r.get(9),
                 }
             })
             .collect(),
@@ -958,21 +963,37 @@ pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<Strin
     Ok(rows.iter().map(|r| r.get(0)).collect())
 }
 
-/// The array columns of a relation, by OID, declared with more than one
-/// dimension, and their dimensions ([`CatalogColumn::dimensions`]).
-pub async fn array_dimensions(client: &Client, relation_oid: u32) -> Result<Vec<(String, i32)>> {
+/// What the catalog knows of a column beyond what a Relation message says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ColumnFacts {
+    pub name: String,
+    /// [`CatalogColumn::dimensions`].
+    pub dimensions: i32,
+    /// [`CatalogColumn::has_default`].
+    pub has_default: bool,
+}
+
+/// The columns of a relation, by OID, with [`ColumnFacts`].
+pub async fn column_facts(client: &Client, relation_oid: u32) -> Result<Vec<ColumnFacts>> {
     let rows = client
         .query(
-            "SELECT attname::text, attndims::int4 FROM pg_attribute \
-             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attndims > 1",
+            "SELECT attname::text, attndims::int4, atthasdef OR atthasmissing FROM pg_attribute \
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
             &[&relation_oid],
         )
         .await
         .map_err(|e| {
-            postgres(e, "cannot read the columns' dimensions")
+            postgres(e, "cannot read the table's columns")
                 .with_context("relation_oid", relation_oid)
         })?;
-    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| ColumnFacts {
+            name: r.get(0),
+            dimensions: r.get(1),
+            has_default: r.get(2),
+        })
+        .collect())
 }
 
 /// What `pg_type` says about a type, enough to decode its text output.
