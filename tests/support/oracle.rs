@@ -309,15 +309,32 @@ impl Oracle {
     /// The binary with [`Self::run_args`] and `extra`; warnings and errors
     /// go to `stderr`, which the caller chooses.
     pub fn command(&self, extra: &[&str]) -> Command {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("the runs' log");
         let mut command = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"));
         command
             .args(self.run_args())
             .args(extra)
-            .env("RUST_LOG", "wal2iceberg=warn")
+            .env("RUST_LOG", "wal2iceberg=info")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(log)
             .kill_on_drop(true);
         command
+    }
+
+    /// Where the runs [`Self::command`] starts log, beside the lake.
+    fn log_path(&self) -> std::path::PathBuf {
+        self.lake.path().join("runs.log")
+    }
+
+    /// The last lines the runs logged, for a failure's message.
+    pub fn run_log(&self) -> String {
+        let text = std::fs::read_to_string(self.log_path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
     }
 
     /// Starts a run to be killed later.
