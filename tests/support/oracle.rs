@@ -505,7 +505,11 @@ impl Oracle {
             .iter()
             .partition(|r| self.reloaded && r["_cdc_op"] == "r");
         if self.reloaded {
-            assert!(!reads.is_empty(), "the resync's reads");
+            assert!(
+                !reads.is_empty(),
+                "the resync's reads; the runs logged:\n{}",
+                self.run_log()
+            );
             assert!(
                 reads
                     .iter()
