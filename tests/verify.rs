@@ -36,6 +36,13 @@ fn rows(line: &str) -> u64 {
     after.split(' ').next().unwrap().parse().unwrap()
 }
 
+/// A command with `args` at the oracle's source, slot, lake and namespace.
+async fn at_oracle(oracle: &Oracle, args: &[&str]) -> std::process::Output {
+    let mut all: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    all.extend(oracle.place_args());
+    cli(&all).await
+}
+
 async fn tamper(oracle: &Oracle, args: &[&str]) {
     let script = format!("{}/tests/support/tamper.py", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(crate::support::python())
@@ -151,29 +158,19 @@ async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_
     oracle.db.wait_until_active(&oracle.slot).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut args = vec![
-        "resync".to_owned(),
-        "--table".to_owned(),
-        "public.accounts".to_owned(),
-        "--wait".to_owned(),
-        "120s".to_owned(),
-    ];
-    args.extend(oracle.place_args());
-    let out = cli(&args).await;
+    let out = at_oracle(
+        &oracle,
+        &["resync", "--table", "public.accounts", "--wait", "120s"],
+    )
+    .await;
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("public.accounts resynced"),
         "{out:?}\nthe runs logged:\n{}",
         oracle.run_log()
     );
     // drop-table beside it is refused: the run would apply the table again.
-    let mut drop_other = vec![
-        "drop-table".to_owned(),
-        "--table".to_owned(),
-        "public.other".to_owned(),
-        "--yes".to_owned(),
-    ];
-    drop_other.extend(oracle.place_args());
-    let out = cli(&drop_other).await;
+    let drop_other = ["drop-table", "--table", "public.other", "--yes"];
+    let out = at_oracle(&oracle, &drop_other).await;
     assert_ne!(out.status.code(), Some(0), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("lock"),
@@ -188,7 +185,7 @@ async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_
 
     // Stopped, drop-table takes `other` out with its files; the rest stays
     // verified.
-    let out = cli(&drop_other).await;
+    let out = at_oracle(&oracle, &drop_other).await;
     assert_success(&out);
     let other = oracle.lake.path().join(format!("warehouse/{NAMESPACE}"));
     let left: Vec<String> = std::fs::read_dir(&other)
@@ -205,13 +202,7 @@ async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_
     assert_eq!(code, 0, "{report}{stderr}");
 
     // What cannot be resynced is refused, naming why.
-    let mut args = vec![
-        "resync".to_owned(),
-        "--table".to_owned(),
-        "public.nosuch".to_owned(),
-    ];
-    args.extend(oracle.place_args());
-    let out = cli(&args).await;
+    let out = at_oracle(&oracle, &["resync", "--table", "public.nosuch"]).await;
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("the lake does not hold it"),
