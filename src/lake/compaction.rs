@@ -1,25 +1,21 @@
 //! What both tables' compactions share: the policy's constants, the
-//! report, putting an older file's rows in the current schema, and the
-//! compaction of an append-only table (bronze): small data files merged,
-//! in commit order, into files near the target size, content unchanged.
+//! report, and the compaction of an append-only table (bronze): small
+//! data files merged, in commit order, into files near the target size,
+//! content unchanged.
 //! Silver's, which also applies deletes and moves the key index, is
 //! `silver::compaction`.
 
 use std::collections::HashSet;
 
-use std::sync::Arc;
-
-use arrow_array::cast::AsArray;
-use arrow_array::{Array, ArrayRef, RecordBatch, StructArray, new_null_array};
-use arrow_schema::{DataType, Schema as ArrowSchema};
 use iceberg::TableIdent;
 use iceberg::spec::ManifestContentType;
 use iceberg::table::Table;
 
+use super::align::align;
 use super::catalog::{Lake, iceberg_error};
 use super::row_delta::{RowDelta, commit_rewrite};
 use super::writer::{DataFileSink, Position, arrow_schema, read_parquet};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::failpoint;
 
 /// A data file smaller than this is worth merging with others.
@@ -87,53 +83,6 @@ pub fn small_files_to_merge(mut files: Vec<(String, u64)>, merge: Merge) -> Vec<
         taken.clear();
     }
     taken
-}
-
-/// `batch`, read from an older file, in `schema`: a column added since is
-/// null, a dropped one is left out, a narrower type (another writer's) is
-/// cast; the same inside struct columns (bronze's `_cdc_before` gains the
-/// source's new columns).
-pub fn align(batch: &RecordBatch, schema: &Arc<ArrowSchema>, path: &str) -> Result<RecordBatch> {
-    let bad = |e: arrow_schema::ArrowError| {
-        Error::new(ErrorKind::Lake, "cannot rewrite a data file")
-            .with_context("file", path)
-            .with_source(e)
-    };
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|field| match batch.column_by_name(field.name()) {
-            None => Ok(new_null_array(field.data_type(), batch.num_rows())),
-            Some(c) => align_array(c, field.data_type()),
-        })
-        .collect::<std::result::Result<Vec<ArrayRef>, _>>()
-        .map_err(bad)?;
-    RecordBatch::try_new(schema.clone(), columns).map_err(bad)
-}
-
-fn align_array(
-    array: &ArrayRef,
-    to: &DataType,
-) -> std::result::Result<ArrayRef, arrow_schema::ArrowError> {
-    match (array.data_type(), to) {
-        (from, to) if from == to => Ok(array.clone()),
-        (DataType::Struct(_), DataType::Struct(fields)) => {
-            let source = array.as_struct();
-            let children = fields
-                .iter()
-                .map(|f| match source.column_by_name(f.name()) {
-                    None => Ok(new_null_array(f.data_type(), array.len())),
-                    Some(c) => align_array(c, f.data_type()),
-                })
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            Ok(Arc::new(StructArray::try_new(
-                fields.clone(),
-                children,
-                source.nulls().cloned(),
-            )?))
-        }
-        _ => arrow_cast::cast(array, to),
-    }
 }
 
 /// Merges the small data files of an append-only table that
@@ -272,44 +221,6 @@ mod tests {
         let big = vec![30 << 20; 12];
         let picked = small_files_to_merge(files(&big), Merge::All);
         assert_eq!(picked.len() as u64, MAX_REWRITE_BYTES / (30 << 20));
-    }
-
-    #[test]
-    fn an_older_file_gains_the_columns_added_since_inside_structs_too() {
-        use arrow_array::{Int32Array, StringArray};
-        use arrow_schema::{Field, Fields};
-
-        let old_inner = Fields::from(vec![Field::new("plan", DataType::Utf8, true)]);
-        let new_inner = Fields::from(vec![
-            Field::new("plan", DataType::Utf8, true),
-            Field::new("rating", DataType::Int32, true),
-        ]);
-        let before: ArrayRef = Arc::new(
-            StructArray::try_new(
-                old_inner.clone(),
-                vec![Arc::new(StringArray::from(vec![Some("free"), None]))],
-                Some(vec![true, false].into()),
-            )
-            .unwrap(),
-        );
-        let old = Arc::new(ArrowSchema::new(vec![
-            Field::new("id", DataType::Int32, false),
-            Field::new("before", DataType::Struct(old_inner), true),
-        ]));
-        let batch = RecordBatch::try_new(old, vec![Arc::new(Int32Array::from(vec![1, 2])), before])
-            .unwrap();
-        let new = Arc::new(ArrowSchema::new(vec![
-            Field::new("id", DataType::Int64, false),
-            Field::new("before", DataType::Struct(new_inner), true),
-            Field::new("rating", DataType::Int32, true),
-        ]));
-        let aligned = align(&batch, &new, "f").unwrap();
-        assert_eq!(aligned.schema(), new);
-        let before = aligned.column(1).as_struct();
-        assert_eq!(before.column(0).as_string::<i32>().value(0), "free");
-        assert_eq!(before.column(1).null_count(), 2, "rating is null inside");
-        assert!(before.is_null(1), "a null before image stays null");
-        assert_eq!(aligned.column(2).null_count(), 2);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Iceberg: what the change stream becomes (`ops::run` drives it).
 //!
+//! - `align`: a file's rows in its table's current schema, by field id.
 //! - `arrow`: typed values to Arrow arrays of the mapped column types, and
 //!   back.
 //! - `bronze`: bronze rows, one per change, and the staged bronze batch.
@@ -20,6 +21,7 @@
 //! - `sorted_run`: the key index's files on local disk.
 //! - `writer`: Parquet data files and the source position of a snapshot.
 
+pub mod align;
 pub mod arrow;
 pub mod bronze;
 pub mod catalog;

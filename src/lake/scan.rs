@@ -15,8 +15,8 @@ use iceberg::table::Table;
 use arrow_array::RecordBatch;
 use arrow_schema::DataType;
 
+use super::align::align;
 use super::catalog::iceberg_error;
-use super::compaction::align;
 use super::writer::{arrow_schema, read_parquet};
 use crate::error::{Error, ErrorKind, Result};
 

@@ -31,7 +31,9 @@ use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::schema::types::SchemaDescriptor;
 
+use super::align::{align, field_id};
 use super::arrow::{
     Verbatim, arrow_value, build_array_keeping, load_source_column, verbatim_entries, with_verbatim,
 };
@@ -144,11 +146,12 @@ impl SilverTable {
         &self.ident
     }
 
-    /// Takes up the table's current schema after columns were added.
+    /// Takes up the table's current schema after it evolved.
     pub async fn refresh_schema(&mut self, lake: &Lake) -> Result<()> {
         let table = lake.catalog_table(&self.ident).await?;
         self.schema = arrow_schema(&table)?;
         self.key_fields = key_fields(&table, &self.schema)?;
+        self.cached_file = None;
         Ok(())
     }
 
@@ -213,12 +216,10 @@ impl SilverTable {
                 .with_context("file", path)
                 .with_source(e)
         })?;
-        let names: Vec<&str> = self
-            .key_fields
-            .iter()
-            .map(|&i| self.schema.field(i).name().as_str())
-            .collect();
-        let mask = ProjectionMask::columns(builder.parquet_schema(), names.iter().copied());
+        let key_schema = Arc::new(self.schema.project(&self.key_fields).map_err(|e| {
+            lake_error("cannot project the key columns", &self.ident).with_source(e)
+        })?);
+        let mask = key_projection(builder.parquet_schema(), &key_schema);
         let reader = builder.with_projection(mask).build().map_err(|e| {
             lake_error("cannot read a silver data file", &self.ident)
                 .with_context("file", path)
@@ -231,16 +232,8 @@ impl SilverTable {
                     .with_context("file", path)
                     .with_source(e)
             })?;
-            let columns: Vec<ArrayRef> = names
-                .iter()
-                .map(|n| {
-                    batch.column_by_name(n).cloned().ok_or_else(|| {
-                        lake_error("a data file lacks a key column", &self.ident)
-                            .with_context("file", path)
-                    })
-                })
-                .collect::<Result<_>>()?;
-            keys.extend(self.codec.encode_columns(&columns).map_err(|e| {
+            let batch = align(&batch, &key_schema, path)?;
+            keys.extend(self.codec.encode_columns(batch.columns()).map_err(|e| {
                 e.with_context("table", &self.ident)
                     .with_context("file", path)
             })?);
@@ -375,6 +368,7 @@ impl SilverTable {
             let table = lake.catalog_table(&self.ident).await?;
             let batches = read_parquet(&table, path, "cannot read a silver data file")
                 .await?
+                .map(|batch| align(&batch?, &self.schema, path))
                 .collect::<Result<Vec<_>>>()?;
             self.cached_file = Some((path.clone(), batches));
         }
@@ -676,6 +670,19 @@ fn key_fields(table: &Table, schema: &ArrowSchema) -> Result<Vec<usize>> {
         })?;
     fields.sort_unstable();
     Ok(fields)
+}
+
+/// The file's leaf columns that hold `keys` (top-level primitives), found
+/// as [`align`] finds them: by field id, or by name in a file without ids.
+fn key_projection(file: &SchemaDescriptor, keys: &ArrowSchema) -> ProjectionMask {
+    let leaves = file.columns().iter().enumerate().filter(|(_, column)| {
+        let info = column.self_type().get_basic_info();
+        keys.fields().iter().any(|key| match field_id(key) {
+            Some(id) if info.has_id() => info.id() == id,
+            _ => column.path().parts().first() == Some(key.name()),
+        })
+    });
+    ProjectionMask::leaves(file, leaves.map(|(i, _)| i))
 }
 
 fn missing_image(change: &Change) -> Error {

@@ -45,9 +45,9 @@ use crate::cdc::capture::read_now;
 use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
+use crate::lake::align::align;
 use crate::lake::arrow::{load_columns, verbatim_entries};
 use crate::lake::catalog::{Lake, namespace};
-use crate::lake::compaction::align;
 use crate::lake::evolve;
 use crate::lake::key::{Key, KeyCodec};
 use crate::lake::scan::scan;
@@ -350,7 +350,13 @@ impl Shape {
             )
             .with_context("table", &relation.name)
         };
-        let schema = Arc::new(ArrowSchema::new(source_arrow_fields(relation)?));
+        // Columns matched by name: the rows compared come from two tables,
+        // each with field ids of its own.
+        let fields: Vec<Field> = source_arrow_fields(relation)?
+            .iter()
+            .map(|f| f.as_ref().clone().with_metadata(Default::default()))
+            .collect();
+        let schema = Arc::new(ArrowSchema::new(fields));
         let key_columns: Vec<usize> = relation
             .columns
             .iter()

@@ -21,9 +21,10 @@ use iceberg::table::Table;
 use super::{Key, SilverTable, lake_error, planned_files, read_parquet, read_position_deletes};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
+use crate::lake::align::align;
 use crate::lake::catalog::Lake;
 use crate::lake::compaction::{
-    Compacted, MAX_REWRITE_BYTES, Merge, align, live_files_in_commit_order, small_files_to_merge,
+    Compacted, MAX_REWRITE_BYTES, Merge, live_files_in_commit_order, small_files_to_merge,
 };
 use crate::lake::row_delta::{RowDelta, commit_rewrite, write_position_deletes};
 use crate::lake::writer::{DataFileSink, Position};
@@ -274,16 +275,17 @@ impl SilverTable {
             position += batch.num_rows() as i64;
             let kept = filter_record_batch(&batch, &BooleanArray::from(keep))
                 .map_err(|e| arrow_error(e, path, &self.ident))?;
-            let columns = self
+            let kept = align(&kept, &self.schema, path)?;
+            let columns: Vec<ArrayRef> = self
                 .key_fields
                 .iter()
-                .map(|&i| column_of(&kept, self.schema.field(i).name(), path, &self.ident))
-                .collect::<Result<Vec<_>>>()?;
+                .map(|&i| kept.column(i).clone())
+                .collect();
             let keys = self.codec.encode_columns(&columns).map_err(|e| {
                 e.with_context("table", &self.ident)
                     .with_context("file", path)
             })?;
-            out.push((align(&kept, &self.schema, path)?, keys));
+            out.push((kept, keys));
         }
         Ok(out)
     }
@@ -306,17 +308,6 @@ async fn layout(table: &Table) -> Result<Layout> {
         ));
     }
     Ok(Layout { data, deletes })
-}
-
-fn column_of(
-    batch: &RecordBatch,
-    name: &str,
-    path: &str,
-    ident: &iceberg::TableIdent,
-) -> Result<ArrayRef> {
-    batch.column_by_name(name).cloned().ok_or_else(|| {
-        lake_error("a data file lacks a key column", ident).with_context("file", path)
-    })
 }
 
 fn arrow_error(e: arrow_schema::ArrowError, path: &str, ident: &iceberg::TableIdent) -> Error {
