@@ -229,6 +229,7 @@ mod row_delta {
             is_identity_key: is_primary_key,
             is_primary_key,
             has_default: false,
+            attnum: None,
         };
         RelationInfo {
             oid: 1,

@@ -18,6 +18,7 @@ mod packaging;
 mod partitions;
 mod pipeline;
 mod preflight;
+mod schema_changes;
 mod seed_walkthrough;
 mod streaming;
 mod types;

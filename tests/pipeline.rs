@@ -504,24 +504,21 @@ async fn added_and_dropped_columns_are_followed_and_other_changes_stop_clearly()
         ],
         "the dropped column keeps its history and is null from then on"
     );
-    let silver = pyiceberg(dir.path(), "shop.customers", "rows").await;
-    let old_of_1 = silver
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|r| r["id"] == json!(1))
-        .unwrap()["old"]
-        .clone();
-    assert_eq!(old_of_1, json!(null));
+    let silver = pyiceberg(dir.path(), "shop.customers", "schema").await;
+    assert!(
+        silver["ids"].get("old").is_none(),
+        "the dropped column left silver's schema: {silver}"
+    );
 
-    // A type change cannot be followed: the run stops and says what and how.
-    db.exec("ALTER TABLE customers ALTER COLUMN score TYPE numeric(9,1); UPDATE customers SET plan = 'x' WHERE id = 2;")
+    // A type change Iceberg cannot promote to is not followed yet: the
+    // run stops and says what and how.
+    db.exec("ALTER TABLE customers ALTER COLUMN score TYPE numeric(9,2); UPDATE customers SET plan = 'x' WHERE id = 2;")
         .await;
     let err = run(&db.config, &opts).await.unwrap_err().to_string();
     assert!(
         err.contains("\"score\" changed type")
             && err.contains("public.customers")
-            && err.contains("ADD COLUMN"),
+            && err.contains("drop-table"),
         "{err}"
     );
     assert_eq!(

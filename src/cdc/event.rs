@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::{Map, json};
 
-use super::relation::RelationInfo;
+use super::relation::{ColumnInfo, RelationInfo};
 use super::temporal;
 use super::value::Value;
 use crate::error::{Error, ErrorKind};
@@ -145,6 +145,19 @@ impl Change {
     /// The position of column `name` in the change's relation.
     pub fn column(&self, name: &str) -> Option<usize> {
         self.relation.columns.iter().position(|c| c.name == name)
+    }
+
+    /// The position of `column`, of a later definition of the relation,
+    /// in the change's: by attribute number where both know it, so that a
+    /// column renamed since is found.
+    pub fn column_like(&self, column: &ColumnInfo) -> Option<usize> {
+        let columns = &self.relation.columns;
+        match column.attnum {
+            Some(n) if columns.iter().all(|c| c.attnum.is_some()) => {
+                columns.iter().position(|c| c.attnum == Some(n))
+            }
+            _ => self.column(&column.name),
+        }
     }
 
     /// Replaces the after image's unchanged TOAST values with the before

@@ -17,7 +17,7 @@ use super::value::{PgType, Value, ValueError, Wire};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{self, TupleValue};
-use crate::pg::source::{self, CatalogTable, SourceClient, TableName};
+use crate::pg::source::{self, CatalogTable, ColumnFacts, SourceClient, TableName};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ColumnInfo {
@@ -31,6 +31,10 @@ pub struct ColumnInfo {
     /// A default, or a value the rows before the column read
     /// ([`crate::pg::source::CatalogColumn::has_default`]).
     pub has_default: bool,
+    /// `pg_attribute.attnum`, which a rename keeps and an added column
+    /// never reuses; `None` where the catalog had moved on when asked
+    /// ([`RelationInfo::from_message`], docs/tables.md, Schema changes).
+    pub attnum: Option<i16>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,14 +56,23 @@ pub enum TupleRole {
 }
 
 impl RelationInfo {
-    /// The relation of a Relation message, with its primary key and each
-    /// column's type as the catalog resolved them.
+    /// The relation of a Relation message, with its primary key, each
+    /// column's type as the catalog resolved them, and what the catalog
+    /// says of each column by name. The catalog is read when the message
+    /// is decoded, which may be after later DDL: its column numbers are
+    /// taken only where its columns are still the message's, names and
+    /// types in order.
     fn from_message(
         rel: pgoutput::Relation,
         primary_key: &[String],
         types: Vec<PgType>,
-        defaulted: &[String],
+        facts: &[ColumnFacts],
     ) -> RelationInfo {
+        let current = facts.len() == rel.columns.len()
+            && facts
+                .iter()
+                .zip(&rel.columns)
+                .all(|(f, c)| f.name == c.name && f.type_oid == c.type_oid);
         let columns = rel
             .columns
             .into_iter()
@@ -67,7 +80,11 @@ impl RelationInfo {
             .map(|(c, pg_type)| ColumnInfo {
                 pg_type,
                 is_primary_key: primary_key.contains(&c.name),
-                has_default: defaulted.contains(&c.name),
+                has_default: facts.iter().any(|f| f.name == c.name && f.has_default),
+                attnum: facts
+                    .iter()
+                    .find(|f| current && f.name == c.name)
+                    .map(|f| f.attnum),
                 name: c.name,
                 type_oid: c.type_oid,
                 type_modifier: c.type_modifier,
@@ -278,17 +295,7 @@ impl Catalog {
             let declared = of(&c.name).map_or(1, |f| f.dimensions);
             types.push(self.column_type(c.type_oid, declared).await?);
         }
-        let defaulted: Vec<String> = facts
-            .iter()
-            .filter(|f| f.has_default)
-            .map(|f| f.name.clone())
-            .collect();
-        Ok(RelationInfo::from_message(
-            rel,
-            &primary_key,
-            types,
-            &defaulted,
-        ))
+        Ok(RelationInfo::from_message(rel, &primary_key, types, &facts))
     }
 
     /// The relation as the catalog describes it now (for the initial load).
@@ -303,6 +310,7 @@ impl Catalog {
                 is_identity_key: c.is_identity_key,
                 is_primary_key: c.is_primary_key,
                 has_default: c.has_default,
+                attnum: Some(c.attnum),
             });
         }
         Ok(RelationInfo {
@@ -426,6 +434,7 @@ pub(crate) mod fixtures {
             is_identity_key: is_primary_key,
             is_primary_key,
             has_default: false,
+            attnum: None,
         }
     }
 

@@ -148,6 +148,14 @@ impl BronzeTable {
         Ok(())
     }
 
+    /// Writes what the open batch holds in memory to its data files, in
+    /// the table's schema as it is: the changes staged name their columns
+    /// as that schema does, which a rename is about to change.
+    pub async fn write_staged(&mut self, lake: &Lake) -> Result<()> {
+        self.finish_load_file().await?;
+        self.write_buffer(lake).await
+    }
+
     async fn finish_load_file(&mut self) -> Result<()> {
         if let Some((file, _)) = self.load.take() {
             self.written.push(file.close().await?);

@@ -1,26 +1,47 @@
 //! Following the source's schema: a relation (from a new Relation message,
-//! or at start) compared with the columns a table already has.
+//! or at start) compared with the columns a table already has, and the
+//! table brought to it in one schema commit of its own (docs/tables.md,
+//! Schema changes). Each source column is matched to the field that holds
+//! it by its attribute number, which a rename keeps and an added column
+//! never reuses; the table records each field's number
+//! ([`ATTNUMS`]) in the same commit. Where a number is unknown (a table
+//! written before this record, a column the catalog no longer had when
+//! asked), by name.
 //!
-//! - A column the table lacks is added, optional, with new field ids
-//!   (iceberg's update-schema action), to both tables and to bronze's
-//!   `_cdc_before`; rows written before read it as null.
-//! - A column the relation lacks (dropped at the source) stays in the
-//!   table for history; rows written from then on hold null there.
-//! - Anything else stops the run with an error that says what changed: a
-//!   column whose type now maps to another Iceberg type, a changed primary
-//!   key, or a column gone and another new in the same change (a rename
-//!   cannot be told from a drop and an add).
+//! - A renamed column keeps its field, and so its id: in silver, at
+//!   bronze's top level and inside bronze's `_cdc_before`.
+//! - A column whose type widened to one Iceberg promotes to (int to long,
+//!   float to double, a decimal's precision) keeps its field, promoted; one
+//!   narrowed keeps its field and its wider type.
+//! - A new column gets a new optional field; rows written before read
+//!   null there.
+//! - A column gone from the source leaves silver's current schema; bronze
+//!   keeps it for history, null from then on.
+//! - Anything else (a type Iceberg cannot promote to, a changed primary
+//!   key, a promoted column of a key of several columns) is refused with
+//!   an error that says what changed, before anything is committed.
 
-use iceberg::spec::{Schema, Type};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use iceberg::spec::{
+    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, TableMetadataBuilder,
+    Type,
+};
 use iceberg::table::Table;
-use iceberg::transaction::{AddColumn, ApplyTransactionAction, Transaction};
 
 use super::catalog::{Lake, iceberg_error};
-use super::schema::{BEFORE, VERBATIM, iceberg_type, new_verbatim_type};
+use super::row_delta::{commit_metadata, current_location};
+use super::schema::{BEFORE, FieldIds, VERBATIM, iceberg_type, numbered_type, verbatim_type};
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
+
+/// The table property that records, for each source column a table holds,
+/// its attribute number and the field holding it: `attnum:field id` pairs,
+/// comma-separated.
+pub const ATTNUMS: &str = "wal2iceberg.attnums";
 
 /// What [`follow`] changed.
 #[derive(Debug, Default)]
@@ -39,180 +60,457 @@ pub async fn follow(
     silver: Option<&Table>,
     relation: &RelationInfo,
 ) -> Result<Followed> {
-    if let Some(silver) = silver {
-        check_key(silver.metadata().current_schema(), relation)?;
-    }
-    let mut tables = vec![(add_verbatim(lake, bronze).await?, Some(BEFORE))];
-    if let Some(silver) = silver {
-        tables.push((add_verbatim(lake, silver).await?, None));
+    let mut tables = vec![(bronze, Role::Bronze)];
+    tables.extend(silver.map(|s| (s, Role::Silver)));
+    // Everything is checked before anything is committed.
+    let mut plans = Vec::new();
+    for (table, role) in tables {
+        plans.push((table, role, plan(table, relation, role)?));
     }
     let mut followed = Followed::default();
-    for (table, nested_in) in &tables {
-        let columns = missing_columns(table.metadata().current_schema(), relation)?;
-        if !columns.is_empty() {
-            tracing::info!(
-                table = %table.identifier(),
-                columns = ?columns.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(),
-                "adding the source's new columns"
-            );
-            add_columns(lake, table, &columns, *nested_in).await?;
-            failpoint::hit("mid-schema-change");
-            followed.changed = true;
-            if nested_in.is_none() {
-                followed.added_to_silver = columns.iter().map(|c| c.name.clone()).collect();
-            }
+    for (table, role, planned) in plans {
+        let Some(evolution) = planned else {
+            continue;
+        };
+        tracing::info!(
+            table = %table.identifier(), changes = ?evolution.changes,
+            "following the source's schema"
+        );
+        commit(lake, table, relation, role).await?;
+        if evolution.changes.is_empty() {
+            // The attnum record alone, of a table written before it.
+            continue;
+        }
+        failpoint::hit("mid-schema-change");
+        followed.changed = true;
+        if role == Role::Silver {
+            followed.added_to_silver = evolution.added;
         }
     }
     Ok(followed)
 }
 
-/// The relation's columns `schema` lacks, in column order; an error for a
-/// column whose type no longer matches.
-pub fn missing_columns<'a>(
+/// Which of a source table's Iceberg tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The history: source columns at the top level and inside
+    /// `_cdc_before`; columns gone from the source stay.
+    Bronze,
+    /// The current state: columns gone from the source leave.
+    Silver,
+}
+
+/// A table's next schema and attnum record.
+#[derive(Debug)]
+struct Evolution {
+    schema: Schema,
+    attnums: String,
+    /// What changed, for the log.
+    changes: Vec<String>,
+    /// The columns added.
+    added: Vec<String>,
+}
+
+/// Writes the table's evolution, planned again on the table as it is at
+/// each attempt: another writer's commit in between is kept.
+async fn commit(lake: &Lake, table: &Table, relation: &RelationInfo, role: Role) -> Result<()> {
+    let mut table = table.clone();
+    loop {
+        let Some(evolution) = plan(&table, relation, role)? else {
+            return Ok(());
+        };
+        let context = |e: iceberg::Error| {
+            iceberg_error(e, "cannot change the table's schema")
+                .with_context("table", table.identifier())
+        };
+        let built = TableMetadataBuilder::new_from_metadata(
+            table.metadata().clone(),
+            Some(current_location(&table)?),
+        )
+        .add_current_schema(evolution.schema)
+        .and_then(|b| b.set_properties(HashMap::from([(ATTNUMS.to_owned(), evolution.attnums)])))
+        .and_then(|b| b.build())
+        .map_err(context)?;
+        if commit_metadata(lake, &table, built).await? {
+            return Ok(());
+        }
+        table = lake.catalog_table(table.identifier()).await?;
+    }
+}
+
+/// The table's next schema, or `None` when it already is the relation's.
+fn plan(table: &Table, relation: &RelationInfo, role: Role) -> Result<Option<Evolution>> {
+    let metadata = table.metadata();
+    let recorded = metadata.properties().get(ATTNUMS).map(String::as_str);
+    plan_schema(
+        metadata.current_schema(),
+        metadata.last_column_id(),
+        recorded,
+        relation,
+        role,
+    )
+}
+
+/// [`plan`] for a table of `schema`, whose highest field id ever is
+/// `last_column_id`, and whose [`ATTNUMS`] are `recorded`.
+fn plan_schema(
     schema: &Schema,
-    relation: &'a RelationInfo,
-) -> Result<Vec<&'a ColumnInfo>> {
-    let mut missing = Vec::new();
-    for column in &relation.columns {
-        let wanted = iceberg_type(column);
-        match schema.as_struct().field_by_name(&column.name) {
-            None => {
-                if column.name.starts_with("_cdc_") {
-                    return Err(unsupported(
-                        relation,
-                        format!(
-                            "new column {:?} uses the prefix _cdc_, which wal2iceberg reserves",
-                            column.name
-                        ),
-                    ));
-                }
-                missing.push(column);
-            }
-            Some(field) if !same_type(&field.field_type, &wanted) => {
+    last_column_id: i32,
+    recorded_text: Option<&str>,
+    relation: &RelationInfo,
+    role: Role,
+) -> Result<Option<Evolution>> {
+    let recorded = recorded_text.map(parse_attnums);
+    let holders = holders(schema, relation, recorded.as_ref());
+    if role == Role::Silver {
+        check_key(schema, relation, &holders)?;
+    }
+    let mut ids = FieldIds::after(last_column_id);
+    let mut changes = Vec::new();
+    let mut added = Vec::new();
+    let key_ids: HashSet<i32> = schema.identifier_field_ids().collect();
+    // Each held field's column and new type, by id.
+    let mut evolved: HashMap<i32, (&ColumnInfo, Type)> = HashMap::new();
+    for (column, holder) in relation.columns.iter().zip(&holders) {
+        let Some(field) = holder else {
+            continue;
+        };
+        let field_type = evolved_type(field, column, relation)?;
+        if field.name != column.name {
+            changes.push(format!("rename {:?} to {:?}", field.name, column.name));
+        }
+        if field_type != *field.field_type {
+            // Keys of several columns are encoded by their types.
+            if key_ids.len() > 1 && key_ids.contains(&field.id) {
                 return Err(unsupported(
                     relation,
                     format!(
-                        "column {:?} changed type: the table holds {}, the source now sends {}",
-                        column.name, field.field_type, wanted
+                        "column {:?} of a primary key of several columns changed type",
+                        field.name
                     ),
                 ));
             }
-            Some(_) => {}
+            changes.push(format!("promote {:?} to {field_type}", column.name));
+        }
+        evolved.insert(field.id, (column, field_type));
+    }
+    // The columns by their old names, for bronze's before images, whose
+    // struct holds them by name.
+    let by_old_name: HashMap<&str, &ColumnInfo> = evolved
+        .iter()
+        .filter_map(|(id, (column, _))| Some((schema.name_by_field_id(*id)?, *column)))
+        .collect();
+    let mut fields: Vec<NestedFieldRef> = Vec::new();
+    for field in schema.as_struct().fields() {
+        match evolved.get(&field.id) {
+            Some((column, field_type)) => {
+                fields.push(with(field, &column.name, field_type.clone()))
+            }
+            None if field.name == BEFORE && role == Role::Bronze => {
+                fields.push(evolved_before(
+                    field,
+                    &by_old_name,
+                    &holders,
+                    relation,
+                    &mut ids,
+                )?);
+            }
+            None if role == Role::Silver && !field.name.starts_with("_cdc_") => {
+                changes.push(format!("drop {:?} from the current schema", field.name));
+            }
+            None => fields.push(field.clone()),
         }
     }
-    Ok(missing)
+    for (column, holder) in relation.columns.iter().zip(&holders) {
+        if holder.is_none() {
+            check_new_name(relation, column)?;
+            let id = ids.take();
+            fields.push(Arc::new(NestedField::optional(
+                id,
+                &column.name,
+                numbered_type(column, &mut ids),
+            )));
+            changes.push(format!("add {:?}", column.name));
+            added.push(column.name.clone());
+        }
+    }
+    if schema.as_struct().field_by_name(VERBATIM).is_none() {
+        // A table written before that column existed.
+        let id = ids.take();
+        fields.push(Arc::new(NestedField::optional(
+            id,
+            VERBATIM,
+            verbatim_type(&mut ids),
+        )));
+        changes.push(format!("add {VERBATIM}"));
+    }
+    let attnums = attnum_record(relation, &holders, &fields, recorded.as_ref());
+    if changes.is_empty() && recorded_text == Some(attnums.as_str()) {
+        return Ok(None);
+    }
+    let schema = Schema::builder()
+        .with_schema_id(schema.schema_id() + 1)
+        .with_fields(fields)
+        .with_identifier_field_ids(key_ids)
+        .build()
+        .map_err(|e| {
+            Error::new(ErrorKind::Lake, "cannot build the table's next schema")
+                .with_context("table", &relation.name)
+                .with_source(e)
+        })?;
+    Ok(Some(Evolution {
+        schema,
+        attnums,
+        changes,
+        added,
+    }))
 }
 
-/// The primary key must stay what silver's identifier fields are.
-pub fn check_key(silver: &Schema, relation: &RelationInfo) -> Result<()> {
-    let mut table_key: Vec<&str> = silver
-        .identifier_field_ids()
-        .filter_map(|id| silver.name_by_field_id(id))
-        .collect();
-    let mut source_key: Vec<&str> = relation
+/// The field that holds each of the relation's columns, `None` for a new
+/// column: the one its attribute number was recorded with, else the field
+/// of its name that no other column holds by number.
+fn holders<'a>(
+    schema: &'a Schema,
+    relation: &RelationInfo,
+    recorded: Option<&HashMap<i16, i32>>,
+) -> Vec<Option<&'a NestedFieldRef>> {
+    let by_number: Vec<Option<&NestedFieldRef>> = relation
         .columns
         .iter()
-        .filter(|c| c.is_primary_key)
-        .map(|c| c.name.as_str())
+        .map(|c| {
+            let id = recorded?.get(&c.attnum?)?;
+            schema.as_struct().fields().iter().find(|f| f.id == *id)
+        })
+        .collect();
+    let claimed: HashSet<i32> = by_number.iter().flatten().map(|f| f.id).collect();
+    relation
+        .columns
+        .iter()
+        .zip(by_number)
+        .map(|(c, held)| {
+            held.or_else(|| {
+                // A field another column holds by number is that column's
+                // (renamed); a column dropped and added again under its
+                // name continues its field.
+                let field = schema.as_struct().field_by_name(&c.name)?;
+                (!claimed.contains(&field.id)).then_some(field)
+            })
+        })
+        .collect()
+}
+
+/// The type the field holding `column` takes: its own when the column's
+/// maps to it, the column's where Iceberg promotes one to the other.
+fn evolved_type(field: &NestedField, column: &ColumnInfo, relation: &RelationInfo) -> Result<Type> {
+    let wanted = iceberg_type(column);
+    promoted(&field.field_type, &wanted).ok_or_else(|| {
+        unsupported(
+            relation,
+            format!(
+                "column {:?} changed type: the table holds {}, the source now sends {wanted}",
+                field.name, field.field_type
+            ),
+        )
+    })
+}
+
+/// `held`, promoted where `wanted` is wider, kept where it is narrower
+/// (its values fit; a column narrowed at the source, or a relation of an
+/// earlier point than the table's schema); `None` where Iceberg cannot
+/// hold one as the other. Lists compare by their innermost elements: a
+/// table made before multi-dimensional arrays became nested lists keeps
+/// its list, and holds the values of more dimensions verbatim.
+fn promoted(held: &Type, wanted: &Type) -> Option<Type> {
+    use PrimitiveType::{Decimal, Double, Float, Int, Long};
+    match (held, wanted) {
+        (Type::List(list), Type::List(_)) => {
+            let element = &list.element_field;
+            let inner = match element.field_type.as_ref() {
+                Type::List(_) => promoted(&element.field_type, wanted)?,
+                t => promoted(t, innermost(wanted))?,
+            };
+            Some(Type::List(ListType::new(Arc::new(NestedField {
+                field_type: Box::new(inner),
+                ..element.as_ref().clone()
+            }))))
+        }
+        (Type::Primitive(a), Type::Primitive(b)) => {
+            let wider = match (a, b) {
+                _ if a == b => a,
+                (Int, Long) | (Float, Double) => b,
+                (Long, Int) | (Double, Float) => a,
+                (
+                    Decimal {
+                        precision: p,
+                        scale: s,
+                    },
+                    Decimal {
+                        precision: q,
+                        scale: t,
+                    },
+                ) if s == t => {
+                    if q > p {
+                        b
+                    } else {
+                        a
+                    }
+                }
+                _ => return None,
+            };
+            Some(Type::Primitive(wider.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// bronze's `_cdc_before` with the source columns renamed, promoted and
+/// added as at the top level.
+fn evolved_before(
+    field: &NestedFieldRef,
+    by_old_name: &HashMap<&str, &ColumnInfo>,
+    holders: &[Option<&NestedFieldRef>],
+    relation: &RelationInfo,
+    ids: &mut FieldIds,
+) -> Result<NestedFieldRef> {
+    let Type::Struct(inner) = field.field_type.as_ref() else {
+        return Err(unsupported(relation, format!("{BEFORE} is not a struct")));
+    };
+    let mut children = Vec::new();
+    for child in inner.fields() {
+        match by_old_name.get(child.name.as_str()) {
+            Some(column) => {
+                let child_type = evolved_type(child, column, relation)?;
+                children.push(with(child, &column.name, child_type));
+            }
+            None => children.push(child.clone()),
+        }
+    }
+    for (column, holder) in relation.columns.iter().zip(holders) {
+        if holder.is_none() {
+            let id = ids.take();
+            children.push(Arc::new(NestedField::optional(
+                id,
+                &column.name,
+                numbered_type(column, ids),
+            )));
+        }
+    }
+    Ok(with(field, BEFORE, Type::Struct(StructType::new(children))))
+}
+
+fn with(field: &NestedFieldRef, name: &str, field_type: Type) -> NestedFieldRef {
+    Arc::new(NestedField {
+        name: name.to_owned(),
+        field_type: Box::new(field_type),
+        ..field.as_ref().clone()
+    })
+}
+
+/// The record of [`ATTNUMS`] for the relation's columns in `fields`; a
+/// column whose number is unknown keeps the one `recorded` for its field.
+fn attnum_record(
+    relation: &RelationInfo,
+    holders: &[Option<&NestedFieldRef>],
+    fields: &[NestedFieldRef],
+    recorded: Option<&HashMap<i16, i32>>,
+) -> String {
+    let mut pairs: Vec<(i16, i32)> = relation
+        .columns
+        .iter()
+        .zip(holders)
+        .filter_map(|(column, holder)| {
+            let id = match holder {
+                Some(field) => field.id,
+                None => fields.iter().find(|f| f.name == column.name)?.id,
+            };
+            let number = column.attnum.or_else(|| {
+                recorded?
+                    .iter()
+                    .find(|(_, field)| **field == id)
+                    .map(|(number, _)| *number)
+            })?;
+            Some((number, id))
+        })
+        .collect();
+    pairs.sort_unstable();
+    pairs
+        .iter()
+        .map(|(number, id)| format!("{number}:{id}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The [`ATTNUMS`] of a table made with `schema` for `relation`.
+pub fn attnums(schema: &Schema, relation: &RelationInfo) -> String {
+    let holders = holders(schema, relation, None);
+    attnum_record(relation, &holders, schema.as_struct().fields(), None)
+}
+
+/// A table's [`ATTNUMS`]: field ids by attribute number.
+fn parse_attnums(text: &str) -> HashMap<i16, i32> {
+    text.split(',')
+        .filter_map(|pair| {
+            let (number, id) = pair.split_once(':')?;
+            Some((number.parse().ok()?, id.parse().ok()?))
+        })
+        .collect()
+}
+
+/// The primary key must stay the fields silver's identifier fields are.
+fn check_key(
+    silver: &Schema,
+    relation: &RelationInfo,
+    holders: &[Option<&NestedFieldRef>],
+) -> Result<()> {
+    let mut table_key: Vec<i32> = silver.identifier_field_ids().collect();
+    let mut source_key: Vec<Option<i32>> = relation
+        .columns
+        .iter()
+        .zip(holders)
+        .filter(|(c, _)| c.is_primary_key)
+        .map(|(_, h)| h.map(|f| f.id))
         .collect();
     table_key.sort_unstable();
     source_key.sort_unstable();
-    if table_key != source_key {
-        return Err(unsupported(
-            relation,
-            format!("the primary key changed from {table_key:?} to {source_key:?}"),
-        ));
-    }
-    Ok(())
-}
-
-/// A column gone and another new in one change may be a rename, which
-/// cannot be followed as a drop and an add without splitting the column's
-/// history silently.
-pub fn check_rename(previous: &RelationInfo, relation: &RelationInfo) -> Result<()> {
-    let has = |r: &RelationInfo, name: &str| r.columns.iter().any(|c| c.name == name);
-    let gone: Vec<&str> = previous
-        .columns
-        .iter()
-        .map(|c| c.name.as_str())
-        .filter(|n| !has(relation, n))
-        .collect();
-    let new: Vec<&str> = relation
-        .columns
-        .iter()
-        .map(|c| c.name.as_str())
-        .filter(|n| !has(previous, n))
-        .collect();
-    if !gone.is_empty() && !new.is_empty() {
+    if source_key != table_key.iter().copied().map(Some).collect::<Vec<_>>() {
+        let names = |ids: Vec<i32>| -> Vec<String> {
+            ids.iter()
+                .filter_map(|id| silver.name_by_field_id(*id).map(str::to_owned))
+                .collect()
+        };
+        let source: Vec<&str> = relation
+            .columns
+            .iter()
+            .filter(|c| c.is_primary_key)
+            .map(|c| c.name.as_str())
+            .collect();
         return Err(unsupported(
             relation,
             format!(
-                "columns {gone:?} are gone and {new:?} are new in one change, which may be a rename"
+                "the primary key changed from {:?} to {source:?}",
+                names(table_key)
             ),
         ));
     }
     Ok(())
 }
 
-/// Adds `columns` (optional) to the table, at the top level and, when
-/// `nested_in` names a struct column, inside it too.
-pub async fn add_columns(
-    lake: &Lake,
-    table: &Table,
-    columns: &[&ColumnInfo],
-    nested_in: Option<&str>,
-) -> Result<Table> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot add columns to the table")
-            .with_context("table", table.identifier())
-    };
-    let tx = Transaction::new(table);
-    let mut action = tx.update_schema();
-    for column in columns {
-        action = action.add_column(AddColumn::optional(&column.name, iceberg_type(column)));
-        if let Some(parent) = nested_in {
-            action = action.add_column(
-                AddColumn::builder()
-                    .parent(parent)
-                    .name(column.name.clone())
-                    .field_type(iceberg_type(column))
-                    .build(),
-            );
-        }
+fn check_new_name(relation: &RelationInfo, column: &ColumnInfo) -> Result<()> {
+    if column.name.starts_with("_cdc_") {
+        return Err(unsupported(
+            relation,
+            format!(
+                "new column {:?} uses the prefix _cdc_, which wal2iceberg reserves",
+                column.name
+            ),
+        ));
     }
-    let tx = action.apply(tx).map_err(context)?;
-    tx.commit(lake.catalog()).await.map_err(context)
+    Ok(())
 }
 
-/// The table with `_cdc_verbatim` (docs/values.md), added at the top
-/// level to a table written before that column existed. Not inside
-/// bronze's `_cdc_before`: iceberg-rust 0.10 matches a struct's fields by
-/// position when it reads a file written before the struct gained one
-/// (apache/iceberg-rust#2617), so `show` and `verify` could no longer read
-/// the table; such a table keeps its before images' verbatim values in the
-/// top-level map instead ([`super::bronze`]).
-async fn add_verbatim(lake: &Lake, table: &Table) -> Result<Table> {
-    let schema = table.metadata().current_schema().as_struct();
-    if schema.field_by_name(VERBATIM).is_some() {
-        return Ok(table.clone());
-    }
-    tracing::info!(table = %table.identifier(), "adding the column {VERBATIM}");
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot add _cdc_verbatim to the table")
-            .with_context("table", table.identifier())
-    };
-    let tx = Transaction::new(table);
-    let action = tx
-        .update_schema()
-        .add_column(AddColumn::optional(VERBATIM, new_verbatim_type()));
-    let tx = action.apply(tx).map_err(context)?;
-    tx.commit(lake.catalog()).await.map_err(context)
-}
-
-/// Types equal but for the ids of nested fields.
 /// `relation` with each array column as deep as `schema`'s list holds it:
 /// a table made when a column was declared with fewer dimensions keeps
-/// its list ([`same_type`]), and a comparison with it must use that shape.
+/// its list ([`promoted`]), and a comparison with it must use that shape.
 pub fn as_table_holds(relation: &RelationInfo, schema: &Schema) -> RelationInfo {
     let mut relation = relation.clone();
     for column in &mut relation.columns {
@@ -243,17 +541,6 @@ fn depth_of(t: &PgType) -> usize {
     }
 }
 
-/// Lists are the same type when their innermost elements are: a table
-/// made before multi-dimensional arrays became nested lists keeps its
-/// list, and holds the values of more dimensions verbatim.
-fn same_type(a: &Type, b: &Type) -> bool {
-    match (a, b) {
-        (Type::Primitive(a), Type::Primitive(b)) => a == b,
-        (Type::List(_), Type::List(_)) => same_type(innermost(a), innermost(b)),
-        _ => false,
-    }
-}
-
 fn innermost(t: &Type) -> &Type {
     match t {
         Type::List(list) => innermost(&list.element_field.field_type),
@@ -265,9 +552,10 @@ fn unsupported(relation: &RelationInfo, change: String) -> Error {
     Error::new(
         ErrorKind::Lake,
         format!(
-            "unsupported schema change: {change}. wal2iceberg follows ADD COLUMN and DROP \
-             COLUMN only; to take this change, remove the table's Iceberg tables and run \
-             again to load it afresh (docs/tables.md, Schema changes)"
+            "unsupported schema change: {change}. wal2iceberg follows ADD, DROP and RENAME \
+             COLUMN and type promotions; to take this change, drop the table from the lake \
+             (wal2iceberg drop-table) and run again to load it afresh (docs/tables.md, Schema \
+             changes)"
         ),
     )
     .with_context("table", &relation.name)

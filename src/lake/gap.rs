@@ -68,8 +68,9 @@ impl Gap {
             Some(Some(previous)) => missing
                 .iter()
                 .map(|name| {
+                    let column = change.column(name).map(|j| &change.relation.columns[j])?;
                     match previous
-                        .column(name)
+                        .column_like(column)
                         .and_then(|j| previous.after.as_ref()?.get(j))
                     {
                         Some(Datum::Value(v)) => Some(v.clone()),

@@ -45,10 +45,15 @@ pub const VERBATIM: &str = "_cdc_verbatim";
 const MAX_DECIMAL_PRECISION: u32 = 38;
 
 /// Hands out field ids in order.
-struct FieldIds(i32);
+pub struct FieldIds(i32);
 
 impl FieldIds {
-    fn next(&mut self) -> i32 {
+    /// Ids from `last + 1`: those of a table whose highest is `last`.
+    pub fn after(last: i32) -> FieldIds {
+        FieldIds(last)
+    }
+
+    pub fn take(&mut self) -> i32 {
         self.0 += 1;
         self.0
     }
@@ -68,7 +73,13 @@ pub fn column_names(table: &iceberg::table::Table) -> Vec<String> {
 
 /// The Iceberg type of a column, from its decoding and type modifier.
 pub fn iceberg_type(column: &ColumnInfo) -> Type {
-    map_type(&column.pg_type, column.type_modifier, &mut FieldIds(0))
+    numbered_type(column, &mut FieldIds(0))
+}
+
+/// [`iceberg_type`], the fields nested in it (a list's element) numbered
+/// from `ids`.
+pub fn numbered_type(column: &ColumnInfo, ids: &mut FieldIds) -> Type {
+    map_type(&column.pg_type, column.type_modifier, ids)
 }
 
 fn map_type(pg: &PgType, type_modifier: i32, ids: &mut FieldIds) -> Type {
@@ -98,7 +109,7 @@ fn map_type(pg: &PgType, type_modifier: i32, ids: &mut FieldIds) -> Type {
         }
         PgType::Array(element) => {
             let element_type = map_type(element, type_modifier, ids);
-            let element = NestedField::list_element(ids.next(), element_type, false);
+            let element = NestedField::list_element(ids.take(), element_type, false);
             return Type::List(ListType::new(Arc::new(element)));
         }
         PgType::Text
@@ -181,7 +192,7 @@ fn source_fields(
 ) -> Vec<NestedFieldRef> {
     let mut fields = Vec::with_capacity(relation.columns.len());
     for column in &relation.columns {
-        let id = ids.next();
+        let id = ids.take();
         let field_type = map_type(&column.pg_type, column.type_modifier, ids);
         let required = keys_required && column.is_primary_key;
         fields.push(Arc::new(NestedField::new(
@@ -196,21 +207,15 @@ fn source_fields(
 
 /// The optional `_cdc_verbatim` column: a map of strings to strings.
 fn verbatim_field(ids: &mut FieldIds) -> NestedFieldRef {
-    let id = ids.next();
+    let id = ids.take();
     Arc::new(NestedField::optional(id, VERBATIM, verbatim_type(ids)))
 }
 
-/// The type of `_cdc_verbatim` for a column added to a table, whose ids
-/// the update assigns.
-pub fn new_verbatim_type() -> Type {
-    verbatim_type(&mut FieldIds(0))
-}
-
 /// The type of `_cdc_verbatim`, its key and value with ids from `ids`.
-fn verbatim_type(ids: &mut FieldIds) -> Type {
+pub fn verbatim_type(ids: &mut FieldIds) -> Type {
     let string = Type::Primitive(PrimitiveType::String);
-    let key = NestedField::map_key_element(ids.next(), string.clone());
-    let value = NestedField::map_value_element(ids.next(), string, true);
+    let key = NestedField::map_key_element(ids.take(), string.clone());
+    let value = NestedField::map_value_element(ids.take(), string, true);
     Type::Map(MapType::new(Arc::new(key), Arc::new(value)))
 }
 
@@ -255,12 +260,12 @@ fn current_state_schema(relation: &RelationInfo) -> Result<Schema> {
         .map(|(f, _)| f.id)
         .collect();
     fields.push(Arc::new(NestedField::required(
-        ids.next(),
+        ids.take(),
         COMMIT_LSN,
         Type::Primitive(PrimitiveType::Long),
     )));
     fields.push(Arc::new(NestedField::required(
-        ids.next(),
+        ids.take(),
         COMMIT_TS,
         Type::Primitive(PrimitiveType::Timestamptz),
     )));
@@ -301,27 +306,27 @@ pub fn bronze_schema(relation: &RelationInfo) -> Result<Schema> {
     let long = Type::Primitive(PrimitiveType::Long);
     let string = Type::Primitive(PrimitiveType::String);
     let mut fields = vec![
-        Arc::new(NestedField::required(ids.next(), COMMIT_LSN, long.clone())),
-        Arc::new(NestedField::required(ids.next(), SEQ, long.clone())),
-        Arc::new(NestedField::required(ids.next(), LSN, long.clone())),
-        Arc::new(NestedField::required(ids.next(), XID, long)),
+        Arc::new(NestedField::required(ids.take(), COMMIT_LSN, long.clone())),
+        Arc::new(NestedField::required(ids.take(), SEQ, long.clone())),
+        Arc::new(NestedField::required(ids.take(), LSN, long.clone())),
+        Arc::new(NestedField::required(ids.take(), XID, long)),
         Arc::new(NestedField::required(
-            ids.next(),
+            ids.take(),
             COMMIT_TS,
             Type::Primitive(PrimitiveType::Timestamptz),
         )),
-        Arc::new(NestedField::required(ids.next(), OP, string.clone())),
+        Arc::new(NestedField::required(ids.take(), OP, string.clone())),
     ];
     fields.extend(source_fields(relation, &mut ids, false));
-    let before_id = ids.next();
+    let before_id = ids.take();
     let mut before = vec![Arc::new(NestedField::required(
-        ids.next(),
+        ids.take(),
         BEFORE_IMAGE,
         string.clone(),
     ))];
     before.extend(source_fields(relation, &mut ids, false));
-    let not_sent_id = ids.next();
-    let element = NestedField::list_element(ids.next(), string, true);
+    let not_sent_id = ids.take();
+    let element = NestedField::list_element(ids.take(), string, true);
     before.push(Arc::new(NestedField::required(
         not_sent_id,
         BEFORE_NOT_SENT,

@@ -527,6 +527,14 @@ impl SilverTable {
         Ok(())
     }
 
+    /// Writes what the open batch holds in memory to its data files, in
+    /// the table's schema as it is: the changes staged name their columns
+    /// as that schema does, which a rename is about to change.
+    pub async fn write_staged(&mut self, lake: &Lake) -> Result<()> {
+        self.finish_load_file().await?;
+        self.write_pending(lake).await
+    }
+
     /// Writes the rows held in memory to data files of the open batch.
     async fn write_pending(&mut self, lake: &Lake) -> Result<()> {
         let mut keys = Vec::new();

@@ -176,8 +176,11 @@ impl TableSink {
         {
             return Ok(false);
         }
-        if let Some(previous) = &self.relation {
-            evolve::check_rename(previous, relation)?;
+        if self.relation.is_some() {
+            self.bronze.write_staged(lake).await?;
+            if let Some(silver) = &mut self.silver {
+                silver.write_staged(lake).await?;
+            }
         }
         let bronze = lake.catalog_table(self.bronze.ident()).await?;
         let silver = match &self.silver {
@@ -190,7 +193,9 @@ impl TableSink {
         {
             silver.refresh_schema(lake).await?;
         }
-        let asked = resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?;
+        // A table being resynced reads the new columns' values anyway.
+        let asked = self.resync.is_none()
+            && resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?;
         self.relation = Some(relation.clone());
         Ok(asked)
     }
@@ -1194,27 +1199,29 @@ impl Pipeline<'_> {
         if keyless {
             properties.push(HISTORY_ONLY);
         }
+        let bronze_schema = bronze_schema(relation)?;
+        let bronze_attnums = evolve::attnums(&bronze_schema, relation);
+        properties.push((evolve::ATTNUMS, &bronze_attnums));
         let bronze_table = self
             .lake
-            .ensure_table_with(&bronze, bronze_schema(relation)?, &properties)
+            .ensure_table_with(&bronze, bronze_schema, &properties)
             .await?;
         table_set::record_source(&self.lake, &bronze_table, &relation.name, &self.slot).await?;
+        // The tables follow the source's schema from the first change or
+        // load row that reaches them ([`TableSink::follow`]): `relation` may
+        // be the catalog's of now, ahead of the stream.
         let silver_table = match keyless {
             true => None,
-            false => Some(
-                self.lake
-                    .ensure_table(&silver_ident, silver_schema(relation)?)
-                    .await?,
-            ),
+            false => {
+                let schema = silver_schema(relation)?;
+                let attnums = evolve::attnums(&schema, relation);
+                Some(
+                    self.lake
+                        .ensure_table_with(&silver_ident, schema, &[(evolve::ATTNUMS, &attnums)])
+                        .await?,
+                )
+            }
         };
-        // The source may have changed while wal2iceberg was stopped.
-        let followed =
-            evolve::follow(&self.lake, &bronze_table, silver_table.as_ref(), relation).await?;
-        // A table being resynced reads the new columns' values anyway.
-        if !self.resyncing.contains_key(&relation.name) {
-            self.resync_asked |=
-                resync_for_defaults(&self.lake, &bronze, relation, &followed).await?;
-        }
         let mut silver = match &silver_table {
             Some(_) => Some(SilverTable::open(&self.lake, silver_ident, relation).await?),
             None => None,

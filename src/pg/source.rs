@@ -879,6 +879,8 @@ pub struct CatalogColumn {
     /// existed read (`atthasmissing`): added later, the column holds
     /// values in rows no change touched.
     pub has_default: bool,
+    /// `attnum`, which a rename keeps and an added column never reuses.
+    pub attnum: i16,
 }
 
 #[derive(Debug, Clone)]
@@ -897,7 +899,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
             "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
                     COALESCE(a.attnum = ANY (pk.indkey::int2[]), false), \
                     COALESCE(a.attnum = ANY (ri.indkey::int2[]), false), c.relkind = 'p', \
-                    a.attndims::int4, a.atthasdef OR a.atthasmissing \
+                    a.attndims::int4, a.atthasdef OR a.atthasmissing, a.attnum \
              FROM pg_class c \
              JOIN pg_namespace n ON n.oid = c.relnamespace \
              JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
@@ -940,6 +942,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
                     },
                     dimensions: r.get(8),
                     has_default: r.get(9),
+                    attnum: r.get(10),
                 }
             })
             .collect(),
@@ -971,14 +974,20 @@ pub struct ColumnFacts {
     pub dimensions: i32,
     /// [`CatalogColumn::has_default`].
     pub has_default: bool,
+    /// [`CatalogColumn::attnum`].
+    pub attnum: i16,
+    pub type_oid: u32,
 }
 
-/// The columns of a relation, by OID, with [`ColumnFacts`].
+/// The columns of a relation, by OID, with [`ColumnFacts`], in the order
+/// pgoutput sends them.
 pub async fn column_facts(client: &Client, relation_oid: u32) -> Result<Vec<ColumnFacts>> {
     let rows = client
         .query(
-            "SELECT attname::text, attndims::int4, atthasdef OR atthasmissing FROM pg_attribute \
-             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped",
+            "SELECT attname::text, attndims::int4, atthasdef OR atthasmissing, attnum, atttypid \
+             FROM pg_attribute \
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' \
+             ORDER BY attnum",
             &[&relation_oid],
         )
         .await
@@ -992,6 +1001,8 @@ pub async fn column_facts(client: &Client, relation_oid: u32) -> Result<Vec<Colu
             name: r.get(0),
             dimensions: r.get(1),
             has_default: r.get(2),
+            attnum: r.get(3),
+            type_oid: r.get(4),
         })
         .collect())
 }

@@ -28,6 +28,13 @@ if mode == "schema":
     print(json.dumps({
         "fields": [f.name for f in schema.fields],
         "types": {f.name: str(f.field_type) for f in schema.fields},
+        # Field ids, of bronze's before image's fields too.
+        "ids": {f.name: f.field_id for f in schema.fields},
+        "before_ids": {
+            c.name: c.field_id
+            for f in schema.fields if f.name == "_cdc_before"
+            for c in f.field_type.fields
+        },
         "required": [f.name for f in schema.fields if f.required],
         "identifier": sorted(schema.find_column_name(i) for i in schema.identifier_field_ids),
         "format_version": table.format_version,

@@ -1,0 +1,184 @@
+//! Schema changes followed while the stream runs and while wal2iceberg is
+//! stopped (docs/tables.md, Schema changes), read back through pyiceberg
+//! and DuckDB.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use wal2iceberg::ops::run::run;
+
+use crate::support::*;
+
+const SILVER: &str = "shop.orders";
+const BRONZE: &str = "shop.orders_changes";
+
+async fn schema(lake: &std::path::Path, table: &str) -> Value {
+    pyiceberg(lake, table, "schema").await
+}
+
+/// The values of `column` in the rows of a bronze table, in commit order.
+async fn history(lake: &std::path::Path, column: &str) -> Vec<Value> {
+    pyiceberg(lake, BRONZE, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r[column].clone())
+        .collect()
+}
+
+/// Waits until the run confirmed everything written so far.
+async fn applied(db: &TestDb, slot: &str) {
+    let target = db.wal_insert_lsn().await;
+    for _ in 0..600 {
+        if db.confirmed_flush(slot).await >= Some(target) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the run did not confirm {target}");
+}
+
+#[tokio::test]
+async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int, price numeric(10,2), note text);
+         INSERT INTO orders VALUES (1, 'ann', 1, 9.99, 'a');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = run_options(&db, &["orders"], &unique("ddl"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    let before = [
+        schema(dir.path(), SILVER).await,
+        schema(dir.path(), BRONZE).await,
+    ];
+
+    // While the run streams, each change inside a batch with changes
+    // before and after it; the rename inside one transaction too.
+    opts.exit_when_idle = Some(Duration::from_secs(5));
+    let slot = opts.capture.slot.clone();
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { run(&config, &opts).await });
+    db.wait_until_streaming(&slot).await;
+    for step in [
+        "INSERT INTO orders VALUES (2, 'bob', 2, 19.99, 'b');
+         BEGIN;
+         UPDATE orders SET qty = 3 WHERE id = 1;
+         ALTER TABLE orders RENAME COLUMN customer TO customer_name;
+         UPDATE orders SET customer_name = 'anna' WHERE id = 1;
+         COMMIT;",
+        "ALTER TABLE orders ALTER COLUMN qty TYPE bigint, ALTER COLUMN price TYPE numeric(12,2);
+         INSERT INTO orders VALUES (3, 'cy', 5000000000, 1234567890.12, 'c');",
+        "ALTER TABLE orders DROP COLUMN note;
+         UPDATE orders SET qty = qty + 1 WHERE id = 2;",
+    ] {
+        db.exec(step).await;
+        applied(&db, &slot).await;
+    }
+    running.await.unwrap().unwrap();
+    let opts = run_options(&db, &["orders"], &slot, dir.path());
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+
+    let after = [
+        schema(dir.path(), SILVER).await,
+        schema(dir.path(), BRONZE).await,
+    ];
+    for (old, new) in before.iter().zip(&after) {
+        assert_eq!(new["ids"]["customer_name"], old["ids"]["customer"], "{new}");
+        assert!(new["ids"].get("customer").is_none(), "{new}");
+        assert_eq!(new["ids"]["qty"], old["ids"]["qty"]);
+        assert_eq!(new["types"]["qty"], json!("long"));
+        assert_eq!(new["types"]["price"], json!("decimal(12, 2)"));
+    }
+    let (old_bronze, new_bronze) = (&before[1], &after[1]);
+    assert_eq!(
+        new_bronze["before_ids"]["customer_name"],
+        old_bronze["before_ids"]["customer"]
+    );
+    assert!(after[0]["ids"].get("note").is_none(), "dropped from silver");
+    assert!(new_bronze["ids"].get("note").is_some(), "kept in bronze");
+
+    // Every engine reads the whole history under the new name.
+    let names = json!(["ann", "bob", "ann", "anna", "cy", "bob"]);
+    assert_eq!(
+        history(dir.path(), "customer_name").await,
+        names.as_array().unwrap().clone()
+    );
+    assert_eq!(
+        history(dir.path(), "qty").await,
+        [1, 2, 3, 3, 5_000_000_000i64, 3].map(|n| json!(n))
+    );
+    let duck = duckdb(dir.path(), BRONZE).await;
+    let duck_names: Vec<Value> = {
+        let mut rows = duck.as_array().unwrap().clone();
+        rows.sort_by_key(|r| (r["_cdc_commit_lsn"].as_i64(), r["_cdc_seq"].as_i64()));
+        rows.iter().map(|r| r["customer_name"].clone()).collect()
+    };
+    assert_eq!(duck_names, names.as_array().unwrap().clone());
+    let duck_silver = duckdb(dir.path(), SILVER).await;
+    let mut pairs: Vec<(i64, String, i64)> = duck_silver
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["customer_name"].as_str().unwrap().to_owned(),
+                r["qty"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    pairs.sort();
+    assert_eq!(
+        pairs,
+        [
+            (1, "anna".to_owned(), 3),
+            (2, "bob".to_owned(), 3),
+            (3, "cy".to_owned(), 5_000_000_000)
+        ]
+    );
+    // verify reads the older files under the new names too.
+    let verified = verify_lake(&db, &opts.capture.slot, dir.path(), "public.orders").await;
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
+}
+
+#[tokio::test]
+async fn a_rename_made_while_stopped_is_recognised_at_start_by_its_column_number() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
+         INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["orders"], &unique("stopped"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    let before = schema(dir.path(), SILVER).await;
+
+    // Two renames, the key's among them, and a new column under a name
+    // the renames freed.
+    db.exec(
+        "ALTER TABLE orders RENAME COLUMN customer TO buyer;
+         ALTER TABLE orders RENAME COLUMN id TO order_id;
+         ALTER TABLE orders ADD COLUMN customer int;
+         UPDATE orders SET customer = 7 WHERE order_id = 2;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let after = schema(dir.path(), SILVER).await;
+    assert_eq!(after["ids"]["buyer"], before["ids"]["customer"], "{after}");
+    assert_eq!(after["ids"]["order_id"], before["ids"]["id"]);
+    assert_eq!(after["identifier"], json!(["order_id"]));
+    assert!(after["ids"]["customer"].as_i64() > before["ids"]["qty"].as_i64());
+    assert_eq!(
+        history(dir.path(), "buyer").await,
+        [json!("ann"), json!("bob"), json!("bob")]
+    );
+}
