@@ -7,7 +7,7 @@
 //! - `catalog`: the embedded SQL catalog on SQLite and table creation.
 //! - `compaction`: the compaction policy, and bronze's (silver's is in
 //!   `silver`).
-//! - `evolve`: following ADD and DROP COLUMN, refusing other changes.
+//! - `evolve`: following ADD, DROP and RENAME COLUMN and promotions.
 //! - `expire`: snapshot expiry and the files only expired snapshots read.
 //! - `gap`: unchanged TOAST values of changes bronze takes alone, after
 //!   silver was loaded again at a later point.
