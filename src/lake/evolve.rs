@@ -4,9 +4,10 @@
 //! Schema changes). Each source column is matched to the field that holds
 //! it by its attribute number, which a rename keeps and an added column
 //! never reuses; the table records each field's number
-//! ([`ATTNUMS`]) in the same commit. Where a number is unknown (a table
-//! written before this record, a column the catalog no longer had when
-//! asked), by name.
+//! ([`ATTNUMS`]) in the same commit (a table's first follow writes the
+//! record alone: the catalog numbers a new table's fields itself). Where a
+//! number is unknown (a table written before this record, a relation the
+//! catalog had moved on from when asked), by name.
 //!
 //! - A renamed column keeps its field, and so its id: in silver, at
 //!   bronze's top level and inside bronze's `_cdc_before`.
@@ -177,6 +178,7 @@ fn plan_schema(
         };
         let field_type = evolved_type(field, column, relation)?;
         if field.name != column.name {
+            check_new_name(relation, column)?;
             changes.push(format!("rename {:?} to {:?}", field.name, column.name));
         }
         if field_type != *field.field_type {
@@ -440,12 +442,6 @@ fn attnum_record(
         .join(",")
 }
 
-/// The [`ATTNUMS`] of a table made with `schema` for `relation`.
-pub fn attnums(schema: &Schema, relation: &RelationInfo) -> String {
-    let holders = holders(schema, relation, None);
-    attnum_record(relation, &holders, schema.as_struct().fields(), None)
-}
-
 /// A table's [`ATTNUMS`]: field ids by attribute number.
 fn parse_attnums(text: &str) -> HashMap<i16, i32> {
     text.split(',')
@@ -500,7 +496,7 @@ fn check_new_name(relation: &RelationInfo, column: &ColumnInfo) -> Result<()> {
         return Err(unsupported(
             relation,
             format!(
-                "new column {:?} uses the prefix _cdc_, which wal2iceberg reserves",
+                "column {:?} uses the prefix _cdc_, which wal2iceberg reserves",
                 column.name
             ),
         ));

@@ -1199,28 +1199,22 @@ impl Pipeline<'_> {
         if keyless {
             properties.push(HISTORY_ONLY);
         }
-        let bronze_schema = bronze_schema(relation)?;
-        let bronze_attnums = evolve::attnums(&bronze_schema, relation);
-        properties.push((evolve::ATTNUMS, &bronze_attnums));
         let bronze_table = self
             .lake
-            .ensure_table_with(&bronze, bronze_schema, &properties)
+            .ensure_table_with(&bronze, bronze_schema(relation)?, &properties)
             .await?;
         table_set::record_source(&self.lake, &bronze_table, &relation.name, &self.slot).await?;
-        // The tables follow the source's schema from the first change or
-        // load row that reaches them ([`TableSink::follow`]): `relation` may
-        // be the catalog's of now, ahead of the stream.
+        // The tables follow the source's schema, and record its column
+        // numbers, from the first change or load row that reaches them
+        // ([`TableSink::follow`]): `relation` may be the catalog's of now,
+        // ahead of the stream.
         let silver_table = match keyless {
             true => None,
-            false => {
-                let schema = silver_schema(relation)?;
-                let attnums = evolve::attnums(&schema, relation);
-                Some(
-                    self.lake
-                        .ensure_table_with(&silver_ident, schema, &[(evolve::ATTNUMS, &attnums)])
-                        .await?,
-                )
-            }
+            false => Some(
+                self.lake
+                    .ensure_table(&silver_ident, silver_schema(relation)?)
+                    .await?,
+            ),
         };
         let mut silver = match &silver_table {
             Some(_) => Some(SilverTable::open(&self.lake, silver_ident, relation).await?),

@@ -175,6 +175,10 @@ fn changes_iceberg_cannot_hold_in_place_are_refused_with_what_changed() {
         .columns
         .push(column("_cdc_extra", PgType::Text, -1, false));
     refused(numbered(reserved));
+    let mut renamed_reserved = base();
+    renamed_reserved.columns[2].name = "_cdc_amount".into();
+    let err = refused(renamed_reserved);
+    assert!(err.contains("reserves"), "{err}");
 }
 
 #[test]
@@ -280,4 +284,35 @@ fn a_relation_is_compared_at_the_list_depth_its_table_holds() {
     assert_eq!(held.columns[1].pg_type, base().columns[1].pg_type);
     let nested = silver_schema(&deeper).unwrap();
     assert_eq!(as_table_holds(&deeper, &nested).columns, deeper.columns);
+}
+
+#[test]
+fn nested_lists_of_several_columns_keep_their_fields() {
+    let list = |t: PgType, depth: usize| (0..depth).fold(t, |t, _| PgType::Array(Box::new(t)));
+    let grids = numbered(relation(vec![
+        column("id", PgType::Int4, -1, true),
+        column("g", list(PgType::Int4, 2), -1, false),
+        column("t", list(PgType::Text, 3), -1, false),
+        column("n", list(PgType::Numeric, 2), typmod(12, 2), false),
+    ]));
+    for role in [Role::Bronze, Role::Silver] {
+        let schema = match role {
+            Role::Bronze => bronze_schema(&grids),
+            Role::Silver => silver_schema(&grids),
+        }
+        .unwrap();
+        let attnums = plan_schema(&schema, schema.highest_field_id(), None, &grids, role)
+            .unwrap()
+            .unwrap()
+            .attnums;
+        let planned = plan_schema(
+            &schema,
+            schema.highest_field_id(),
+            Some(&attnums),
+            &grids,
+            role,
+        )
+        .unwrap();
+        assert!(planned.is_none(), "{role:?}: {attnums} {planned:?}");
+    }
 }
