@@ -182,3 +182,77 @@ async fn a_rename_made_while_stopped_is_recognised_at_start_by_its_column_number
         [json!("ann"), json!("bob"), json!("bob")]
     );
 }
+
+#[tokio::test]
+async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloads_silver() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, qty int, price numeric(12,2), note text);
+         INSERT INTO orders SELECT i, i, i * 1.5, 'n' FROM generate_series(1, 50) i;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = run_options(&db, &["orders"], &unique("retype"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    let before = schema(dir.path(), BRONZE).await;
+
+    opts.exit_when_idle = Some(Duration::from_secs(5));
+    let slot = opts.capture.slot.clone();
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { run(&config, &opts).await });
+    db.wait_until_streaming(&slot).await;
+    // The ALTER rewrites every row, which the stream does not show: only
+    // a reload of silver brings the new values.
+    db.exec(
+        "UPDATE orders SET qty = qty + 100 WHERE id <= 3;
+         ALTER TABLE orders ALTER COLUMN qty TYPE text USING qty::text || ' pcs',
+                            ALTER COLUMN price TYPE numeric(12,3);
+         UPDATE orders SET qty = 'many' WHERE id = 2;
+         INSERT INTO orders VALUES (51, 'one', 1.125, 'new');",
+    )
+    .await;
+    applied(&db, &slot).await;
+    db.exec("UPDATE orders SET note = 'after' WHERE id IN (2, 4)")
+        .await;
+    applied(&db, &slot).await;
+    running
+        .await
+        .unwrap()
+        .expect("the run keeps running through the change");
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+
+    let after = schema(dir.path(), BRONZE).await;
+    let old_qty = before["ids"]["qty"].as_i64().unwrap();
+    let retired = format!("qty__{old_qty}");
+    assert_eq!(after["ids"][&retired], json!(old_qty), "{after}");
+    assert_eq!(after["types"][&retired], json!("int"));
+    assert_eq!(after["types"]["qty"], json!("string"));
+    assert_eq!(after["types"]["price"], json!("decimal(12, 3)"));
+    assert!(after["ids"]["qty"].as_i64() > before["ids"]["note"].as_i64());
+    let silver = schema(dir.path(), SILVER).await;
+    assert_eq!(silver["types"]["qty"], json!("string"));
+    assert!(silver["ids"].get(&retired).is_none(), "{silver}");
+
+    // Bronze: the history before the change under the retired name, what
+    // came after under the column's, and the reload's reads of every row.
+    let rows = pyiceberg(dir.path(), BRONZE, "rows").await;
+    let rows = rows.as_array().unwrap();
+    let of = |op: &str, id: i64| -> Vec<&Value> {
+        rows.iter()
+            .filter(|r| r["_cdc_op"] == op && r["id"] == json!(id))
+            .collect()
+    };
+    let update_of_1 = of("u", 1);
+    assert_eq!(update_of_1[0][&retired], json!(101));
+    assert_eq!(update_of_1[0]["qty"], json!(null));
+    assert_eq!(of("c", 51)[0]["qty"], json!("one"));
+    let reads_of_5 = of("r", 5);
+    assert_eq!(reads_of_5.len(), 2, "the load and the reload");
+    assert_eq!(reads_of_5[1]["qty"], json!("5 pcs"));
+    let verified = verify_lake(&db, &slot, dir.path(), "public.orders").await;
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
+}

@@ -18,9 +18,13 @@
 //!   null there.
 //! - A column gone from the source leaves silver's current schema; bronze
 //!   keeps it for history, null from then on.
-//! - Anything else (a type Iceberg cannot promote to, a changed primary
-//!   key, a promoted column of a key of several columns) is refused with
-//!   an error that says what changed, before anything is committed.
+//! - A column whose new type Iceberg cannot promote to (int to text, a new
+//!   numeric scale) is retired in bronze ([`Mode::Bronze`]) and gets a new
+//!   field; silver is loaded anew instead ([`Followed::reload_silver`]),
+//!   as it is for a promoted column of a key of several columns.
+//! - A changed primary key, or a key column's type Iceberg cannot promote,
+//!   is refused with an error that says what changed, before anything is
+//!   committed.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -51,54 +55,77 @@ pub struct Followed {
     pub changed: bool,
     /// The columns added to silver.
     pub added_to_silver: Vec<String>,
+    /// Silver cannot take the change in place: its rows must be loaded
+    /// anew ([`Mode::SilverReload`]). Nothing of silver was changed.
+    pub reload_silver: bool,
 }
 
-/// Brings a source table's bronze and silver tables (none for a table
-/// without a key) to the relation's columns.
+/// How a table follows a relation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Bronze, at the relation's place in the stream. A column whose new
+    /// type Iceberg cannot promote to is retired: its field stays, renamed
+    /// `<name>__<field id>`, and the column gets a new field.
+    Bronze,
+    /// Bronze taking the rows of a load whose relation may be ahead of
+    /// bronze's stream: new columns only, existing fields as they are.
+    BronzeAhead,
+    /// Silver taking changes: a change it cannot take in place asks for a
+    /// reload ([`Followed::reload_silver`]) and changes nothing.
+    Silver,
+    /// Silver about to be loaded anew: a retyped column's field is
+    /// replaced by a new one, and a key of several columns may change
+    /// type.
+    SilverReload,
+}
+
+impl Mode {
+    fn silver(self) -> bool {
+        matches!(self, Mode::Silver | Mode::SilverReload)
+    }
+}
+
+/// Brings `tables` of one source table (bronze's and silver's, each in
+/// its [`Mode`]) to the relation's columns.
 pub async fn follow(
     lake: &Lake,
-    bronze: &Table,
-    silver: Option<&Table>,
+    tables: &[(&Table, Mode)],
     relation: &RelationInfo,
 ) -> Result<Followed> {
-    let mut tables = vec![(bronze, Role::Bronze)];
-    tables.extend(silver.map(|s| (s, Role::Silver)));
     // Everything is checked before anything is committed.
     let mut plans = Vec::new();
-    for (table, role) in tables {
-        plans.push((table, role, plan(table, relation, role)?));
+    for &(table, mode) in tables {
+        plans.push((table, mode, plan(table, relation, mode)?));
     }
     let mut followed = Followed::default();
-    for (table, role, planned) in plans {
+    for (table, mode, planned) in plans {
         let Some(evolution) = planned else {
             continue;
         };
+        if evolution.reload {
+            tracing::info!(
+                table = %table.identifier(), changes = ?evolution.changes,
+                "the table cannot take the source's schema change in place: it is loaded anew"
+            );
+            followed.reload_silver = true;
+            continue;
+        }
         tracing::info!(
             table = %table.identifier(), changes = ?evolution.changes,
             "following the source's schema"
         );
-        commit(lake, table, relation, role).await?;
+        commit(lake, table, relation, mode).await?;
         if evolution.changes.is_empty() {
             // The attnum record alone, of a table written before it.
             continue;
         }
         failpoint::hit("mid-schema-change");
         followed.changed = true;
-        if role == Role::Silver {
+        if mode.silver() {
             followed.added_to_silver = evolution.added;
         }
     }
     Ok(followed)
-}
-
-/// Which of a source table's Iceberg tables.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    /// The history: source columns at the top level and inside
-    /// `_cdc_before`; columns gone from the source stay.
-    Bronze,
-    /// The current state: columns gone from the source leave.
-    Silver,
 }
 
 /// A table's next schema and attnum record.
@@ -110,14 +137,16 @@ struct Evolution {
     changes: Vec<String>,
     /// The columns added.
     added: Vec<String>,
+    /// [`Followed::reload_silver`]: `schema` is the table's own.
+    reload: bool,
 }
 
 /// Writes the table's evolution, planned again on the table as it is at
 /// each attempt: another writer's commit in between is kept.
-async fn commit(lake: &Lake, table: &Table, relation: &RelationInfo, role: Role) -> Result<()> {
+async fn commit(lake: &Lake, table: &Table, relation: &RelationInfo, mode: Mode) -> Result<()> {
     let mut table = table.clone();
     loop {
-        let Some(evolution) = plan(&table, relation, role)? else {
+        let Some(evolution) = plan(&table, relation, mode)?.filter(|e| !e.reload) else {
             return Ok(());
         };
         let context = |e: iceberg::Error| {
@@ -140,7 +169,7 @@ async fn commit(lake: &Lake, table: &Table, relation: &RelationInfo, role: Role)
 }
 
 /// The table's next schema, or `None` when it already is the relation's.
-fn plan(table: &Table, relation: &RelationInfo, role: Role) -> Result<Option<Evolution>> {
+fn plan(table: &Table, relation: &RelationInfo, mode: Mode) -> Result<Option<Evolution>> {
     let metadata = table.metadata();
     let recorded = metadata.properties().get(ATTNUMS).map(String::as_str);
     plan_schema(
@@ -148,7 +177,7 @@ fn plan(table: &Table, relation: &RelationInfo, role: Role) -> Result<Option<Evo
         metadata.last_column_id(),
         recorded,
         relation,
-        role,
+        mode,
     )
 }
 
@@ -159,48 +188,93 @@ fn plan_schema(
     last_column_id: i32,
     recorded_text: Option<&str>,
     relation: &RelationInfo,
-    role: Role,
+    mode: Mode,
 ) -> Result<Option<Evolution>> {
     let recorded = recorded_text.map(parse_attnums);
-    let holders = holders(schema, relation, recorded.as_ref());
-    if role == Role::Silver {
+    let mut holders = holders(schema, relation, recorded.as_ref());
+    if mode.silver() {
         check_key(schema, relation, &holders)?;
     }
+    let reload = |change: String| {
+        Ok(Some(Evolution {
+            schema: schema.clone(),
+            attnums: recorded_text.unwrap_or_default().to_owned(),
+            changes: vec![change],
+            added: Vec::new(),
+            reload: true,
+        }))
+    };
     let mut ids = FieldIds::after(last_column_id);
     let mut changes = Vec::new();
-    let mut added = Vec::new();
     let key_ids: HashSet<i32> = schema.identifier_field_ids().collect();
-    // Each held field's column and new type, by id.
+    // Each held field's column and new type, by id; the fields of retyped
+    // columns, which get new fields, by id.
     let mut evolved: HashMap<i32, (&ColumnInfo, Type)> = HashMap::new();
-    for (column, holder) in relation.columns.iter().zip(&holders) {
-        let Some(field) = holder else {
+    let mut retyped: HashSet<i32> = HashSet::new();
+    for (column, holder) in relation.columns.iter().zip(holders.iter_mut()) {
+        let Some(field) = *holder else {
             continue;
         };
-        let field_type = evolved_type(field, column, relation)?;
+        if mode == Mode::BronzeAhead {
+            continue;
+        }
+        let wanted = iceberg_type(column);
+        let Some(field_type) = promoted(&field.field_type, &wanted) else {
+            let change = format!(
+                "retype {:?} from {} to {wanted}",
+                column.name, field.field_type
+            );
+            if key_ids.contains(&field.id) {
+                return Err(unsupported(
+                    relation,
+                    format!(
+                        "primary-key column {:?} changed type: the table holds {}, the source now \
+                         sends {wanted}",
+                        field.name, field.field_type
+                    ),
+                ));
+            }
+            if mode == Mode::Silver {
+                return reload(change);
+            }
+            changes.push(change);
+            retyped.insert(field.id);
+            *holder = None;
+            continue;
+        };
         if field.name != column.name {
             check_new_name(relation, column)?;
             changes.push(format!("rename {:?} to {:?}", field.name, column.name));
         }
         if field_type != *field.field_type {
+            let change = format!("promote {:?} to {field_type}", column.name);
             // Keys of several columns are encoded by their types.
-            if key_ids.len() > 1 && key_ids.contains(&field.id) {
-                return Err(unsupported(
-                    relation,
-                    format!(
-                        "column {:?} of a primary key of several columns changed type",
-                        field.name
-                    ),
-                ));
+            if mode == Mode::Silver && key_ids.len() > 1 && key_ids.contains(&field.id) {
+                return reload(change);
             }
-            changes.push(format!("promote {:?} to {field_type}", column.name));
+            changes.push(change);
         }
         evolved.insert(field.id, (column, field_type));
     }
-    // The columns by their old names, for bronze's before images, whose
-    // struct holds them by name.
+    // Names in bronze's before images, whose struct holds the source
+    // columns by name: what each column's field was called.
+    let old_name = |id: &i32| schema.name_by_field_id(*id);
     let by_old_name: HashMap<&str, &ColumnInfo> = evolved
         .iter()
-        .filter_map(|(id, (column, _))| Some((schema.name_by_field_id(*id)?, *column)))
+        .filter_map(|(id, (column, _))| Some((old_name(id)?, *column)))
+        .collect();
+    let retired: HashSet<&str> = retyped.iter().filter_map(old_name).collect();
+    // Ahead of bronze's stream, a name bronze still holds waits for it.
+    let new_columns: Vec<&ColumnInfo> = relation
+        .columns
+        .iter()
+        .zip(&holders)
+        .filter(|(c, h)| {
+            h.is_none()
+                && (mode != Mode::BronzeAhead
+                    || schema.as_struct().field_by_name(&c.name).is_none())
+        })
+        .map(|(c, _)| c)
         .collect();
     let mut fields: Vec<NestedFieldRef> = Vec::new();
     for field in schema.as_struct().fields() {
@@ -208,33 +282,42 @@ fn plan_schema(
             Some((column, field_type)) => {
                 fields.push(with(field, &column.name, field_type.clone()))
             }
-            None if field.name == BEFORE && role == Role::Bronze => {
-                fields.push(evolved_before(
-                    field,
-                    &by_old_name,
-                    &holders,
-                    relation,
-                    &mut ids,
-                )?);
+            None if retyped.contains(&field.id) && mode == Mode::Bronze => {
+                fields.push(retire(field));
             }
-            None if role == Role::Silver && !field.name.starts_with("_cdc_") => {
-                changes.push(format!("drop {:?} from the current schema", field.name));
+            None if field.name == BEFORE && !mode.silver() => {
+                let before = Before {
+                    by_old_name: &by_old_name,
+                    retired: &retired,
+                    new_columns: &new_columns,
+                };
+                fields.push(before.evolve(field, relation, &mut ids)?);
+            }
+            None if mode.silver() && !field.name.starts_with("_cdc_") => {
+                if !retyped.contains(&field.id) {
+                    changes.push(format!("drop {:?} from the current schema", field.name));
+                }
             }
             None => fields.push(field.clone()),
         }
     }
-    for (column, holder) in relation.columns.iter().zip(&holders) {
-        if holder.is_none() {
-            check_new_name(relation, column)?;
-            let id = ids.take();
-            fields.push(Arc::new(NestedField::optional(
-                id,
-                &column.name,
-                numbered_type(column, &mut ids),
-            )));
-            changes.push(format!("add {:?}", column.name));
-            added.push(column.name.clone());
+    let mut added = Vec::new();
+    for column in &new_columns {
+        check_new_name(relation, column)?;
+        let id = ids.take();
+        fields.push(Arc::new(NestedField::optional(
+            id,
+            &column.name,
+            numbered_type(column, &mut ids),
+        )));
+        if fields.iter().filter(|f| f.name == column.name).count() > 1 {
+            return Err(unsupported(
+                relation,
+                format!("column {:?} would be two fields", column.name),
+            ));
         }
+        changes.push(format!("add {:?}", column.name));
+        added.push(column.name.clone());
     }
     if schema.as_struct().field_by_name(VERBATIM).is_none() {
         // A table written before that column existed.
@@ -265,7 +348,18 @@ fn plan_schema(
         attnums,
         changes,
         added,
+        reload: false,
     }))
+}
+
+/// A retyped column's old field in bronze, kept under `<name>__<field id>`
+/// for its history (docs/tables.md, Schema changes).
+fn retire(field: &NestedFieldRef) -> NestedFieldRef {
+    with(
+        field,
+        &format!("{}__{}", field.name, field.id),
+        (*field.field_type).clone(),
+    )
 }
 
 /// The field that holds each of the relation's columns, `None` for a new
@@ -365,30 +459,40 @@ fn promoted(held: &Type, wanted: &Type) -> Option<Type> {
     }
 }
 
-/// bronze's `_cdc_before` with the source columns renamed, promoted and
-/// added as at the top level.
-fn evolved_before(
-    field: &NestedFieldRef,
-    by_old_name: &HashMap<&str, &ColumnInfo>,
-    holders: &[Option<&NestedFieldRef>],
-    relation: &RelationInfo,
-    ids: &mut FieldIds,
-) -> Result<NestedFieldRef> {
-    let Type::Struct(inner) = field.field_type.as_ref() else {
-        return Err(unsupported(relation, format!("{BEFORE} is not a struct")));
-    };
-    let mut children = Vec::new();
-    for child in inner.fields() {
-        match by_old_name.get(child.name.as_str()) {
-            Some(column) => {
-                let child_type = evolved_type(child, column, relation)?;
-                children.push(with(child, &column.name, child_type));
+/// What bronze's `_cdc_before` takes of an evolution, by the old names of
+/// the source columns it holds.
+struct Before<'a> {
+    by_old_name: &'a HashMap<&'a str, &'a ColumnInfo>,
+    retired: &'a HashSet<&'a str>,
+    new_columns: &'a [&'a ColumnInfo],
+}
+
+impl Before<'_> {
+    /// The struct with its source columns renamed, promoted, retired and
+    /// added as at the top level.
+    fn evolve(
+        &self,
+        field: &NestedFieldRef,
+        relation: &RelationInfo,
+        ids: &mut FieldIds,
+    ) -> Result<NestedFieldRef> {
+        let Type::Struct(inner) = field.field_type.as_ref() else {
+            return Err(unsupported(relation, format!("{BEFORE} is not a struct")));
+        };
+        let mut children = Vec::new();
+        for child in inner.fields() {
+            match self.by_old_name.get(child.name.as_str()) {
+                Some(column) => {
+                    let child_type = evolved_type(child, column, relation)?;
+                    children.push(with(child, &column.name, child_type));
+                }
+                None if self.retired.contains(child.name.as_str()) => {
+                    children.push(retire(child));
+                }
+                None => children.push(child.clone()),
             }
-            None => children.push(child.clone()),
         }
-    }
-    for (column, holder) in relation.columns.iter().zip(holders) {
-        if holder.is_none() {
+        for column in self.new_columns {
             let id = ids.take();
             children.push(Arc::new(NestedField::optional(
                 id,
@@ -396,8 +500,8 @@ fn evolved_before(
                 numbered_type(column, ids),
             )));
         }
+        Ok(with(field, BEFORE, Type::Struct(StructType::new(children))))
     }
-    Ok(with(field, BEFORE, Type::Struct(StructType::new(children))))
 }
 
 fn with(field: &NestedFieldRef, name: &str, field_type: Type) -> NestedFieldRef {

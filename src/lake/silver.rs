@@ -146,11 +146,21 @@ impl SilverTable {
         &self.ident
     }
 
-    /// Takes up the table's current schema after it evolved.
+    /// Takes up the table's current schema after it evolved. The key's
+    /// encoding follows its types: the index holds keys of the old one,
+    /// which only a single integer or text key keeps (a key of several
+    /// columns changes type only for a reload, which begins with an empty
+    /// index: [`crate::lake::evolve::Mode::SilverReload`]).
     pub async fn refresh_schema(&mut self, lake: &Lake) -> Result<()> {
         let table = lake.catalog_table(&self.ident).await?;
         self.schema = arrow_schema(&table)?;
         self.key_fields = key_fields(&table, &self.schema)?;
+        let fields: Vec<&Field> = self
+            .key_fields
+            .iter()
+            .map(|&i| self.schema.field(i))
+            .collect();
+        self.codec = KeyCodec::new(&fields).map_err(|e| e.with_context("table", &self.ident))?;
         self.cached_file = None;
         Ok(())
     }

@@ -33,7 +33,7 @@ use crate::lake::arrow::{Verbatim, load_columns};
 use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::{Lake, LakeLocation, namespace};
 use crate::lake::compaction::{DEFAULT_AFTER_FILES, Merge, merge_small_files};
-use crate::lake::evolve;
+use crate::lake::evolve::{self, Mode};
 use crate::lake::expire::{DEFAULT_RETENTION, Retention, expire_snapshots};
 use crate::lake::gap::Gap;
 use crate::lake::lock::WriterLock;
@@ -141,8 +141,12 @@ pub fn iceberg_name(table: &TableName) -> String {
 
 /// The two Iceberg tables of one source table.
 struct TableSink {
-    /// The source table's columns as the stream last described them.
-    relation: Option<Arc<RelationInfo>>,
+    /// The source table's columns as each table last followed them.
+    bronze_relation: Option<Arc<RelationInfo>>,
+    silver_relation: Option<Arc<RelationInfo>>,
+    /// Silver asked to be reloaded for a schema change it cannot take in
+    /// place, and takes no more changes until then.
+    reloading: bool,
     bronze: BronzeTable,
     /// None for a table without a primary key: its history only.
     silver: Option<SilverTable>,
@@ -165,39 +169,66 @@ struct TableSink {
 }
 
 impl TableSink {
-    /// Takes up a schema change of the source table (docs/tables.md).
-    /// Brings the tables to `relation`'s columns; true when that asked
-    /// for a resync ([`resync_for_defaults`]).
-    async fn follow(&mut self, lake: &Lake, relation: &Arc<RelationInfo>) -> Result<bool> {
-        if self
-            .relation
-            .as_ref()
-            .is_some_and(|r| Arc::ptr_eq(r, relation) || r.columns == relation.columns)
-        {
+    /// Takes up a schema change of the source table (docs/tables.md,
+    /// Schema changes) in the tables that take a change or load row of
+    /// `relation`, each in its mode: a table follows the relations of
+    /// what it takes, never one of an earlier or later point. True when
+    /// that asked for a resync.
+    async fn follow(
+        &mut self,
+        lake: &Lake,
+        relation: &Arc<RelationInfo>,
+        bronze: Option<Mode>,
+        silver: Option<Mode>,
+    ) -> Result<bool> {
+        let same = |followed: &Option<Arc<RelationInfo>>| {
+            followed
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(r, relation) || r.columns == relation.columns)
+        };
+        let bronze = bronze.filter(|_| !same(&self.bronze_relation));
+        let silver = silver.filter(|_| self.silver.is_some() && !same(&self.silver_relation));
+        if bronze.is_none() && silver.is_none() {
             return Ok(false);
         }
-        if self.relation.is_some() {
+        // The changes staged name their columns as the schema does now.
+        if bronze.is_some() && self.bronze_relation.is_some() {
             self.bronze.write_staged(lake).await?;
-            if let Some(silver) = &mut self.silver {
-                silver.write_staged(lake).await?;
-            }
         }
-        let bronze = lake.catalog_table(self.bronze.ident()).await?;
-        let silver = match &self.silver {
-            Some(silver) => Some(lake.catalog_table(silver.ident()).await?),
-            None => None,
+        if let Some(table) = self.silver.as_mut().filter(|_| silver.is_some()) {
+            table.write_staged(lake).await?;
+        }
+        let bronze_table = lake.catalog_table(self.bronze.ident()).await?;
+        let silver_table = match (&self.silver, silver) {
+            (Some(table), Some(_)) => Some(lake.catalog_table(table.ident()).await?),
+            _ => None,
         };
-        let followed = evolve::follow(lake, &bronze, silver.as_ref(), relation).await?;
-        if followed.changed
-            && let Some(silver) = &mut self.silver
-        {
-            silver.refresh_schema(lake).await?;
+        let mut tables = Vec::new();
+        tables.extend(bronze.map(|mode| (&bronze_table, mode)));
+        tables.extend(silver_table.as_ref().zip(silver));
+        let followed = evolve::follow(lake, &tables, relation).await?;
+        if bronze.is_some() {
+            self.bronze_relation = Some(relation.clone());
+        }
+        if silver.is_some() {
+            self.silver_relation = Some(relation.clone());
+        }
+        if let Some(table) = self.silver.as_mut().filter(|_| followed.changed) {
+            table.refresh_schema(lake).await?;
+        }
+        if followed.reload_silver {
+            let id = resync::request_on(lake, self.bronze.ident()).await?;
+            tracing::info!(
+                table = %relation.name, request = %id,
+                "silver cannot take the schema change in place: it takes no more changes and is reloaded (resync) at the next transaction boundary"
+            );
+            self.reloading = true;
+            return Ok(true);
         }
         // A table being resynced reads the new columns' values anyway.
-        let asked = self.resync.is_none()
-            && resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?;
-        self.relation = Some(relation.clone());
-        Ok(asked)
+        Ok(self.resync.is_none()
+            && silver.is_some()
+            && resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?)
     }
 
     /// Whether every table of the sink holds its initial load.
@@ -1043,9 +1074,18 @@ impl Pipeline<'_> {
                     .sinks
                     .get_mut(&change.relation.name)
                     .expect("ensure_sink just ran");
-                self.resync_asked |= sink.follow(&self.lake, &change.relation).await?;
                 let to_bronze = wants(sink.bronze_at, &change);
-                let to_silver = sink.silver.is_some() && wants(sink.silver_at, &change);
+                let to_silver =
+                    sink.silver.is_some() && !sink.reloading && wants(sink.silver_at, &change);
+                self.resync_asked |= sink
+                    .follow(
+                        &self.lake,
+                        &change.relation,
+                        to_bronze.then_some(Mode::Bronze),
+                        to_silver.then_some(Mode::Silver),
+                    )
+                    .await?;
+                let to_silver = to_silver && !sink.reloading;
                 match &mut sink.silver {
                     Some(silver) if to_silver => {
                         sink.gap = Gap::default();
@@ -1112,9 +1152,21 @@ impl Pipeline<'_> {
             .sinks
             .get_mut(&relation.name)
             .expect("ensure_sink just ran");
-        self.resync_asked |= sink.follow(&self.lake, relation).await?;
         let to_bronze = sink.bronze_at.is_none() || sink.resync.is_some();
         let to_silver = sink.silver.is_some() && sink.silver_at.is_none();
+        // A resync's relation may be ahead of bronze's stream.
+        let bronze_mode = match sink.bronze_at {
+            None => Mode::Bronze,
+            Some(_) => Mode::BronzeAhead,
+        };
+        self.resync_asked |= sink
+            .follow(
+                &self.lake,
+                relation,
+                to_bronze.then_some(bronze_mode),
+                to_silver.then_some(Mode::SilverReload),
+            )
+            .await?;
         if !to_bronze && !to_silver {
             return Ok(());
         }
@@ -1232,7 +1284,9 @@ impl Pipeline<'_> {
                 .fetch_max(at.commit_ts, Ordering::Relaxed);
         }
         let sink = TableSink {
-            relation: None,
+            bronze_relation: None,
+            silver_relation: None,
+            reloading: false,
             bronze: BronzeTable::new(bronze),
             bronze_at,
             silver_at: match resync {

@@ -22,27 +22,27 @@ fn numbered(mut relation: RelationInfo) -> RelationInfo {
 
 /// A table made from `base()` and followed once, so that it records its
 /// columns' numbers.
-fn made(role: Role) -> (Schema, String) {
-    let schema = match role {
-        Role::Bronze => bronze_schema(&base()),
-        Role::Silver => silver_schema(&base()),
+fn made(mode: Mode) -> (Schema, String) {
+    let schema = match mode {
+        Mode::Bronze => bronze_schema(&base()),
+        _ => silver_schema(&base()),
     }
     .unwrap();
-    let evolution = plan_schema(&schema, schema.highest_field_id(), None, &base(), role)
+    let evolution = plan_schema(&schema, schema.highest_field_id(), None, &base(), mode)
         .unwrap()
         .expect("a first follow records the numbers");
     assert!(evolution.changes.is_empty(), "{:?}", evolution.changes);
     (schema, evolution.attnums)
 }
 
-fn next(role: Role, relation: &RelationInfo) -> Result<Option<Evolution>> {
-    let (schema, attnums) = made(role);
+fn next(mode: Mode, relation: &RelationInfo) -> Result<Option<Evolution>> {
+    let (schema, attnums) = made(mode);
     plan_schema(
         &schema,
         schema.highest_field_id(),
         Some(&attnums),
         relation,
-        role,
+        mode,
     )
 }
 
@@ -59,8 +59,8 @@ fn before_field(schema: &Schema, name: &str) -> NestedField {
 
 #[test]
 fn the_same_columns_change_nothing() {
-    for role in [Role::Bronze, Role::Silver] {
-        assert!(next(role, &base()).unwrap().is_none(), "{role:?}");
+    for mode in [Mode::Bronze, Mode::Silver] {
+        assert!(next(mode, &base()).unwrap().is_none(), "{mode:?}");
     }
 }
 
@@ -68,13 +68,13 @@ fn the_same_columns_change_nothing() {
 fn a_rename_keeps_the_field_id_at_every_level() {
     let mut renamed = base();
     renamed.columns[2].name = "total".into();
-    for role in [Role::Bronze, Role::Silver] {
-        let (old, _) = made(role);
-        let new = next(role, &renamed).unwrap().unwrap().schema;
+    for mode in [Mode::Bronze, Mode::Silver] {
+        let (old, _) = made(mode);
+        let new = next(mode, &renamed).unwrap().unwrap().schema;
         assert_eq!(
             field(&new, "total").id,
             field(&old, "amount").id,
-            "{role:?}"
+            "{mode:?}"
         );
         assert!(new.as_struct().field_by_name("amount").is_none());
         assert_eq!(
@@ -83,8 +83,8 @@ fn a_rename_keeps_the_field_id_at_every_level() {
             "no new field"
         );
     }
-    let (old, _) = made(Role::Bronze);
-    let new = next(Role::Bronze, &renamed).unwrap().unwrap().schema;
+    let (old, _) = made(Mode::Bronze);
+    let new = next(Mode::Bronze, &renamed).unwrap().unwrap().schema;
     assert_eq!(
         before_field(&new, "total").id,
         before_field(&old, "amount").id
@@ -93,8 +93,8 @@ fn a_rename_keeps_the_field_id_at_every_level() {
     let mut swapped = base();
     swapped.columns[1].name = "amount".into();
     swapped.columns[2].name = "tags".into();
-    let new = next(Role::Silver, &swapped).unwrap().unwrap().schema;
-    let (old, _) = made(Role::Silver);
+    let new = next(Mode::Silver, &swapped).unwrap().unwrap().schema;
+    let (old, _) = made(Mode::Silver);
     assert_eq!(field(&new, "tags").id, field(&old, "amount").id);
 }
 
@@ -108,7 +108,7 @@ fn without_a_record_a_rename_is_a_drop_and_an_add() {
         schema.highest_field_id(),
         None,
         &renamed,
-        Role::Bronze,
+        Mode::Bronze,
     )
     .unwrap()
     .unwrap();
@@ -127,8 +127,8 @@ fn promotions_keep_the_field_and_widen_its_type() {
     let mut widened = base();
     widened.columns[0].pg_type = PgType::Int8;
     widened.columns[2].type_modifier = typmod(20, 2);
-    let new = next(Role::Bronze, &widened).unwrap().unwrap().schema;
-    let (old, _) = made(Role::Bronze);
+    let new = next(Mode::Bronze, &widened).unwrap().unwrap().schema;
+    let (old, _) = made(Mode::Bronze);
     assert_eq!(field(&new, "id").id, field(&old, "id").id);
     assert_eq!(
         *field(&new, "id").field_type,
@@ -142,34 +142,83 @@ fn promotions_keep_the_field_and_widen_its_type() {
         })
     );
     // A single-column key may widen: its encoding does not change.
-    next(Role::Silver, &widened).unwrap().unwrap();
+    next(Mode::Silver, &widened).unwrap().unwrap();
 
     // Narrowed, the column keeps its wider type: its values fit.
     let mut narrowed = base();
     narrowed.columns[2].type_modifier = typmod(10, 2);
-    assert!(next(Role::Silver, &narrowed).unwrap().is_none());
+    assert!(next(Mode::Silver, &narrowed).unwrap().is_none());
 }
 
 #[test]
-fn changes_iceberg_cannot_hold_in_place_are_refused_with_what_changed() {
-    let refused = |relation: RelationInfo| next(Role::Silver, &relation).unwrap_err().to_string();
-    let mut rescaled = base();
-    rescaled.columns[2].type_modifier = typmod(14, 3);
-    let err = refused(rescaled);
-    assert!(
-        err.contains("\"amount\" changed type") && err.contains("decimal(12, 2)"),
-        "{err}"
-    );
-    let mut element = base();
-    element.columns[1].pg_type = PgType::Array(Box::new(PgType::Int4));
-    refused(element);
-    let mut scalar = base();
-    scalar.columns[1].pg_type = PgType::Text;
-    refused(scalar);
+fn a_retyped_column_is_retired_in_bronze_and_asks_silver_for_a_reload() {
+    let retypes = |edit: &dyn Fn(&mut ColumnInfo)| {
+        let mut relation = base();
+        edit(&mut relation.columns[2]);
+        relation
+    };
+    let rescaled = retypes(&|c| c.type_modifier = typmod(14, 3));
+    let to_text = retypes(&|c| c.pg_type = PgType::Text);
+    let to_list = retypes(&|c| c.pg_type = PgType::Array(Box::new(PgType::Int4)));
+    for relation in [&rescaled, &to_text, &to_list] {
+        let (old, _) = made(Mode::Bronze);
+        let bronze = next(Mode::Bronze, relation).unwrap().unwrap();
+        let old_id = field(&old, "amount").id;
+        let kept = field(&bronze.schema, &format!("amount__{old_id}"));
+        assert_eq!(kept.id, old_id, "the old field keeps its id and type");
+        assert_eq!(kept.field_type, field(&old, "amount").field_type);
+        let new = field(&bronze.schema, "amount");
+        assert!(new.id > old.highest_field_id(), "{:?}", bronze.changes);
+        assert_eq!(
+            new.field_type.to_string(),
+            iceberg_type(&relation.columns[2]).to_string()
+        );
+        let before_old = before_field(&old, "amount").id;
+        assert_eq!(
+            before_field(&bronze.schema, &format!("amount__{before_old}")).id,
+            before_old
+        );
+        assert!(bronze.attnums.contains(&format!("3:{}", new.id)));
+
+        let silver = next(Mode::Silver, relation).unwrap().unwrap();
+        assert!(silver.reload, "{:?}", silver.changes);
+        let (old, attnums) = made(Mode::Silver);
+        assert_eq!(
+            silver.schema, old,
+            "silver is not changed before its reload"
+        );
+        let reloaded = plan_schema(
+            &old,
+            old.highest_field_id(),
+            Some(&attnums),
+            relation,
+            Mode::SilverReload,
+        )
+        .unwrap()
+        .unwrap();
+        let new = field(&reloaded.schema, "amount");
+        assert!(new.id > old.highest_field_id());
+        assert_eq!(
+            reloaded.schema.as_struct().fields().len(),
+            old.as_struct().fields().len()
+        );
+    }
+}
+
+#[test]
+fn key_changes_and_reserved_names_are_refused_with_what_changed() {
+    let refused = |relation: RelationInfo| next(Mode::Silver, &relation).unwrap_err().to_string();
     let mut rekeyed = base();
     rekeyed.columns[2].is_primary_key = true;
     let err = refused(rekeyed);
     assert!(err.contains("primary key changed"), "{err}");
+    let mut key_retyped = base();
+    key_retyped.columns[0].pg_type = PgType::Text;
+    let err = refused(key_retyped);
+    assert!(
+        err.contains("primary-key column \"id\" changed type"),
+        "{err}"
+    );
     let mut reserved = base();
     reserved
         .columns
@@ -192,8 +241,8 @@ fn added_columns_get_new_ids_and_dropped_ones_leave_silver_only() {
         false,
     ));
     changed.columns[2].attnum = Some(4);
-    let (old_silver, _) = made(Role::Silver);
-    let silver = next(Role::Silver, &changed).unwrap().unwrap();
+    let (old_silver, _) = made(Mode::Silver);
+    let silver = next(Mode::Silver, &changed).unwrap().unwrap();
     assert_eq!(silver.added, ["note"]);
     assert!(silver.schema.as_struct().field_by_name("tags").is_none());
     let note = field(&silver.schema, "note");
@@ -204,7 +253,7 @@ fn added_columns_get_new_ids_and_dropped_ones_leave_silver_only() {
         "its element too"
     );
 
-    let bronze = next(Role::Bronze, &changed).unwrap().unwrap().schema;
+    let bronze = next(Mode::Bronze, &changed).unwrap().unwrap().schema;
     assert!(
         bronze.as_struct().field_by_name("tags").is_some(),
         "history"
@@ -216,8 +265,8 @@ fn added_columns_get_new_ids_and_dropped_ones_leave_silver_only() {
 fn a_column_dropped_and_added_again_under_its_name_continues_its_field() {
     let mut again = base();
     again.columns[2].attnum = Some(4);
-    let (old, _) = made(Role::Silver);
-    let evolution = next(Role::Silver, &again).unwrap().unwrap();
+    let (old, _) = made(Mode::Silver);
+    let evolution = next(Mode::Silver, &again).unwrap().unwrap();
     assert!(evolution.changes.is_empty(), "{:?}", evolution.changes);
     assert_eq!(
         field(&evolution.schema, "amount").id,
@@ -236,13 +285,13 @@ fn a_column_dropped_and_added_again_under_its_name_continues_its_field() {
         .columns
         .push(column("amount", PgType::Text, -1, false));
     reused.columns[3].attnum = Some(4);
-    let new = next(Role::Silver, &reused).unwrap().unwrap().schema;
+    let new = next(Mode::Silver, &reused).unwrap().unwrap().schema;
     assert_eq!(field(&new, "total").id, field(&old, "amount").id);
     assert!(field(&new, "amount").id > old.highest_field_id());
 }
 
 #[test]
-fn a_promoted_column_of_a_key_of_several_columns_is_refused() {
+fn a_promoted_column_of_a_key_of_several_columns_reloads_silver() {
     let two = |t: PgType| {
         numbered(relation(vec![
             column("a", PgType::Int4, -1, true),
@@ -250,29 +299,34 @@ fn a_promoted_column_of_a_key_of_several_columns_is_refused() {
         ]))
     };
     let schema = silver_schema(&two(PgType::Int4)).unwrap();
-    let attnums = plan_schema(&schema, 10, None, &two(PgType::Int4), Role::Silver)
+    let attnums = plan_schema(&schema, 10, None, &two(PgType::Int4), Mode::Silver)
         .unwrap()
         .unwrap()
         .attnums;
-    let err = plan_schema(
-        &schema,
-        10,
-        Some(&attnums),
-        &two(PgType::Int8),
-        Role::Silver,
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("several columns"), "{err}");
+    let plan = |mode| {
+        plan_schema(&schema, 10, Some(&attnums), &two(PgType::Int8), mode)
+            .unwrap()
+            .unwrap()
+    };
+    assert!(
+        plan(Mode::Silver).reload,
+        "a key of several columns is encoded by its types"
+    );
+    let reloaded = plan(Mode::SilverReload);
+    assert!(!reloaded.reload);
+    assert_eq!(
+        *field(&reloaded.schema, "b").field_type,
+        Type::Primitive(PrimitiveType::Long)
+    );
 }
 
 #[test]
 fn a_list_of_other_depth_of_the_same_elements_is_no_type_change() {
     let mut deeper = base();
     deeper.columns[1].pg_type = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Text))));
-    assert!(next(Role::Silver, &deeper).unwrap().is_none());
+    assert!(next(Mode::Silver, &deeper).unwrap().is_none());
     deeper.columns[1].pg_type = PgType::Array(Box::new(PgType::Array(Box::new(PgType::Int4))));
-    assert!(next(Role::Silver, &deeper).is_err());
+    assert!(next(Mode::Silver, &deeper).unwrap().unwrap().reload);
 }
 
 #[test]
@@ -295,13 +349,13 @@ fn nested_lists_of_several_columns_keep_their_fields() {
         column("t", list(PgType::Text, 3), -1, false),
         column("n", list(PgType::Numeric, 2), typmod(12, 2), false),
     ]));
-    for role in [Role::Bronze, Role::Silver] {
-        let schema = match role {
-            Role::Bronze => bronze_schema(&grids),
-            Role::Silver => silver_schema(&grids),
+    for mode in [Mode::Bronze, Mode::Silver] {
+        let schema = match mode {
+            Mode::Bronze => bronze_schema(&grids),
+            _ => silver_schema(&grids),
         }
         .unwrap();
-        let attnums = plan_schema(&schema, schema.highest_field_id(), None, &grids, role)
+        let attnums = plan_schema(&schema, schema.highest_field_id(), None, &grids, mode)
             .unwrap()
             .unwrap()
             .attnums;
@@ -310,9 +364,9 @@ fn nested_lists_of_several_columns_keep_their_fields() {
             schema.highest_field_id(),
             Some(&attnums),
             &grids,
-            role,
+            mode,
         )
         .unwrap();
-        assert!(planned.is_none(), "{role:?}: {attnums} {planned:?}");
+        assert!(planned.is_none(), "{mode:?}: {attnums} {planned:?}");
     }
 }
