@@ -256,3 +256,57 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
         String::from_utf8_lossy(&verified.stdout)
     );
 }
+
+#[tokio::test]
+async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stream_carries() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
+         INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["orders"], &unique("exact"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    let before = schema(dir.path(), BRONZE).await;
+    let installed = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_event_trigger WHERE evtname = 'wal2iceberg_columns'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0);
+    assert_eq!(installed, 1, "a superuser's run installs the event trigger");
+
+    // While stopped: by the time the stream meets the first rename, the
+    // catalog is at the last DDL, whose columns differ from the message's.
+    db.exec(
+        "UPDATE orders SET qty = 10 WHERE id = 1;
+         ALTER TABLE orders RENAME COLUMN customer TO buyer;
+         UPDATE orders SET buyer = 'anna' WHERE id = 1;
+         ALTER TABLE orders RENAME COLUMN qty TO amount;
+         ALTER TABLE orders ADD COLUMN customer text;
+         UPDATE orders SET customer = 'c', amount = 20 WHERE id = 2;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let after = schema(dir.path(), BRONZE).await;
+    assert_eq!(after["ids"]["buyer"], before["ids"]["customer"], "{after}");
+    assert_eq!(after["ids"]["amount"], before["ids"]["qty"]);
+    assert!(after["ids"]["customer"].as_i64() > before["ids"]["_cdc_verbatim"].as_i64());
+    assert_eq!(
+        after["before_ids"]["buyer"],
+        before["before_ids"]["customer"]
+    );
+    assert_eq!(
+        history(dir.path(), "buyer").await,
+        ["ann", "bob", "ann", "anna", "bob"].map(|s| json!(s))
+    );
+    assert_eq!(
+        history(dir.path(), "amount").await,
+        [1, 2, 10, 10, 20].map(|n| json!(n))
+    );
+}

@@ -20,7 +20,7 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter}
 
 use super::event::{BeforeImage, Change, Datum, Event, ImageKind, Op, TxInfo};
 use super::partition_rows::{self, PartitionRow};
-use super::relation::{Catalog, Describe, RelationCache, RelationInfo, TupleRole};
+use super::relation::{self, Catalog, Describe, RelationCache, RelationInfo, TupleRole};
 use super::temporal::pg_micros_to_unix;
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
@@ -324,6 +324,15 @@ impl<D: Describe> Assembler<D> {
                         Ok(_) => {}
                         Err(e) => {
                             tracing::warn!(%lsn, error = %e, "a moving-row message is not ours: ignored")
+                        }
+                    }
+                    return Ok(());
+                }
+                relation::COLUMNS if m.transactional => {
+                    match relation::parse_columns(&m.content) {
+                        Ok((table, columns)) => self.catalog.note_columns(table, columns),
+                        Err(e) => {
+                            tracing::warn!(%lsn, error = %e, "a column-numbers message is not ours: ignored")
                         }
                     }
                     return Ok(());

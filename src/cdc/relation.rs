@@ -46,6 +46,18 @@ pub struct RelationInfo {
     pub columns: Vec<ColumnInfo>,
 }
 
+/// The table a Relation message names; pgoutput sends an empty namespace
+/// for pg_catalog.
+fn message_table(rel: &pgoutput::Relation) -> TableName {
+    TableName {
+        schema: match rel.namespace.as_str() {
+            "" => "pg_catalog".to_owned(),
+            namespace => namespace.to_owned(),
+        },
+        name: rel.name.clone(),
+    }
+}
+
 /// How a tuple is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TupleRole {
@@ -57,34 +69,27 @@ pub enum TupleRole {
 
 impl RelationInfo {
     /// The relation of a Relation message, with its primary key, each
-    /// column's type as the catalog resolved them, and what the catalog
-    /// says of each column by name. The catalog is read when the message
-    /// is decoded, which may be after later DDL: its column numbers are
-    /// taken only where its columns are still the message's, names and
-    /// types in order.
+    /// column's type as the catalog resolved them, what the catalog says
+    /// of each column by name, and each column's number where it is known
+    /// ([`Catalog::numbers`]).
     fn from_message(
         rel: pgoutput::Relation,
         primary_key: &[String],
         types: Vec<PgType>,
         facts: &[ColumnFacts],
+        numbers: Vec<Option<i16>>,
     ) -> RelationInfo {
-        let current = facts.len() == rel.columns.len()
-            && facts
-                .iter()
-                .zip(&rel.columns)
-                .all(|(f, c)| f.name == c.name && f.type_oid == c.type_oid);
+        let name = message_table(&rel);
         let columns = rel
             .columns
             .into_iter()
             .zip(types)
-            .map(|(c, pg_type)| ColumnInfo {
+            .zip(numbers)
+            .map(|((c, pg_type), attnum)| ColumnInfo {
                 pg_type,
                 is_primary_key: primary_key.contains(&c.name),
                 has_default: facts.iter().any(|f| f.name == c.name && f.has_default),
-                attnum: facts
-                    .iter()
-                    .find(|f| current && f.name == c.name)
-                    .map(|f| f.attnum),
+                attnum,
                 name: c.name,
                 type_oid: c.type_oid,
                 type_modifier: c.type_modifier,
@@ -93,15 +98,7 @@ impl RelationInfo {
             .collect();
         RelationInfo {
             oid: rel.oid,
-            name: TableName {
-                // pgoutput sends an empty namespace for pg_catalog.
-                schema: if rel.namespace.is_empty() {
-                    "pg_catalog".to_owned()
-                } else {
-                    rel.namespace
-                },
-                name: rel.name,
-            },
+            name,
             replica_identity: rel.replica_identity,
             columns,
         }
@@ -220,6 +217,32 @@ fn warn_kept_as_text(table: &TableName, column: &str, lsn: Lsn, error: &ValueErr
 pub struct Catalog {
     client: Arc<SourceClient>,
     types: HashMap<u32, PgType>,
+    /// Each table's columns and their numbers as the last DDL the stream
+    /// passed left them ([`COLUMNS`]).
+    noted: HashMap<TableName, Vec<(String, i16)>>,
+}
+
+/// The prefix of the message migration 005's event trigger writes after
+/// each ALTER TABLE: `{"schema", "table", "columns": [[name, attnum],
+/// ...]}`, the columns in the order pgoutput sends them.
+pub const COLUMNS: &str = "wal2iceberg.columns";
+
+/// A table's columns as a [`COLUMNS`] message gives them.
+pub fn parse_columns(content: &[u8]) -> Result<(TableName, Vec<(String, i16)>)> {
+    #[derive(serde::Deserialize)]
+    struct Noted {
+        schema: String,
+        table: String,
+        columns: Vec<(String, i16)>,
+    }
+    let noted: Noted = serde_json::from_slice(content).map_err(|e| {
+        Error::new(ErrorKind::Protocol, "a column-numbers message is not ours").with_source(e)
+    })?;
+    let table = TableName {
+        schema: noted.schema,
+        name: noted.table,
+    };
+    Ok((table, noted.columns))
 }
 
 /// Domains over domains over arrays...: a bound against a cyclic catalog.
@@ -233,6 +256,7 @@ impl Catalog {
         Catalog {
             client,
             types: HashMap::new(),
+            noted: HashMap::new(),
         }
     }
 
@@ -295,7 +319,42 @@ impl Catalog {
             let declared = of(&c.name).map_or(1, |f| f.dimensions);
             types.push(self.column_type(c.type_oid, declared).await?);
         }
-        Ok(RelationInfo::from_message(rel, &primary_key, types, &facts))
+        let numbers = self.numbers(&rel, &facts);
+        Ok(RelationInfo::from_message(
+            rel,
+            &primary_key,
+            types,
+            &facts,
+            numbers,
+        ))
+    }
+
+    /// The numbers of a Relation message's columns. The message does not
+    /// carry them, and the catalog, read when the message is decoded, may
+    /// be at later DDL of the table: those the stream noted at the table's
+    /// last DDL ([`COLUMNS`]) while its columns are still the message's,
+    /// else the catalog's while its columns are the message's (names and
+    /// types, in order), else unknown (docs/tables.md, Schema changes).
+    fn numbers(&self, rel: &pgoutput::Relation, facts: &[ColumnFacts]) -> Vec<Option<i16>> {
+        let names_match = |names: &mut dyn Iterator<Item = &str>, len: usize| {
+            len == rel.columns.len() && names.zip(&rel.columns).all(|(n, c)| n == c.name)
+        };
+        if let Some(noted) = self.noted.get(&message_table(rel))
+            && names_match(&mut noted.iter().map(|(n, _)| n.as_str()), noted.len())
+        {
+            return noted.iter().map(|(_, number)| Some(*number)).collect();
+        }
+        let current = names_match(&mut facts.iter().map(|f| f.name.as_str()), facts.len())
+            && facts
+                .iter()
+                .zip(&rel.columns)
+                .all(|(f, c)| f.type_oid == c.type_oid);
+        facts
+            .iter()
+            .map(|f| Some(f.attnum).filter(|_| current))
+            .chain(std::iter::repeat(None))
+            .take(rel.columns.len())
+            .collect()
     }
 
     /// The relation as the catalog describes it now (for the initial load).
@@ -336,6 +395,10 @@ pub trait Describe {
         &mut self,
         table: &TableName,
     ) -> impl Future<Output = Result<Option<RelationInfo>>> + Send;
+
+    /// Notes a table's columns and their numbers as a DDL statement left
+    /// them, at its place in the stream ([`COLUMNS`]).
+    fn note_columns(&mut self, table: TableName, columns: Vec<(String, i16)>);
 }
 
 impl Describe for Catalog {
@@ -349,6 +412,10 @@ impl Describe for Catalog {
     async fn describe_table(&mut self, table: &TableName) -> Result<Option<RelationInfo>> {
         let described = source::describe_table(&self.client, table).await?;
         self.relation_from_table(&described).await.map(Some)
+    }
+
+    fn note_columns(&mut self, table: TableName, columns: Vec<(String, i16)>) {
+        self.noted.insert(table, columns);
     }
 }
 
@@ -373,12 +440,21 @@ impl Describe for MessageOnly {
             .iter()
             .map(|c| PgType::builtin(c.type_oid).unwrap_or(PgType::Unknown))
             .collect();
-        Ok(RelationInfo::from_message(rel, &primary_key, types, &[]))
+        let numbers = vec![None; rel.columns.len()];
+        Ok(RelationInfo::from_message(
+            rel,
+            &primary_key,
+            types,
+            &[],
+            numbers,
+        ))
     }
 
     async fn describe_table(&mut self, _table: &TableName) -> Result<Option<RelationInfo>> {
         Ok(None)
     }
+
+    fn note_columns(&mut self, _table: TableName, _columns: Vec<(String, i16)>) {}
 }
 
 /// Relations by OID, as last described by the server.

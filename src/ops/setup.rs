@@ -31,6 +31,7 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/003_wal2iceberg_publish_via_root.sql"),
     ),
     (source::PARTITION_ROWS_MIGRATION, source::PARTITION_ROWS_SQL),
+    (source::COLUMN_NUMBERS_MIGRATION, source::COLUMN_NUMBERS_SQL),
 ];
 
 pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {

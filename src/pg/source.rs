@@ -654,6 +654,45 @@ pub const PARTITION_ROWS_MIGRATION: &str = "004_wal2iceberg_partition_rows.sql";
 pub const PARTITION_ROWS_SQL: &str =
     include_str!("../../migrations/004_wal2iceberg_partition_rows.sql");
 
+/// The event trigger that sends each table's column numbers after an
+/// ALTER TABLE ([`crate::cdc::relation::COLUMNS`]), and its migration.
+pub const COLUMN_NUMBERS_TRIGGER: &str = "wal2iceberg_columns";
+pub const COLUMN_NUMBERS_MIGRATION: &str = "005_wal2iceberg_column_numbers.sql";
+pub const COLUMN_NUMBERS_SQL: &str =
+    include_str!("../../migrations/005_wal2iceberg_column_numbers.sql");
+
+/// Installs the event trigger of [`COLUMN_NUMBERS_TRIGGER`] when it is
+/// missing and the role is a superuser; without it, renames are told by
+/// the catalog alone (docs/tables.md, Schema changes).
+pub async fn ensure_column_numbers(client: &Client) -> Result<()> {
+    let installed: bool = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D')",
+            &[&COLUMN_NUMBERS_TRIGGER],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_event_trigger"))?
+        .get(0);
+    if installed {
+        return Ok(());
+    }
+    if !is_superuser(client).await? {
+        tracing::info!(
+            "the event trigger {COLUMN_NUMBERS_TRIGGER} is not installed: a rename the stream              meets after later DDL of its table is followed as a drop and an add. Install it              with wal2iceberg setup as a superuser (migrations/{COLUMN_NUMBERS_MIGRATION})"
+        );
+        return Ok(());
+    }
+    client
+        .batch_execute(COLUMN_NUMBERS_SQL)
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot install the column-numbers event trigger")
+                .with_context("file", COLUMN_NUMBERS_MIGRATION)
+        })?;
+    tracing::info!("installed the event trigger that sends column numbers after each ALTER TABLE");
+    Ok(())
+}
+
 async fn is_superuser(client: &Client) -> Result<bool> {
     let row = client
         .query_one(
