@@ -5,8 +5,10 @@
 -- is decoded, they may already belong to later DDL. After each ALTER
 -- TABLE, the event trigger wal2iceberg_columns writes the table's columns
 -- into the same transaction as a transactional logical message: prefix
--- wal2iceberg.columns, {"schema", "table", "columns": [[name, attnum],
--- ...]} in the order pgoutput sends them (docs/tables.md, Schema changes).
+-- wal2iceberg.columns, {"schema", "table", "columns": [[name, attnum,
+-- has default], ...]} in the order pgoutput sends them; "has default" is
+-- atthasdef or atthasmissing: the rows before an added column hold a
+-- value (docs/tables.md, Schema changes).
 --
 -- An event trigger needs a superuser: run as another role, this file only
 -- says so, and renames are told by the catalog alone. Idempotent. `wal2iceberg teardown` leaves
@@ -40,7 +42,8 @@ BEGIN
         PERFORM pg_logical_emit_message(true, 'wal2iceberg.columns', json_build_object(
           'schema', target.nspname,
           'table', target.relname,
-          'columns', (SELECT coalesce(json_agg(json_build_array(a.attname, a.attnum)
+          'columns', (SELECT coalesce(json_agg(json_build_array(a.attname, a.attnum,
+                                                                 a.atthasdef OR a.atthasmissing)
                                                ORDER BY a.attnum), '[]'::json)
                       FROM pg_attribute a
                       WHERE a.attrelid = target.oid AND a.attnum > 0

@@ -9,6 +9,7 @@ mod auth;
 mod before_images;
 mod chaos;
 mod cli;
+mod ddl_oracle;
 mod faults;
 mod feedback;
 mod initial_load;

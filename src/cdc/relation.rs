@@ -69,26 +69,25 @@ pub enum TupleRole {
 
 impl RelationInfo {
     /// The relation of a Relation message, with its primary key, each
-    /// column's type as the catalog resolved them, what the catalog says
-    /// of each column by name, and each column's number where it is known
-    /// ([`Catalog::numbers`]).
+    /// column's type as the catalog resolved them, and each column's
+    /// number where it is known and whether it has a default
+    /// ([`Catalog::known`]).
     fn from_message(
         rel: pgoutput::Relation,
         primary_key: &[String],
         types: Vec<PgType>,
-        facts: &[ColumnFacts],
-        numbers: Vec<Option<i16>>,
+        known: Vec<(Option<i16>, bool)>,
     ) -> RelationInfo {
         let name = message_table(&rel);
         let columns = rel
             .columns
             .into_iter()
             .zip(types)
-            .zip(numbers)
-            .map(|((c, pg_type), attnum)| ColumnInfo {
+            .zip(known)
+            .map(|((c, pg_type), (attnum, has_default))| ColumnInfo {
                 pg_type,
                 is_primary_key: primary_key.contains(&c.name),
-                has_default: facts.iter().any(|f| f.name == c.name && f.has_default),
+                has_default,
                 attnum,
                 name: c.name,
                 type_oid: c.type_oid,
@@ -219,21 +218,30 @@ pub struct Catalog {
     types: HashMap<u32, PgType>,
     /// Each table's columns and their numbers as the last DDL the stream
     /// passed left them ([`COLUMNS`]).
-    noted: HashMap<TableName, Vec<(String, i16)>>,
+    noted: HashMap<TableName, Vec<NotedColumn>>,
 }
 
 /// The prefix of the message migration 005's event trigger writes after
-/// each ALTER TABLE: `{"schema", "table", "columns": [[name, attnum],
-/// ...]}`, the columns in the order pgoutput sends them.
+/// each ALTER TABLE: `{"schema", "table", "columns": [[name, attnum,
+/// has_default], ...]}`, the columns in the order pgoutput sends them.
 pub const COLUMNS: &str = "wal2iceberg.columns";
 
+/// A column as a [`COLUMNS`] message gives it: `[name, attnum,
+/// has_default]`, the last as [`ColumnFacts::has_default`].
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct NotedColumn {
+    name: String,
+    attnum: i16,
+    has_default: bool,
+}
+
 /// A table's columns as a [`COLUMNS`] message gives them.
-pub fn parse_columns(content: &[u8]) -> Result<(TableName, Vec<(String, i16)>)> {
+pub fn parse_columns(content: &[u8]) -> Result<(TableName, Vec<NotedColumn>)> {
     #[derive(serde::Deserialize)]
     struct Noted {
         schema: String,
         table: String,
-        columns: Vec<(String, i16)>,
+        columns: Vec<NotedColumn>,
     }
     let noted: Noted = serde_json::from_slice(content).map_err(|e| {
         Error::new(ErrorKind::Protocol, "a column-numbers message is not ours").with_source(e)
@@ -319,41 +327,45 @@ impl Catalog {
             let declared = of(&c.name).map_or(1, |f| f.dimensions);
             types.push(self.column_type(c.type_oid, declared).await?);
         }
-        let numbers = self.numbers(&rel, &facts);
-        Ok(RelationInfo::from_message(
-            rel,
-            &primary_key,
-            types,
-            &facts,
-            numbers,
-        ))
+        let known = self.known(&rel, &facts);
+        Ok(RelationInfo::from_message(rel, &primary_key, types, known))
     }
 
-    /// The numbers of a Relation message's columns. The message does not
-    /// carry them, and the catalog, read when the message is decoded, may
-    /// be at later DDL of the table: those the stream noted at the table's
-    /// last DDL ([`COLUMNS`]) while its columns are still the message's,
-    /// else the catalog's while its columns are the message's (names and
-    /// types, in order), else unknown (docs/tables.md, Schema changes).
-    fn numbers(&self, rel: &pgoutput::Relation, facts: &[ColumnFacts]) -> Vec<Option<i16>> {
-        let names_match = |names: &mut dyn Iterator<Item = &str>, len: usize| {
-            len == rel.columns.len() && names.zip(&rel.columns).all(|(n, c)| n == c.name)
-        };
-        if let Some(noted) = self.noted.get(&message_table(rel))
-            && names_match(&mut noted.iter().map(|(n, _)| n.as_str()), noted.len())
-        {
-            return noted.iter().map(|(_, number)| Some(*number)).collect();
+    /// The number of each of a Relation message's columns, where it is
+    /// known, and whether it has a default. The message carries neither,
+    /// and the catalog, read when the message is decoded, may be at later
+    /// DDL of the table. Taken from what the stream noted at the table's
+    /// last DDL ([`COLUMNS`]) while its columns are still the message's;
+    /// else the numbers from the catalog while its columns are the
+    /// message's (names and types, in order), and the defaults from it by
+    /// name (docs/tables.md, Schema changes).
+    fn known(&self, rel: &pgoutput::Relation, facts: &[ColumnFacts]) -> Vec<(Option<i16>, bool)> {
+        if let Some(noted) = self.noted.get(&message_table(rel)).filter(|noted| {
+            noted.len() == rel.columns.len()
+                && noted
+                    .iter()
+                    .zip(&rel.columns)
+                    .all(|(n, c)| n.name == c.name)
+        }) {
+            return noted
+                .iter()
+                .map(|n| (Some(n.attnum), n.has_default))
+                .collect();
         }
-        let current = names_match(&mut facts.iter().map(|f| f.name.as_str()), facts.len())
+        let current = facts.len() == rel.columns.len()
             && facts
                 .iter()
                 .zip(&rel.columns)
-                .all(|(f, c)| f.type_oid == c.type_oid);
-        facts
+                .all(|(f, c)| f.name == c.name && f.type_oid == c.type_oid);
+        rel.columns
             .iter()
-            .map(|f| Some(f.attnum).filter(|_| current))
-            .chain(std::iter::repeat(None))
-            .take(rel.columns.len())
+            .map(|c| {
+                let fact = facts.iter().find(|f| f.name == c.name);
+                (
+                    fact.map(|f| f.attnum).filter(|_| current),
+                    fact.is_some_and(|f| f.has_default),
+                )
+            })
             .collect()
     }
 
@@ -398,7 +410,7 @@ pub trait Describe {
 
     /// Notes a table's columns and their numbers as a DDL statement left
     /// them, at its place in the stream ([`COLUMNS`]).
-    fn note_columns(&mut self, table: TableName, columns: Vec<(String, i16)>);
+    fn note_columns(&mut self, table: TableName, columns: Vec<NotedColumn>);
 }
 
 impl Describe for Catalog {
@@ -414,7 +426,7 @@ impl Describe for Catalog {
         self.relation_from_table(&described).await.map(Some)
     }
 
-    fn note_columns(&mut self, table: TableName, columns: Vec<(String, i16)>) {
+    fn note_columns(&mut self, table: TableName, columns: Vec<NotedColumn>) {
         self.noted.insert(table, columns);
     }
 }
@@ -440,21 +452,15 @@ impl Describe for MessageOnly {
             .iter()
             .map(|c| PgType::builtin(c.type_oid).unwrap_or(PgType::Unknown))
             .collect();
-        let numbers = vec![None; rel.columns.len()];
-        Ok(RelationInfo::from_message(
-            rel,
-            &primary_key,
-            types,
-            &[],
-            numbers,
-        ))
+        let known = vec![(None, false); rel.columns.len()];
+        Ok(RelationInfo::from_message(rel, &primary_key, types, known))
     }
 
     async fn describe_table(&mut self, _table: &TableName) -> Result<Option<RelationInfo>> {
         Ok(None)
     }
 
-    fn note_columns(&mut self, _table: TableName, _columns: Vec<(String, i16)>) {}
+    fn note_columns(&mut self, _table: TableName, _columns: Vec<NotedColumn>) {}
 }
 
 /// Relations by OID, as last described by the server.

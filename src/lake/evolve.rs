@@ -362,6 +362,23 @@ fn retire(field: &NestedFieldRef) -> NestedFieldRef {
     )
 }
 
+/// The name of the top-level field of `table` that holds each of the
+/// relation's columns, by its number where the table recorded it: a load
+/// whose relation is ahead of the table's stream ([`Mode::BronzeAhead`])
+/// names a column renamed since as the table does not yet.
+pub fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
+    let metadata = table.metadata();
+    let recorded = metadata
+        .properties()
+        .get(ATTNUMS)
+        .map(|text| parse_attnums(text));
+    holders(metadata.current_schema(), relation, recorded.as_ref())
+        .iter()
+        .zip(&relation.columns)
+        .map(|(holder, column)| holder.map_or(&column.name, |f| &f.name).clone())
+        .collect()
+}
+
 /// The field that holds each of the relation's columns, `None` for a new
 /// column: the one its attribute number was recorded with, else the field
 /// of its name that no other column holds by number.

@@ -207,7 +207,9 @@ impl TableSink {
         tables.extend(bronze.map(|mode| (&bronze_table, mode)));
         tables.extend(silver_table.as_ref().zip(silver));
         let followed = evolve::follow(lake, &tables, relation).await?;
-        if bronze.is_some() {
+        // Ahead of its stream, bronze took new columns only: the stream's
+        // relation of the same columns still has the rest to bring.
+        if bronze.is_some_and(|mode| mode != Mode::BronzeAhead) {
             self.bronze_relation = Some(relation.clone());
         }
         if silver.is_some() {
@@ -1171,12 +1173,25 @@ impl Pipeline<'_> {
             return Ok(());
         }
         if to_bronze {
+            let renamed;
+            let fields = match bronze_mode {
+                Mode::BronzeAhead => {
+                    let table = self.lake.catalog_table(sink.bronze.ident()).await?;
+                    renamed = evolve::held_names(&table, relation)
+                        .iter()
+                        .zip(&load.fields)
+                        .map(|(name, f)| Arc::new(f.as_ref().clone().with_name(name)))
+                        .collect::<Vec<FieldRef>>();
+                    &renamed
+                }
+                _ => &load.fields,
+            };
             sink.bronze
                 .stage_load(
                     &self.lake,
                     tx,
                     load.first_seq,
-                    &load.fields,
+                    fields,
                     &load.columns,
                     &load.verbatim,
                 )
