@@ -310,3 +310,49 @@ async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stre
         [1, 2, 10, 10, 20].map(|n| json!(n))
     );
 }
+
+#[tokio::test]
+async fn a_table_renamed_while_streaming_keeps_flowing_to_its_iceberg_tables() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE orders(id int PRIMARY KEY, qty int); INSERT INTO orders VALUES (1, 1);")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["orders"], &unique("tablerename"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    let slot = opts.capture.slot.clone();
+    let mut streaming = run_options(&db, &["orders"], &slot, dir.path());
+    streaming.exit_when_idle = Some(Duration::from_secs(4));
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { run(&config, &streaming).await });
+    db.wait_until_streaming(&slot).await;
+    // Renamed before the stream describes it: it is known by its OID.
+    db.exec(
+        "ALTER TABLE orders RENAME TO orders_v2;
+         INSERT INTO orders_v2 VALUES (2, 2);
+         UPDATE orders_v2 SET qty = 10 WHERE id = 1;",
+    )
+    .await;
+    applied(&db, &slot).await;
+    running.await.unwrap().unwrap();
+    let rows = pyiceberg(dir.path(), SILVER, "rows").await;
+    let mut pairs: Vec<(i64, i64)> = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_i64().unwrap(), r["qty"].as_i64().unwrap()))
+        .collect();
+    pairs.sort();
+    assert_eq!(pairs, [(1, 10), (2, 2)]);
+    assert_eq!(
+        history(dir.path(), "qty").await,
+        [json!(1), json!(2), json!(10)]
+    );
+
+    // A new start names the table as it is now: the old name is refused
+    // before anything is changed.
+    let confirmed = db.confirmed_flush(&slot).await;
+    let err = run(&db.config, &opts).await.unwrap_err().to_string();
+    assert!(err.contains("public.orders"), "{err}");
+    assert_eq!(db.confirmed_flush(&slot).await, confirmed);
+}

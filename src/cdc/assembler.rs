@@ -111,6 +111,10 @@ enum Moving {
 pub struct Assembler<D = Catalog> {
     /// Changes of other tables (a publication can hold more) are dropped.
     tables: HashSet<TableName>,
+    /// The captured tables by OID, as first named: a table renamed at the
+    /// source (`ALTER TABLE ... RENAME`), which the publication follows by
+    /// OID, keeps its captured name.
+    captured: HashMap<u32, TableName>,
     decoder: Decoder,
     catalog: D,
     relations: RelationCache,
@@ -127,9 +131,17 @@ pub struct Assembler<D = Catalog> {
 }
 
 impl<D: Describe> Assembler<D> {
+    /// Knows the captured tables' OIDs from the start, so that one renamed
+    /// before the stream first describes it is still captured.
+    pub fn with_oids(mut self, oids: impl IntoIterator<Item = (u32, TableName)>) -> Assembler<D> {
+        self.captured.extend(oids);
+        self
+    }
+
     pub fn new(catalog: D, tables: &[TableName]) -> Assembler<D> {
         Assembler {
             tables: tables.iter().cloned().collect(),
+            captured: HashMap::new(),
             decoder: Decoder::new(),
             catalog,
             relations: RelationCache::default(),
@@ -303,7 +315,23 @@ impl<D: Describe> Assembler<D> {
         lsn: Lsn,
     ) -> Result<()> {
         if let Message::Relation(_, rel) = message {
-            let relation = self.catalog.describe(rel).await?;
+            let mut relation = self.catalog.describe(rel).await?;
+            match self.captured.get(&relation.oid) {
+                Some(name) if *name != relation.name => {
+                    tracing::warn!(
+                        table = %name, renamed_to = %relation.name, %lsn,
+                        "the source table was renamed: its changes go on to the lake under the \
+                         name it was captured by; a new start must name it as it is now \
+                         (docs/tables.md, Schema changes)"
+                    );
+                    relation.name = name.clone();
+                }
+                Some(_) => {}
+                None if self.tables.contains(&relation.name) => {
+                    self.captured.insert(relation.oid, relation.name.clone());
+                }
+                None => {}
+            }
             self.described.remove(&relation.name);
             self.relations.insert(relation);
             return Ok(());

@@ -377,10 +377,17 @@ async fn start_stream(
     tables: &[TableName],
 ) -> Result<ChangeStream> {
     let start_lsn = start.start_lsn;
+    let mut oids = Vec::with_capacity(tables.len());
+    for table in tables {
+        oids.push((
+            source::table_oid(catalog.client(), table).await?,
+            table.clone(),
+        ));
+    }
     let replication = connection.start_replication(&start).await?;
     Ok(ChangeStream::new(
         replication,
-        Assembler::new(catalog, tables),
+        Assembler::new(catalog, tables).with_oids(oids),
         start_lsn,
     ))
 }

@@ -988,6 +988,15 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
     })
 }
 
+/// The OID of a table, as it is named now.
+pub async fn table_oid(client: &Client, table: &TableName) -> Result<u32> {
+    client
+        .query_one("SELECT $1::text::regclass::oid", &[&table.quoted()])
+        .await
+        .map(|row| row.get(0))
+        .map_err(|e| postgres(e, "cannot find the table").with_context("table", table))
+}
+
 /// The primary-key column names of a relation, by OID, in key order.
 pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<String>> {
     let rows = client
