@@ -248,8 +248,18 @@ fn plan_schema(
         }
         if field_type != *field.field_type {
             let change = format!("promote {:?} to {field_type}", column.name);
-            // Keys of several columns are encoded by their types.
-            if mode == Mode::Silver && key_ids.len() > 1 && key_ids.contains(&field.id) {
+            // A key is encoded by its types, but for one integer column.
+            let integer = matches!(
+                (field.field_type.as_ref(), &field_type),
+                (
+                    Type::Primitive(PrimitiveType::Int),
+                    Type::Primitive(PrimitiveType::Long)
+                )
+            );
+            if mode == Mode::Silver
+                && key_ids.contains(&field.id)
+                && (key_ids.len() > 1 || !integer)
+            {
                 return reload(change);
             }
             changes.push(change);
@@ -276,6 +286,16 @@ fn plan_schema(
         })
         .map(|(c, _)| c)
         .collect();
+    // The names the relation's columns take: a field no column holds that
+    // has one (a dropped column's, which bronze keeps) is retired.
+    let taken: HashSet<&str> = evolved
+        .values()
+        .map(|(c, _)| c.name.as_str())
+        .chain(new_columns.iter().map(|c| c.name.as_str()))
+        .collect();
+    let displaced = |field: &NestedField| {
+        !mode.silver() && !field.name.starts_with("_cdc_") && taken.contains(field.name.as_str())
+    };
     let mut fields: Vec<NestedFieldRef> = Vec::new();
     for field in schema.as_struct().fields() {
         match evolved.get(&field.id) {
@@ -285,10 +305,15 @@ fn plan_schema(
             None if retyped.contains(&field.id) && mode == Mode::Bronze => {
                 fields.push(retire(field));
             }
+            None if displaced(field) => {
+                changes.push(format!("retire {:?}, whose name is taken", field.name));
+                fields.push(retire(field));
+            }
             None if field.name == BEFORE && !mode.silver() => {
                 let before = Before {
                     by_old_name: &by_old_name,
                     retired: &retired,
+                    taken: &taken,
                     new_columns: &new_columns,
                 };
                 fields.push(before.evolve(field, relation, &mut ids)?);
@@ -329,7 +354,12 @@ fn plan_schema(
         )));
         changes.push(format!("add {VERBATIM}"));
     }
-    let attnums = attnum_record(relation, &holders, &fields, recorded.as_ref());
+    let added_fields: Vec<NestedFieldRef> = fields
+        .iter()
+        .filter(|f| f.id > last_column_id)
+        .cloned()
+        .collect();
+    let attnums = attnum_record(relation, &holders, &added_fields, recorded.as_ref());
     if changes.is_empty() && recorded_text == Some(attnums.as_str()) {
         return Ok(None);
     }
@@ -372,10 +402,17 @@ pub fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
         .properties()
         .get(ATTNUMS)
         .map(|text| parse_attnums(text));
-    holders(metadata.current_schema(), relation, recorded.as_ref())
+    let holders = holders(metadata.current_schema(), relation, recorded.as_ref());
+    let held: HashSet<&str> = holders.iter().flatten().map(|f| f.name.as_str()).collect();
+    holders
         .iter()
         .zip(&relation.columns)
-        .map(|(holder, column)| holder.map_or(&column.name, |f| &f.name).clone())
+        .map(|(holder, column)| match holder {
+            Some(field) => field.name.clone(),
+            // The table has no field for it yet; the name is another's.
+            None if held.contains(column.name.as_str()) => String::new(),
+            None => column.name.clone(),
+        })
         .collect()
 }
 
@@ -481,6 +518,8 @@ fn promoted(held: &Type, wanted: &Type) -> Option<Type> {
 struct Before<'a> {
     by_old_name: &'a HashMap<&'a str, &'a ColumnInfo>,
     retired: &'a HashSet<&'a str>,
+    /// [`plan_schema`]'s names the columns take.
+    taken: &'a HashSet<&'a str>,
     new_columns: &'a [&'a ColumnInfo],
 }
 
@@ -503,7 +542,10 @@ impl Before<'_> {
                     let child_type = evolved_type(child, column, relation)?;
                     children.push(with(child, &column.name, child_type));
                 }
-                None if self.retired.contains(child.name.as_str()) => {
+                None if self.retired.contains(child.name.as_str())
+                    || (!child.name.starts_with("_cdc_")
+                        && self.taken.contains(child.name.as_str())) =>
+                {
                     children.push(retire(child));
                 }
                 None => children.push(child.clone()),
@@ -529,12 +571,13 @@ fn with(field: &NestedFieldRef, name: &str, field_type: Type) -> NestedFieldRef 
     })
 }
 
-/// The record of [`ATTNUMS`] for the relation's columns in `fields`; a
-/// column whose number is unknown keeps the one `recorded` for its field.
+/// The record of [`ATTNUMS`] for the relation's columns: each held one's
+/// field, or the one added for it among `added`; a column whose number is
+/// unknown keeps the one `recorded` for its field.
 fn attnum_record(
     relation: &RelationInfo,
     holders: &[Option<&NestedFieldRef>],
-    fields: &[NestedFieldRef],
+    added: &[NestedFieldRef],
     recorded: Option<&HashMap<i16, i32>>,
 ) -> String {
     let mut pairs: Vec<(i16, i32)> = relation
@@ -544,7 +587,7 @@ fn attnum_record(
         .filter_map(|(column, holder)| {
             let id = match holder {
                 Some(field) => field.id,
-                None => fields.iter().find(|f| f.name == column.name)?.id,
+                None => added.iter().find(|f| f.name == column.name)?.id,
             };
             let number = column.attnum.or_else(|| {
                 recorded?

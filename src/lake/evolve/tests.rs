@@ -370,3 +370,80 @@ fn nested_lists_of_several_columns_keep_their_fields() {
         assert!(planned.is_none(), "{mode:?}: {attnums} {planned:?}");
     }
 }
+
+#[test]
+fn a_rename_to_a_dropped_columns_name_retires_the_dropped_field_in_bronze() {
+    // DROP COLUMN amount; RENAME COLUMN tags TO amount.
+    let mut relation = base();
+    relation.columns.remove(2);
+    relation.columns[1].name = "amount".into();
+    let (old, _) = made(Mode::Bronze);
+    let bronze = next(Mode::Bronze, &relation).unwrap().unwrap();
+    let old_amount = field(&old, "amount").id;
+    assert_eq!(field(&bronze.schema, "amount").id, field(&old, "tags").id);
+    assert_eq!(
+        field(&bronze.schema, &format!("amount__{old_amount}")).id,
+        old_amount
+    );
+    let before = before_field(&old, "amount").id;
+    assert_eq!(
+        before_field(&bronze.schema, &format!("amount__{before}")).id,
+        before
+    );
+    let silver = next(Mode::Silver, &relation).unwrap().unwrap().schema;
+    assert_eq!(
+        field(&silver, "amount").id,
+        made(Mode::Silver)
+            .0
+            .as_struct()
+            .field_by_name("tags")
+            .unwrap()
+            .id
+    );
+}
+
+#[test]
+fn ahead_of_its_stream_bronze_records_no_number_for_a_column_it_did_not_add() {
+    // RENAME tags TO labels; ADD COLUMN tags: bronze still calls the field
+    // of `labels` tags, so the new column waits for the stream.
+    let mut relation = base();
+    relation.columns[1].name = "labels".into();
+    let mut tags = column("tags", PgType::Text, -1, false);
+    tags.attnum = Some(4);
+    relation.columns.push(tags);
+    let (schema, attnums) = made(Mode::Bronze);
+    let ahead = plan_schema(
+        &schema,
+        schema.highest_field_id(),
+        Some(&attnums),
+        &relation,
+        Mode::BronzeAhead,
+    )
+    .unwrap();
+    assert!(
+        ahead.as_ref().is_none_or(|e| !e.attnums.contains("4:")),
+        "{ahead:?}"
+    );
+}
+
+#[test]
+fn a_single_key_column_other_than_an_integer_reloads_silver_when_promoted() {
+    let keyed = |t: PgType, modifier: i32| numbered(relation(vec![column("k", t, modifier, true)]));
+    let plan = |from: &RelationInfo, to: &RelationInfo| {
+        let schema = silver_schema(from).unwrap();
+        let attnums = plan_schema(&schema, 10, None, from, Mode::Silver)
+            .unwrap()
+            .unwrap()
+            .attnums;
+        plan_schema(&schema, 10, Some(&attnums), to, Mode::Silver)
+            .unwrap()
+            .unwrap()
+    };
+    let decimal = plan(
+        &keyed(PgType::Numeric, typmod(10, 2)),
+        &keyed(PgType::Numeric, typmod(12, 2)),
+    );
+    assert!(decimal.reload, "a decimal key is encoded by its type");
+    let integer = plan(&keyed(PgType::Int4, -1), &keyed(PgType::Int8, -1));
+    assert!(!integer.reload, "an integer key's encoding is the same");
+}
