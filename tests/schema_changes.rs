@@ -5,12 +5,16 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wal2iceberg::ops::run::run;
+use wal2iceberg::ops::run::{RunOptions, run};
 
 use crate::support::*;
 
 const SILVER: &str = "shop.orders";
 const BRONZE: &str = "shop.orders_changes";
+
+/// `orders`, the table the rename tests change, with two rows.
+const TWO_ORDERS: &str = "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
+     INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);";
 
 async fn schema(lake: &std::path::Path, table: &str) -> Value {
     pyiceberg(lake, table, "schema").await
@@ -25,6 +29,26 @@ async fn history(lake: &std::path::Path, column: &str) -> Vec<Value> {
         .iter()
         .map(|r| r[column].clone())
         .collect()
+}
+
+/// A new lake, `orders` loaded into it by a first run on a slot named
+/// after `prefix`; that run's options.
+async fn loaded(db: &TestDb, prefix: &str) -> (tempfile::TempDir, RunOptions) {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(db, &["orders"], &unique(prefix), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    (dir, opts)
+}
+
+/// `verify` of `orders` passes: it reads the older files under the new
+/// names too.
+async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
+    let verified = verify_lake(db, slot, lake, "public.orders").await;
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
 }
 
 /// Waits until the run confirmed everything written so far.
@@ -47,9 +71,7 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
          INSERT INTO orders VALUES (1, 'ann', 1, 9.99, 'a');",
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = run_options(&db, &["orders"], &unique("ddl"), dir.path());
-    run(&db.config, &opts).await.unwrap();
+    let (dir, mut opts) = loaded(&db, "ddl").await;
     let before = [
         schema(dir.path(), SILVER).await,
         schema(dir.path(), BRONZE).await,
@@ -139,26 +161,14 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
             (3, "cy".to_owned(), 5_000_000_000)
         ]
     );
-    // verify reads the older files under the new names too.
-    let verified = verify_lake(&db, &opts.capture.slot, dir.path(), "public.orders").await;
-    assert!(
-        verified.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verified.stdout)
-    );
+    assert_verified(&db, &opts.capture.slot, dir.path()).await;
 }
 
 #[tokio::test]
 async fn a_rename_made_while_stopped_is_recognised_at_start_by_its_column_number() {
     let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
-         INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);",
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let opts = run_options(&db, &["orders"], &unique("stopped"), dir.path());
-    run(&db.config, &opts).await.unwrap();
+    db.exec(TWO_ORDERS).await;
+    let (dir, opts) = loaded(&db, "stopped").await;
     let before = schema(dir.path(), SILVER).await;
 
     // Two renames, the key's among them, and a new column under a name
@@ -191,9 +201,7 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
          INSERT INTO orders SELECT i, i, i * 1.5, 'n' FROM generate_series(1, 50) i;",
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut opts = run_options(&db, &["orders"], &unique("retype"), dir.path());
-    run(&db.config, &opts).await.unwrap();
+    let (dir, mut opts) = loaded(&db, "retype").await;
     let before = schema(dir.path(), BRONZE).await;
 
     opts.exit_when_idle = Some(Duration::from_secs(5));
@@ -249,25 +257,14 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
     let reads_of_5 = of("r", 5);
     assert_eq!(reads_of_5.len(), 2, "the load and the reload");
     assert_eq!(reads_of_5[1]["qty"], json!("5 pcs"));
-    let verified = verify_lake(&db, &slot, dir.path(), "public.orders").await;
-    assert!(
-        verified.status.success(),
-        "{}",
-        String::from_utf8_lossy(&verified.stdout)
-    );
+    assert_verified(&db, &slot, dir.path()).await;
 }
 
 #[tokio::test]
 async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stream_carries() {
     let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
-         INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);",
-    )
-    .await;
-    let dir = tempfile::tempdir().unwrap();
-    let opts = run_options(&db, &["orders"], &unique("exact"), dir.path());
-    run(&db.config, &opts).await.unwrap();
+    db.exec(TWO_ORDERS).await;
+    let (dir, opts) = loaded(&db, "exact").await;
     let before = schema(dir.path(), BRONZE).await;
     let installed = db
         .client
@@ -316,9 +313,7 @@ async fn a_table_renamed_while_streaming_keeps_flowing_to_its_iceberg_tables() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE orders(id int PRIMARY KEY, qty int); INSERT INTO orders VALUES (1, 1);")
         .await;
-    let dir = tempfile::tempdir().unwrap();
-    let opts = run_options(&db, &["orders"], &unique("tablerename"), dir.path());
-    run(&db.config, &opts).await.unwrap();
+    let (dir, opts) = loaded(&db, "tablerename").await;
 
     let slot = opts.capture.slot.clone();
     let mut streaming = run_options(&db, &["orders"], &slot, dir.path());
