@@ -278,7 +278,19 @@ fn load_batch(
             ))),
             BEFORE => no_before_column(field.data_type(), rows)?,
             VERBATIM => verbatim.array(field, rows)?,
-            _ => load_source_column(field, fields, columns, rows)?,
+            _ => match load_source_column(field, fields, columns, rows) {
+                Ok(array) => array,
+                // A resync's relation ahead of bronze's stream, with a type
+                // changed since that bronze's field cannot hold: its values
+                // reach bronze as the stream's changes (docs/tables.md).
+                Err(e) => {
+                    tracing::warn!(
+                        column = %field.name(), error = %e,
+                        "a reload's values of a column retyped ahead of bronze's stream are null in bronze's reads"
+                    );
+                    new_null_array(field.data_type(), rows)
+                }
+            },
         };
         out.push(array);
     }

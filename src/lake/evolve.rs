@@ -215,10 +215,18 @@ fn plan_schema(
         let Some(field) = *holder else {
             continue;
         };
+        let wanted = iceberg_type(column);
         if mode == Mode::BronzeAhead {
+            // Widened ahead of the stream: the load's values need the
+            // wider type, and the stream's narrower ones fit it.
+            if let Some(wider) =
+                promoted(&field.field_type, &wanted).filter(|t| *t != *field.field_type)
+            {
+                changes.push(format!("promote {:?} to {wider}", field.name));
+                evolved.insert(field.id, (column, wider));
+            }
             continue;
         }
-        let wanted = iceberg_type(column);
         let Some(field_type) = promoted(&field.field_type, &wanted) else {
             let change = format!(
                 "retype {:?} from {} to {wanted}",
@@ -300,7 +308,11 @@ fn plan_schema(
     for field in schema.as_struct().fields() {
         match evolved.get(&field.id) {
             Some((column, field_type)) => {
-                fields.push(with(field, &column.name, field_type.clone()))
+                let name = match mode {
+                    Mode::BronzeAhead => &field.name,
+                    _ => &column.name,
+                };
+                fields.push(with(field, name, field_type.clone()))
             }
             None if retyped.contains(&field.id) && mode == Mode::Bronze => {
                 fields.push(retire(field));
@@ -311,6 +323,7 @@ fn plan_schema(
             }
             None if field.name == BEFORE && !mode.silver() => {
                 let before = Before {
+                    keep_names: mode == Mode::BronzeAhead,
                     by_old_name: &by_old_name,
                     retired: &retired,
                     taken: &taken,
@@ -516,6 +529,8 @@ fn promoted(held: &Type, wanted: &Type) -> Option<Type> {
 /// What bronze's `_cdc_before` takes of an evolution, by the old names of
 /// the source columns it holds.
 struct Before<'a> {
+    /// [`Mode::BronzeAhead`]: promoted, not renamed.
+    keep_names: bool,
     by_old_name: &'a HashMap<&'a str, &'a ColumnInfo>,
     retired: &'a HashSet<&'a str>,
     /// [`plan_schema`]'s names the columns take.
@@ -540,7 +555,11 @@ impl Before<'_> {
             match self.by_old_name.get(child.name.as_str()) {
                 Some(column) => {
                     let child_type = evolved_type(child, column, relation)?;
-                    children.push(with(child, &column.name, child_type));
+                    let name = match self.keep_names {
+                        true => &child.name,
+                        false => &column.name,
+                    };
+                    children.push(with(child, name, child_type));
                 }
                 None if self.retired.contains(child.name.as_str())
                     || (!child.name.starts_with("_cdc_")

@@ -447,3 +447,28 @@ fn a_single_key_column_other_than_an_integer_reloads_silver_when_promoted() {
     let integer = plan(&keyed(PgType::Int4, -1), &keyed(PgType::Int8, -1));
     assert!(!integer.reload, "an integer key's encoding is the same");
 }
+
+#[test]
+fn ahead_of_its_stream_bronze_takes_promotions_but_keeps_its_names() {
+    // RENAME amount TO total; ALTER total TYPE numeric(20,2).
+    let mut relation = base();
+    relation.columns[2].name = "total".into();
+    relation.columns[2].type_modifier = typmod(20, 2);
+    let (schema, attnums) = made(Mode::Bronze);
+    let ahead = plan_schema(
+        &schema,
+        schema.highest_field_id(),
+        Some(&attnums),
+        &relation,
+        Mode::BronzeAhead,
+    )
+    .unwrap()
+    .unwrap();
+    let wider = Type::Primitive(PrimitiveType::Decimal {
+        precision: 20,
+        scale: 2,
+    });
+    assert_eq!(*field(&ahead.schema, "amount").field_type, wider);
+    assert_eq!(*before_field(&ahead.schema, "amount").field_type, wider);
+    assert!(ahead.schema.as_struct().field_by_name("total").is_none());
+}
