@@ -24,7 +24,7 @@ fn numbered(mut relation: RelationInfo) -> RelationInfo {
 /// columns' numbers.
 fn made(mode: Mode) -> (Schema, String) {
     let schema = match mode {
-        Mode::Bronze => bronze_schema(&base()),
+        Mode::Bronze | Mode::BronzeAhead => bronze_schema(&base()),
         _ => silver_schema(&base()),
     }
     .unwrap();
@@ -411,15 +411,7 @@ fn ahead_of_its_stream_bronze_records_no_number_for_a_column_it_did_not_add() {
     let mut tags = column("tags", PgType::Text, -1, false);
     tags.attnum = Some(4);
     relation.columns.push(tags);
-    let (schema, attnums) = made(Mode::Bronze);
-    let ahead = plan_schema(
-        &schema,
-        schema.highest_field_id(),
-        Some(&attnums),
-        &relation,
-        Mode::BronzeAhead,
-    )
-    .unwrap();
+    let ahead = next(Mode::BronzeAhead, &relation).unwrap();
     assert!(
         ahead.as_ref().is_none_or(|e| !e.attnums.contains("4:")),
         "{ahead:?}"
@@ -454,16 +446,7 @@ fn ahead_of_its_stream_bronze_takes_promotions_but_keeps_its_names() {
     let mut relation = base();
     relation.columns[2].name = "total".into();
     relation.columns[2].type_modifier = typmod(20, 2);
-    let (schema, attnums) = made(Mode::Bronze);
-    let ahead = plan_schema(
-        &schema,
-        schema.highest_field_id(),
-        Some(&attnums),
-        &relation,
-        Mode::BronzeAhead,
-    )
-    .unwrap()
-    .unwrap();
+    let ahead = next(Mode::BronzeAhead, &relation).unwrap().unwrap();
     let wider = Type::Primitive(PrimitiveType::Decimal {
         precision: 20,
         scale: 2,
