@@ -34,8 +34,9 @@ pub enum ErrorKind {
     Io,
     /// The Iceberg catalog or table refused an operation.
     Lake,
-    /// A concurrent change at the source spoiled a consistent read (a
-    /// TRUNCATE after a snapshot was taken); a new attempt may succeed.
+    /// A concurrent change spoiled a consistent read or write (a TRUNCATE
+    /// after a snapshot was taken, another writer's schema change under a
+    /// batch); a new attempt may succeed.
     Concurrent,
 }
 

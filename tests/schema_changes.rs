@@ -308,8 +308,81 @@ async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stre
     );
 }
 
+/// A crash after a batch staged a schema change and before it committed:
+/// the next run meets the changes before the rename again, with the
+/// columns as they were, against tables the rename never reached, and
+/// takes them as the first run would have. (Committed on its own, the
+/// rename would have sent them to the new column of the old name.)
 #[tokio::test]
-async fn a_table_renamed_while_streaming_keeps_flowing_to_its_iceberg_tables() {
+async fn a_crash_between_a_schema_change_and_its_rows_splits_and_loses_nothing() {
+    let db = TestDb::new().await;
+    db.exec(TWO_ORDERS).await;
+    let (dir, opts) = loaded(&db, "evolvecrash").await;
+    let before = [
+        schema(dir.path(), SILVER).await,
+        schema(dir.path(), BRONZE).await,
+    ];
+    db.exec(
+        "UPDATE orders SET qty = 10 WHERE id = 1;
+         ALTER TABLE orders RENAME COLUMN customer TO buyer;
+         ALTER TABLE orders ADD COLUMN customer text;
+         UPDATE orders SET buyer = 'anna', customer = 'c' WHERE id = 1;",
+    )
+    .await;
+    let (url, lake) = (db.config_url(), dir.path().display().to_string());
+    let args = [
+        "run",
+        "--source",
+        &url,
+        "--slot",
+        &opts.capture.slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--publication",
+        &opts.capture.publication,
+        "--tables",
+        "public.orders",
+        "--exit-when-idle",
+        "2s",
+    ];
+    let crashed = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(args)
+        .env(wal2iceberg::failpoint::VARIABLE, "schema-staged:1")
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&crashed.stderr);
+    assert!(
+        !crashed.status.success() && said.contains("failpoint schema-staged reached"),
+        "{said}"
+    );
+    assert_eq!(
+        schema(dir.path(), BRONZE).await,
+        before[1],
+        "nothing landed"
+    );
+    assert_success(&cli(&args).await);
+
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    for (table, before) in [SILVER, BRONZE].into_iter().zip(&before) {
+        let after = schema(dir.path(), table).await;
+        assert_eq!(after["ids"]["buyer"], before["ids"]["customer"], "{after}");
+    }
+    assert_eq!(
+        history(dir.path(), "buyer").await,
+        ["ann", "bob", "ann", "anna"].map(|s| json!(s))
+    );
+    assert_eq!(
+        history(dir.path(), "customer").await,
+        [json!(null), json!(null), json!(null), json!("c")]
+    );
+    assert_verified(&db, &opts.capture.slot, dir.path()).await;
+}
+
+#[tokio::test]
+async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     let db = TestDb::new().await;
     db.exec("CREATE TABLE orders(id int PRIMARY KEY, qty int); INSERT INTO orders VALUES (1, 1);")
         .await;
@@ -344,10 +417,28 @@ async fn a_table_renamed_while_streaming_keeps_flowing_to_its_iceberg_tables() {
         [json!(1), json!(2), json!(10)]
     );
 
-    // A new start names the table as it is now: the old name is refused
-    // before anything is changed.
+    // A new start, named the table's old name as before, finds it by its
+    // OID and goes on under the new one, into the same Iceberg tables.
+    db.exec("UPDATE orders_v2 SET qty = 20 WHERE id = 2;").await;
+    run(&db.config, &opts).await.unwrap();
+    assert_eq!(
+        history(dir.path(), "qty").await,
+        [json!(1), json!(2), json!(10), json!(20)]
+    );
+    let verified = verify_lake(&db, &slot, dir.path(), "public.orders_v2").await;
+    assert_success(&verified);
+
+    // Dropped and created again under the name the lake now records: a
+    // different table, refused before anything changes.
+    db.exec(
+        "DROP TABLE orders_v2;
+         CREATE TABLE orders_v2(id int PRIMARY KEY, qty int);
+         INSERT INTO orders_v2 VALUES (7, 7);",
+    )
+    .await;
     let confirmed = db.confirmed_flush(&slot).await;
     let err = run(&db.config, &opts).await.unwrap_err().to_string();
-    assert!(err.contains("public.orders"), "{err}");
+    assert!(err.contains("dropped and created again"), "{err}");
+    assert!(err.contains("public.orders_v2"), "{err}");
     assert_eq!(db.confirmed_flush(&slot).await, confirmed);
 }

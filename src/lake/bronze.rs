@@ -26,8 +26,9 @@ use arrow_buffer::NullBuffer;
 use arrow_schema::{DataType, FieldRef, Fields, Schema as ArrowSchema};
 use futures_util::{Stream, StreamExt};
 
-use iceberg::TableIdent;
 use iceberg::spec::DataFile;
+use iceberg::table::Table;
+use iceberg::{TableIdent, TableUpdate};
 
 use super::arrow::{Verbatim, build_array_keeping, load_source_column, with_verbatim};
 use super::catalog::Lake;
@@ -37,6 +38,7 @@ use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, VERBATIM, XID,
     column_names,
 };
+use super::staged_schema::StagedSchema;
 use super::writer::{LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, write_data_files};
 use crate::cdc::event::{Change, ColumnFinder, Datum, ImageKind, Op, TxInfo};
 use crate::cdc::value::Value;
@@ -51,6 +53,8 @@ pub struct BronzeTable {
     /// The initial load's data file being written, and the table's schema
     /// as Arrow while it is.
     load: Option<(LoadFile, Arc<ArrowSchema>)>,
+    /// The schema changes the open batch commits.
+    schema: StagedSchema,
 }
 
 impl BronzeTable {
@@ -61,11 +65,28 @@ impl BronzeTable {
             buffer_bytes: 0,
             written: Vec::new(),
             load: None,
+            schema: StagedSchema::default(),
         }
     }
 
     pub fn ident(&self) -> &TableIdent {
         &self.ident
+    }
+
+    /// The table as the open batch sees it: its schema changes staged.
+    pub async fn table(&self, lake: &Lake) -> Result<Table> {
+        self.schema.table(lake, &self.ident).await
+    }
+
+    /// Stages schema updates planned on [`Self::table`], for the open
+    /// batch's commit.
+    pub fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {
+        self.schema.stage(table, updates);
+    }
+
+    /// Whether the open batch commits a schema change.
+    pub fn schema_staged(&self) -> bool {
+        self.schema.changes_schema()
     }
 
     /// Bronze's rows, which must all be of its initial load at `at`, batch
@@ -78,7 +99,7 @@ impl BronzeTable {
         lake: &Lake,
         at: Position,
     ) -> Result<impl Stream<Item = Result<(RecordBatch, Verbatim)>> + use<>> {
-        let table = lake.catalog_table(&self.ident).await?;
+        let table = self.table(lake).await?;
         let columns: Vec<String> = column_names(&table)
             .into_iter()
             .filter(|name| name != BEFORE)
@@ -108,7 +129,7 @@ impl BronzeTable {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        let table = lake.catalog_table(&self.ident).await?;
+        let table = self.table(lake).await?;
         let changes: Vec<&Change> = self.buffer.iter().map(AsRef::as_ref).collect();
         let batch = bronze_batch(&arrow_schema(&table)?, &changes)
             .map_err(|e| e.with_context("table", &self.ident))?;
@@ -134,7 +155,7 @@ impl BronzeTable {
         let (file, schema) = match &mut self.load {
             Some(open) => open,
             None => {
-                let table = lake.catalog_table(&self.ident).await?;
+                let table = self.table(lake).await?;
                 let open = (LoadFile::create(&table).await?, arrow_schema(&table)?);
                 self.load.insert(open)
             }
@@ -191,6 +212,7 @@ impl BronzeTable {
         let delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties,
+            schema: std::mem::take(&mut self.schema),
             ..RowDelta::default()
         };
         commit_row_delta(lake, &self.ident, &delta).await?;

@@ -1,11 +1,13 @@
 //! Following the source's schema: a relation (from a new Relation message,
 //! or at start) compared with the columns a table already has, and the
-//! table brought to it in one schema commit of its own (docs/tables.md,
-//! Schema changes). Each source column is matched to the field that holds
-//! it by its attribute number, which a rename keeps and an added column
-//! never reuses; the table records each field's number
-//! ([`ATTNUMS`]) in the same commit (a table's first follow writes the
-//! record alone: the catalog numbers a new table's fields itself). Where a
+//! schema updates that bring the table to it (docs/tables.md, Schema
+//! changes), staged with the batch that brought the relation and committed
+//! in its snapshot ([`super::staged_schema`]). Each source column is
+//! matched to the field that holds it by its attribute number, which a
+//! rename keeps and an added column never reuses; the table records each
+//! field's number ([`ATTNUMS`]) in the same commit (a table's first follow
+//! writes the record alone: the catalog numbers a new table's fields
+//! itself). Where a
 //! number is unknown (a table written before this record, a relation the
 //! catalog had moved on from when asked), by name.
 //!
@@ -24,29 +26,29 @@
 //!   as it is for a promoted column of a key of several columns.
 //! - A changed primary key, or a key column's type Iceberg cannot promote,
 //!   is refused with an error that says what changed, before anything is
-//!   committed.
+//!   staged.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use iceberg::TableUpdate;
 use iceberg::spec::{
-    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, TableMetadataBuilder,
-    Type,
+    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
 };
 use iceberg::table::Table;
 
-use super::catalog::{Lake, iceberg_error};
-use super::row_delta::{commit_metadata, current_location};
 use super::schema::{BEFORE, FieldIds, VERBATIM, iceberg_type, numbered_type, verbatim_type};
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
-use crate::failpoint;
 
 /// The table property that records, for each source column a table holds,
 /// its attribute number and the field holding it: `attnum:field id` pairs,
 /// comma-separated.
 pub const ATTNUMS: &str = "wal2iceberg.attnums";
+/// The OID of the source table whose numbers [`ATTNUMS`] records: those
+/// of a table dropped and created again under the same name are not its.
+pub const ATTNUMS_OF: &str = "wal2iceberg.attnums-of";
 
 /// What [`follow`] changed.
 #[derive(Debug, Default)]
@@ -58,6 +60,8 @@ pub struct Followed {
     /// Silver cannot take the change in place: its rows must be loaded
     /// anew ([`Mode::SilverReload`]). Nothing of silver was changed.
     pub reload_silver: bool,
+    /// Each table's updates, in the order [`follow`] was given them.
+    pub updates: Vec<Vec<TableUpdate>>,
 }
 
 /// How a table follows a relation.
@@ -85,14 +89,11 @@ impl Mode {
     }
 }
 
-/// Brings `tables` of one source table (bronze's and silver's, each in
-/// its [`Mode`]) to the relation's columns.
-pub async fn follow(
-    lake: &Lake,
-    tables: &[(&Table, Mode)],
-    relation: &RelationInfo,
-) -> Result<Followed> {
-    // Everything is checked before anything is committed.
+/// The updates that bring `tables` of one source table (bronze's and
+/// silver's, each in its [`Mode`], as the open batch sees them) to the
+/// relation's columns, one list per table in [`Followed::updates`].
+pub fn follow(tables: &[(&Table, Mode)], relation: &RelationInfo) -> Result<Followed> {
+    // Everything is checked before anything is staged.
     let mut plans = Vec::new();
     for &(table, mode) in tables {
         plans.push((table, mode, plan(table, relation, mode)?));
@@ -100,6 +101,7 @@ pub async fn follow(
     let mut followed = Followed::default();
     for (table, mode, planned) in plans {
         let Some(evolution) = planned else {
+            followed.updates.push(Vec::new());
             continue;
         };
         if evolution.reload {
@@ -108,18 +110,31 @@ pub async fn follow(
                 "the table cannot take the source's schema change in place: it is loaded anew"
             );
             followed.reload_silver = true;
+            followed.updates.push(Vec::new());
             continue;
         }
         tracing::info!(
             table = %table.identifier(), changes = ?evolution.changes,
             "following the source's schema"
         );
-        commit(lake, table, relation, mode).await?;
+        let record = TableUpdate::SetProperties {
+            updates: HashMap::from([
+                (ATTNUMS.to_owned(), evolution.attnums),
+                (ATTNUMS_OF.to_owned(), relation.oid.to_string()),
+            ]),
+        };
         if evolution.changes.is_empty() {
             // The attnum record alone, of a table written before it.
+            followed.updates.push(vec![record]);
             continue;
         }
-        failpoint::hit("mid-schema-change");
+        followed.updates.push(vec![
+            TableUpdate::AddSchema {
+                schema: evolution.schema,
+            },
+            TableUpdate::SetCurrentSchema { schema_id: -1 },
+            record,
+        ]);
         followed.changed = true;
         if mode.silver() {
             followed.added_to_silver = evolution.added;
@@ -141,44 +156,28 @@ struct Evolution {
     reload: bool,
 }
 
-/// Writes the table's evolution, planned again on the table as it is at
-/// each attempt: another writer's commit in between is kept.
-async fn commit(lake: &Lake, table: &Table, relation: &RelationInfo, mode: Mode) -> Result<()> {
-    let mut table = table.clone();
-    loop {
-        let Some(evolution) = plan(&table, relation, mode)?.filter(|e| !e.reload) else {
-            return Ok(());
-        };
-        let context = |e: iceberg::Error| {
-            iceberg_error(e, "cannot change the table's schema")
-                .with_context("table", table.identifier())
-        };
-        let built = TableMetadataBuilder::new_from_metadata(
-            table.metadata().clone(),
-            Some(current_location(&table)?),
-        )
-        .add_current_schema(evolution.schema)
-        .and_then(|b| b.set_properties(HashMap::from([(ATTNUMS.to_owned(), evolution.attnums)])))
-        .and_then(|b| b.build())
-        .map_err(context)?;
-        if commit_metadata(lake, &table, built).await? {
-            return Ok(());
-        }
-        table = lake.catalog_table(table.identifier()).await?;
-    }
-}
-
 /// The table's next schema, or `None` when it already is the relation's.
 fn plan(table: &Table, relation: &RelationInfo, mode: Mode) -> Result<Option<Evolution>> {
     let metadata = table.metadata();
-    let recorded = metadata.properties().get(ATTNUMS).map(String::as_str);
     plan_schema(
         metadata.current_schema(),
         metadata.last_column_id(),
-        recorded,
+        recorded(table, relation),
         relation,
         mode,
     )
+}
+
+/// The table's [`ATTNUMS`] text, when it is of the relation's table.
+fn recorded<'a>(table: &'a Table, relation: &RelationInfo) -> Option<&'a str> {
+    let properties = table.metadata().properties();
+    let of_relation = properties
+        .get(ATTNUMS_OF)
+        .is_none_or(|oid| *oid == relation.oid.to_string());
+    properties
+        .get(ATTNUMS)
+        .filter(|_| of_relation)
+        .map(String::as_str)
 }
 
 /// [`plan`] for a table of `schema`, whose highest field id ever is
@@ -410,12 +409,12 @@ fn retire(field: &NestedFieldRef) -> NestedFieldRef {
 /// whose relation is ahead of the table's stream ([`Mode::BronzeAhead`])
 /// names a column renamed since as the table does not yet.
 pub fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
-    let metadata = table.metadata();
-    let recorded = metadata
-        .properties()
-        .get(ATTNUMS)
-        .map(|text| parse_attnums(text));
-    let holders = holders(metadata.current_schema(), relation, recorded.as_ref());
+    let recorded = recorded(table, relation).map(parse_attnums);
+    let holders = holders(
+        table.metadata().current_schema(),
+        relation,
+        recorded.as_ref(),
+    );
     let held: HashSet<&str> = holders.iter().flatten().map(|f| f.name.as_str()).collect();
     holders
         .iter()

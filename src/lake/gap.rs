@@ -143,7 +143,7 @@ async fn newest_values(
     key: &[u8],
     wanted: &[String],
 ) -> Result<Option<Vec<Value>>> {
-    let table = lake.catalog_table(bronze.ident()).await?;
+    let table = bronze.table(lake).await?;
     let present = column_names(&table);
     let mut columns: Vec<String> = vec![OP.into(), COMMIT_LSN.into(), SEQ.into()];
     for name in key_names.iter().chain(wanted) {

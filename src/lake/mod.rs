@@ -18,6 +18,7 @@
 //! - `scan`: reading a table's rows, older files of evolved structs too.
 //! - `silver`: the current-state table, its key index and staged batch.
 //! - `schema`: the bronze and silver schemas and the type mapping.
+//! - `staged_schema`: schema changes committed with the batch's rows.
 //! - `sorted_run`: the key index's files on local disk.
 //! - `writer`: Parquet data files and the source position of a snapshot.
 
@@ -37,4 +38,5 @@ pub mod scan;
 pub mod schema;
 pub mod silver;
 pub mod sorted_run;
+pub mod staged_schema;
 pub mod writer;

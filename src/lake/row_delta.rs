@@ -44,6 +44,7 @@ use parquet::file::properties::WriterProperties;
 use sqlx::Row;
 
 use super::catalog::{CATALOG_NAME, Lake, iceberg_error};
+use super::staged_schema::StagedSchema;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 
@@ -65,6 +66,9 @@ pub struct RowDelta {
     pub removed: HashSet<String>,
     /// Extra snapshot summary properties (the source position).
     pub properties: HashMap<String, String>,
+    /// Schema changes the same commit makes, ahead of the snapshot: those
+    /// of the changes whose rows it adds.
+    pub schema: StagedSchema,
 }
 
 /// Rows of a position delete file built into one Arrow batch at a time.
@@ -193,11 +197,14 @@ pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Resu
     Ok(committed)
 }
 
-/// One attempt; `None` when another commit won the race.
-async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Option<Table>> {
+/// One attempt on `base`; `None` when another commit won the race.
+async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Option<Table>> {
     let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot write the snapshot").with_context("table", table.identifier())
+        iceberg_error(e, "cannot write the snapshot").with_context("table", base.identifier())
     };
+    // The manifests and the snapshot are of the schema the commit makes.
+    let evolved = delta.schema.over(base)?;
+    let table = &evolved;
     let metadata = table.metadata();
     let snapshot_id = unique_snapshot_id(table);
     let sequence_number = metadata.next_sequence_number();
@@ -340,10 +347,13 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
         .with_timestamp_ms(now_ms())
         .build();
 
-    let current_location = current_location(table)?;
-    let built = metadata
-        .clone()
-        .into_builder(Some(current_location))
+    let current_location = current_location(base)?;
+    let built = delta
+        .schema
+        .apply(
+            base,
+            base.metadata().clone().into_builder(Some(current_location)),
+        )?
         .add_snapshot(snapshot)
         .and_then(|b| {
             b.set_ref(
@@ -353,10 +363,10 @@ async fn try_commit(lake: &Lake, table: &Table, delta: &RowDelta) -> Result<Opti
         })
         .and_then(|b| b.build())
         .map_err(context)?;
-    if !commit_metadata(lake, table, built).await? {
+    if !commit_metadata(lake, base, built).await? {
         return Ok(None);
     }
-    Ok(Some(lake.catalog_table(table.identifier()).await?))
+    Ok(Some(lake.catalog_table(base.identifier()).await?))
 }
 
 /// The location of the table's current metadata file.

@@ -25,10 +25,10 @@ use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
 use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, FieldRef, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
-use iceberg::TableIdent;
 use iceberg::scan::FileScanTask;
 use iceberg::spec::{DataContentType, DataFile};
 use iceberg::table::Table;
+use iceberg::{TableIdent, TableUpdate};
 use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::schema::types::SchemaDescriptor;
@@ -42,6 +42,7 @@ use super::key::{Key, KeyCodec};
 use super::key_index::{KeyIndex, NewFile};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
+use super::staged_schema::StagedSchema;
 use super::writer::{
     LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
     write_data_files,
@@ -78,6 +79,8 @@ pub struct SilverTable {
     files: FileCounts,
     /// The initial load staged, while it is.
     load: Option<Load>,
+    /// The schema changes the open batch commits.
+    schema_changes: StagedSchema,
 }
 
 /// An initial load being staged.
@@ -137,6 +140,7 @@ impl SilverTable {
             cached_file: None,
             files: FileCounts::default(),
             load: None,
+            schema_changes: StagedSchema::default(),
         };
         silver.rebuild_index(&table).await?;
         Ok(silver)
@@ -146,13 +150,24 @@ impl SilverTable {
         &self.ident
     }
 
+    /// The table as the open batch sees it: its schema changes staged.
+    pub async fn table(&self, lake: &Lake) -> Result<Table> {
+        self.schema_changes.table(lake, &self.ident).await
+    }
+
+    /// Stages schema updates planned on [`Self::table`], for the open
+    /// batch's commit; [`Self::refresh_schema`] then takes them up.
+    pub fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {
+        self.schema_changes.stage(table, updates);
+    }
+
     /// Takes up the table's current schema after it evolved. The key's
     /// encoding follows its types: the index holds keys of the old one,
     /// which only a single integer or text key keeps (a key of several
     /// columns changes type only for a reload, which begins with an empty
     /// index: [`crate::lake::evolve::Mode::SilverReload`]).
     pub async fn refresh_schema(&mut self, lake: &Lake) -> Result<()> {
-        let table = lake.catalog_table(&self.ident).await?;
+        let table = self.table(lake).await?;
         self.schema = arrow_schema(&table)?;
         self.key_fields = key_fields(&table, &self.schema)?;
         let fields: Vec<&Field> = self
@@ -375,7 +390,7 @@ impl SilverTable {
     /// asked for again.
     async fn file_rows(&mut self, lake: &Lake, path: &Arc<str>) -> Result<&[RecordBatch]> {
         if self.cached_file.as_ref().is_none_or(|(p, _)| p != path) {
-            let table = lake.catalog_table(&self.ident).await?;
+            let table = self.table(lake).await?;
             let batches = read_parquet(&table, path, "cannot read a silver data file")
                 .await?
                 .map(|batch| align(&batch?, &self.schema, path))
@@ -507,7 +522,7 @@ impl SilverTable {
         let (file, indexed) = match &mut load.file {
             Some(open) => open,
             None => {
-                let table = lake.catalog_table(&self.ident).await?;
+                let table = self.schema_changes.table(lake, &self.ident).await?;
                 let file = LoadFile::create(&table).await?;
                 let indexed = self.index.new_file(file.path().into())?;
                 load.file.insert((file, indexed))
@@ -560,7 +575,7 @@ impl SilverTable {
         if changes.is_empty() {
             return Ok(());
         }
-        let table = lake.catalog_table(&self.ident).await?;
+        let table = self.table(lake).await?;
         let batch = self
             .batch(&changes)
             .map_err(|e| e.with_context("table", &self.ident))?;
@@ -595,10 +610,11 @@ impl SilverTable {
         let mut delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties: position.summary(),
+            schema: std::mem::take(&mut self.schema_changes),
             ..RowDelta::default()
         };
         if !self.deletes.is_empty() {
-            let table = lake.catalog_table(&self.ident).await?;
+            let table = self.table(lake).await?;
             let deletes = std::mem::take(&mut self.deletes);
             delta
                 .delete_files

@@ -198,15 +198,27 @@ impl TableSink {
         if let Some(table) = self.silver.as_mut().filter(|_| silver.is_some()) {
             table.write_staged(lake).await?;
         }
-        let bronze_table = lake.catalog_table(self.bronze.ident()).await?;
+        let bronze_table = self.bronze.table(lake).await?;
         let silver_table = match (&self.silver, silver) {
-            (Some(table), Some(_)) => Some(lake.catalog_table(table.ident()).await?),
+            (Some(table), Some(_)) => Some(table.table(lake).await?),
             _ => None,
         };
         let mut tables = Vec::new();
         tables.extend(bronze.map(|mode| (&bronze_table, mode)));
         tables.extend(silver_table.as_ref().zip(silver));
-        let followed = evolve::follow(lake, &tables, relation).await?;
+        let mut followed = evolve::follow(&tables, relation)?;
+        // Staged, the updates land with the batch's rows or not at all.
+        let mut updates = std::mem::take(&mut followed.updates).into_iter();
+        if bronze.is_some() {
+            let staged = updates.next().unwrap_or_default();
+            self.bronze.stage_schema(&bronze_table, staged);
+        }
+        if let (Some(table), Some(planned_on)) = (self.silver.as_mut(), &silver_table) {
+            table.stage_schema(planned_on, updates.next().unwrap_or_default());
+        }
+        if followed.changed {
+            failpoint::hit("schema-staged");
+        }
         // Ahead of its stream, bronze took new columns only: the stream's
         // relation of the same columns still has the rest to bring.
         if bronze.is_some_and(|mode| mode != Mode::BronzeAhead) {
@@ -569,14 +581,15 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
             // A TRUNCATE or rewrite of a table between a load's snapshot
-            // and its lock: nothing of that load was committed, and the
-            // next start loads it from a new snapshot.
+            // and its lock, or another writer's schema change under a
+            // batch's: nothing of either was committed, and the next start
+            // does it again, from a new snapshot or from the stream.
             Err(err) if err.kind() == ErrorKind::Concurrent => {
                 if options.shutdown.is_requested() {
                     return Ok(total);
                 }
                 streamed |= started;
-                tracing::warn!(error = %err, retry_in = ?backoff, "a table changed under the load's snapshot; loading it again");
+                tracing::warn!(error = %err, retry_in = ?backoff, "a table changed under the load or the batch; starting again");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
@@ -639,16 +652,26 @@ async fn run_once(
         &options.capture.publication,
     )
     .await?;
-    for (table, name) in held {
-        if !tables.contains(&table) {
+    for held in held {
+        let table = held.table;
+        // Named by the name it had: it is the same table.
+        if let Some(old) = held.renamed_from {
+            tables.retain(|t| *t != old);
+            if let Some(name) = chosen.remove(&old) {
+                chosen.entry(table.clone()).or_insert(name);
+            }
+            if !tables.contains(&table) {
+                tables.push(table.clone());
+            }
+        } else if !tables.contains(&table) {
             tracing::warn!(
                 %table,
                 "not named in tables, but the lake replicates it from this slot: applied too, \
                  since the slot's position is shared (docs/tables.md, The table set)"
             );
-            chosen.entry(table.clone()).or_insert(name);
-            tables.push(table);
+            tables.push(table.clone());
         }
+        chosen.entry(table).or_insert(held.iceberg);
     }
     let names = names(&tables, &chosen)?;
     // Every check before anything is created or changed at the source or
@@ -1176,7 +1199,7 @@ impl Pipeline<'_> {
             let renamed;
             let fields = match bronze_mode {
                 Mode::BronzeAhead => {
-                    let table = self.lake.catalog_table(sink.bronze.ident()).await?;
+                    let table = sink.bronze.table(&self.lake).await?;
                     renamed = evolve::held_names(&table, relation)
                         .iter()
                         .zip(&load.fields)
@@ -1260,7 +1283,7 @@ impl Pipeline<'_> {
             Some(table) => history_only(&table),
             None => !has_silver(relation),
         };
-        let source = table_set::source_properties(&relation.name, &self.slot);
+        let source = table_set::source_properties(&relation.name, relation.oid, &self.slot);
         let mut properties: Vec<(&str, &str)> =
             source.iter().map(|(k, v)| (*k, v.as_str())).collect();
         if keyless {
@@ -1270,7 +1293,14 @@ impl Pipeline<'_> {
             .lake
             .ensure_table_with(&bronze, bronze_schema(relation)?, &properties)
             .await?;
-        table_set::record_source(&self.lake, &bronze_table, &relation.name, &self.slot).await?;
+        table_set::record_source(
+            &self.lake,
+            &bronze_table,
+            &relation.name,
+            relation.oid,
+            &self.slot,
+        )
+        .await?;
         // The tables follow the source's schema, and record its column
         // numbers, from the first change or load row that reaches them
         // ([`TableSink::follow`]): `relation` may be the catalog's of now,
@@ -1348,9 +1378,13 @@ impl Pipeline<'_> {
                 continue;
             }
             if sink.bronze_dirty || sink.bronze_at.is_none() {
+                let evolved = sink.bronze.schema_staged();
                 sink.bronze.commit(&self.lake, position).await?;
                 sink.bronze_at = Some(position);
                 sink.bronze_dirty = false;
+                if evolved {
+                    failpoint::hit("mid-schema-change");
+                }
                 failpoint::hit("between-bronze-and-silver");
                 sink.bronze_commits += 1;
                 if self.compact_after_files > 0 && sink.bronze_commits >= self.compact_after_files {

@@ -4,13 +4,15 @@
 //! its source table and slot (table properties), and a run applies every
 //! table the lake holds from its slot, whether `--tables` names it or not
 //! (docs/tables.md, The table set). A table leaves the set only when its
-//! Iceberg tables are removed.
+//! Iceberg tables are removed. The source table is known by its OID too,
+//! so that one renamed is followed under its new name, and one dropped and
+//! created again under the same name is told from the one the lake holds.
 
 use iceberg::NamespaceIdent;
 use iceberg::table::Table;
 
 use super::run::iceberg_name;
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::pg::config::PgConfig;
 use crate::pg::source::{self, SourceClient, TableName};
@@ -19,13 +21,28 @@ use crate::pg::source::{self, SourceClient, TableName};
 /// replicated from.
 pub const SOURCE_TABLE: &str = "wal2iceberg.source-table";
 pub const SOURCE_SLOT: &str = "wal2iceberg.slot";
+/// The source table's OID (`pg_class.oid`), which a rename keeps.
+pub const SOURCE_OID: &str = "wal2iceberg.source-oid";
 
-/// What a bronze table of a source table replicated from `slot` records.
-pub fn source_properties(table: &TableName, slot: &str) -> [(&'static str, String); 2] {
+/// What a bronze table of the source table `table` (of OID `oid`)
+/// replicated from `slot` records.
+pub fn source_properties(table: &TableName, oid: u32, slot: &str) -> [(&'static str, String); 3] {
     [
         (SOURCE_TABLE, table.to_string()),
+        (SOURCE_OID, oid.to_string()),
         (SOURCE_SLOT, slot.to_owned()),
     ]
+}
+
+/// A source table of the set.
+#[derive(Debug)]
+pub struct Held {
+    /// Its name at the source now.
+    pub table: TableName,
+    /// Its Iceberg name (bronze's without `_changes`).
+    pub iceberg: String,
+    /// The name its bronze recorded, when the table was renamed since.
+    pub renamed_from: Option<TableName>,
 }
 
 /// The Iceberg name of `table` in `namespace`: that of the bronze table
@@ -50,15 +67,16 @@ pub async fn recorded_name(
     Ok(iceberg_name(table))
 }
 
-/// Records `table` and `slot` on `bronze` if it does not say them yet (a
-/// table made before they were recorded).
+/// Records `table`, its `oid` and `slot` on `bronze` if it does not say
+/// them yet (a table made before they were recorded, or renamed since).
 pub async fn record_source(
     lake: &Lake,
     bronze: &Table,
     table: &TableName,
+    oid: u32,
     slot: &str,
 ) -> Result<()> {
-    let properties = source_properties(table, slot);
+    let properties = source_properties(table, oid, slot);
     let recorded = bronze.metadata().properties();
     if properties.iter().all(|(k, v)| recorded.get(*k) == Some(v)) {
         return Ok(());
@@ -67,17 +85,19 @@ pub async fn record_source(
 }
 
 /// The source tables the lake at `location` replicates from `slot` in
-/// `namespace`, with their Iceberg names, by the properties their bronze
-/// tables record. A bronze table that records none (made before they were
-/// recorded) counts when its name is the default name of a table the
-/// publication holds.
+/// `namespace`, by the properties their bronze tables record. A bronze
+/// table that records none (made before they were recorded) counts when
+/// its name is the default name of a table the publication holds. A table
+/// renamed since is found by its OID; one whose name now belongs to
+/// another table (dropped and created again) is refused before anything
+/// changes, since its Iceberg tables hold the old one's rows.
 pub async fn held(
     config: &PgConfig,
     location: &LakeLocation,
     namespace: &NamespaceIdent,
     slot: &str,
     publication: &str,
-) -> Result<Vec<(TableName, String)>> {
+) -> Result<Vec<Held>> {
     if !location.catalog.is_file() {
         return Ok(Vec::new());
     }
@@ -85,7 +105,7 @@ pub async fn held(
     if !lake.has_namespace(namespace).await? {
         return Ok(Vec::new());
     }
-    let mut held = Vec::new();
+    let mut recorded = Vec::new();
     let mut unrecorded = Vec::new();
     for ident in lake.tables(namespace.first().map(String::as_str)).await? {
         let Some(name) = ident.name().strip_suffix("_changes") else {
@@ -94,19 +114,72 @@ pub async fn held(
         let bronze = lake.catalog_table(&ident).await?;
         let properties = bronze.metadata().properties();
         match (properties.get(SOURCE_TABLE), properties.get(SOURCE_SLOT)) {
-            (Some(table), Some(recorded)) if recorded == slot => {
-                held.push((TableName::parse(table)?, name.to_owned()));
+            (Some(table), Some(recorded_slot)) if recorded_slot == slot => {
+                let oid = properties
+                    .get(SOURCE_OID)
+                    .and_then(|o| o.parse::<u32>().ok());
+                recorded.push((TableName::parse(table)?, oid, name.to_owned()));
             }
             (Some(_), Some(_)) => {}
             _ => unrecorded.push(name.to_owned()),
         }
     }
+    if recorded.is_empty() && unrecorded.is_empty() {
+        return Ok(Vec::new());
+    }
+    let client = SourceClient::connect(config).await?;
+    let mut held = Vec::new();
+    for (table, oid, iceberg) in recorded {
+        let Some(oid) = oid else {
+            held.push(Held {
+                table,
+                iceberg,
+                renamed_from: None,
+            });
+            continue;
+        };
+        match source::table_of_oid(&client, oid).await? {
+            Some(now) if now == table => held.push(Held {
+                table,
+                iceberg,
+                renamed_from: None,
+            }),
+            Some(now) => {
+                tracing::warn!(
+                    from = %table, to = %now, oid,
+                    "the source table was renamed: followed under its new name; its Iceberg tables keep theirs (docs/tables.md, Schema changes)"
+                );
+                held.push(Held {
+                    table: now,
+                    iceberg,
+                    renamed_from: Some(table),
+                });
+            }
+            None if source::table_exists(&client, &table).await? => {
+                return Err(Error::new(
+                    ErrorKind::Preflight,
+                    "the source table was dropped and created again since the lake loaded it: its Iceberg tables hold the old table's rows; drop them (`wal2iceberg drop-table --table <table>`) and run again to load the new one",
+                )
+                .with_context("table", &table)
+                .with_context("recorded_oid", oid));
+            }
+            // Dropped: the preflight names it.
+            None => held.push(Held {
+                table,
+                iceberg,
+                renamed_from: None,
+            }),
+        }
+    }
     if !unrecorded.is_empty() {
-        let client = SourceClient::connect(config).await?;
         for table in source::published_tables(&client, publication).await? {
             let name = iceberg_name(&table);
             if unrecorded.contains(&name) {
-                held.push((table, name));
+                held.push(Held {
+                    table,
+                    iceberg: name,
+                    renamed_from: None,
+                });
             }
         }
     }

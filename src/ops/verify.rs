@@ -41,6 +41,7 @@ use iceberg::table::Table;
 use tokio::time::Instant;
 
 use super::run::{RunOptions, idents, names};
+use super::table_set;
 use crate::cdc::capture::read_now;
 use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
@@ -194,7 +195,6 @@ pub async fn verify(config: &PgConfig, options: &RunOptions, wait: Duration) -> 
 }
 
 async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) -> Result<Report> {
-    let names = names(&options.capture.tables, &options.table_names)?;
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
     let client = Arc::new(SourceClient::connect(config).await?);
     let catalog = Catalog::new(client.clone());
@@ -211,6 +211,15 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
     let position = load.consistent_point();
     wait_for_lake(&client, options, position, wait).await?;
     let lake = Lake::open_existing(&options.lake).await?;
+    // A table renamed at the source keeps its Iceberg tables' names.
+    let mut chosen = options.table_names.clone();
+    for table in &options.capture.tables {
+        if !chosen.contains_key(table) {
+            let name = table_set::recorded_name(&lake, &namespace, table).await?;
+            chosen.insert(table.clone(), name);
+        }
+    }
+    let names = names(&options.capture.tables, &chosen)?;
     let mut source = SourceRows {
         load: &mut load,
         pending: None,

@@ -997,6 +997,31 @@ pub async fn table_oid(client: &Client, table: &TableName) -> Result<u32> {
         .map_err(|e| postgres(e, "cannot find the table").with_context("table", table))
 }
 
+/// The name of the table of OID `oid` now; `None` when there is none.
+pub async fn table_of_oid(client: &Client, oid: u32) -> Result<Option<TableName>> {
+    let row = client
+        .query_opt(
+            "SELECT n.nspname::text, c.relname::text FROM pg_class c \
+             JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+            &[&oid],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot find the table").with_context("relation_oid", oid))?;
+    Ok(row.map(|r| TableName {
+        schema: r.get(0),
+        name: r.get(1),
+    }))
+}
+
+/// Whether a table of that name exists.
+pub async fn table_exists(client: &Client, table: &TableName) -> Result<bool> {
+    client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
+        .await
+        .map(|row| row.get(0))
+        .map_err(|e| postgres(e, "cannot find the table").with_context("table", table))
+}
+
 /// The primary-key column names of a relation, by OID, in key order.
 pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<String>> {
     let rows = client

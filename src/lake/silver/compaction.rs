@@ -71,7 +71,11 @@ impl SilverTable {
     /// the last compaction (`wal2iceberg compact`); `None` when nothing
     /// is worth rewriting.
     pub async fn compact_now(&mut self, lake: &Lake, merge: Merge) -> Result<Option<Compacted>> {
-        if !(self.pending.is_empty() && self.written.is_empty() && self.deletes.is_empty()) {
+        if !(self.pending.is_empty()
+            && self.written.is_empty()
+            && self.deletes.is_empty()
+            && self.schema_changes.is_empty())
+        {
             return Err(lake_error(
                 "compaction asked for while changes are staged",
                 &self.ident,
@@ -229,6 +233,7 @@ impl SilverTable {
             properties: Position::of(&table)?
                 .map(Position::summary)
                 .unwrap_or_default(),
+            ..RowDelta::default()
         };
         if !commit_rewrite(lake, &table, &delta).await? {
             // Another writer committed since the table was read: nothing
