@@ -442,3 +442,56 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     assert!(err.contains("public.orders_v2"), "{err}");
     assert_eq!(db.confirmed_flush(&slot).await, confirmed);
 }
+
+/// A primary key added to a table without one, while a run streams: the
+/// table stays history-only (bronze keeps every change, no silver
+/// appears), and the run keeps running (docs/tables.md, Schema changes).
+#[tokio::test]
+async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE notes(id int NOT NULL, body text);
+         ALTER TABLE notes REPLICA IDENTITY FULL;
+         INSERT INTO notes VALUES (1, 'a');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("gainskey");
+    let opts = run_options(&db, &["notes"], &slot, dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    let mut streaming = run_options(&db, &["notes"], &slot, dir.path());
+    streaming.exit_when_idle = Some(Duration::from_secs(4));
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { run(&config, &streaming).await });
+    db.wait_until_streaming(&slot).await;
+    db.exec(
+        "INSERT INTO notes VALUES (2, 'b');
+         ALTER TABLE notes ADD PRIMARY KEY (id);
+         UPDATE notes SET body = 'a2' WHERE id = 1;
+         DELETE FROM notes WHERE id = 2;",
+    )
+    .await;
+    applied(&db, &slot).await;
+    running.await.unwrap().unwrap();
+    // And after a restart, which describes the table with its key.
+    db.exec("INSERT INTO notes VALUES (3, 'c');").await;
+    run(&db.config, &opts).await.unwrap();
+
+    let ops: String = pyiceberg(dir.path(), "shop.notes_changes", "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ops, "rcudc");
+    let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
+        .await
+        .unwrap();
+    let silver = iceberg::TableIdent::new(
+        wal2iceberg::lake::catalog::namespace("shop"),
+        "notes".into(),
+    );
+    assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
+}
