@@ -319,10 +319,10 @@ impl<D: Describe> Assembler<D> {
             match self.captured.get(&relation.oid) {
                 Some(name) if *name != relation.name => {
                     tracing::warn!(
-                        table = %name, renamed_to = %relation.name, %lsn,
-                        "the source table was renamed: its changes go on to the lake under the \
-                         name it was captured by; a new start must name it as it is now \
-                         (docs/tables.md, Schema changes)"
+                        table = %name, stream_name = %relation.name, %lsn,
+                        "the stream names the table otherwise than this run does (it was \
+                         renamed): its changes go on to the same Iceberg tables, and later \
+                         starts follow it by its OID (docs/tables.md, Schema changes)"
                     );
                     relation.name = name.clone();
                 }
