@@ -331,6 +331,9 @@ async fn rows_a_partition_held_when_attached_reach_the_lake_at_the_attach_whethe
     shutdown.request();
     pipeline.await.unwrap().unwrap();
     assert_reconciled(&db, "ev", dir.path(), "shop.ev").await;
+    // Verify's replay of bronze counts an attached partition's reads as
+    // rows of one partition, not as a load of the whole table.
+    assert_success(&verify_lake(&db, &slot, dir.path(), "public.ev").await);
 
     // Bronze: each attached row is a read, at its attach's commit.
     let bronze = pyiceberg(dir.path(), "shop.ev_changes", "rows").await;

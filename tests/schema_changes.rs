@@ -495,3 +495,84 @@ async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
     );
     assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
 }
+
+/// The current rows of silver as DuckDB reads them: `(id, customer, qty)`
+/// as text, sorted.
+async fn duck_rows(lake: &std::path::Path) -> Vec<[String; 3]> {
+    let mut rows: Vec<[String; 3]> = duckdb(lake, SILVER)
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| ["id", "customer", "qty"].map(|c| r[c].to_string()))
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// A changed primary key, while a run streams, and a key column retyped
+/// to a type Iceberg cannot promote to, while stopped: silver is loaded
+/// anew under the new key (a new required field for a column that becomes
+/// one), the old files removed, while the run keeps running.
+#[tokio::test]
+async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, customer text NOT NULL, qty int);
+         INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "rekey").await;
+    let before = schema(dir.path(), SILVER).await;
+    let slot = opts.capture.slot.clone();
+
+    let mut streaming = run_options(&db, &["orders"], &slot, dir.path());
+    streaming.exit_when_idle = Some(Duration::from_secs(5));
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { run(&config, &streaming).await });
+    db.wait_until_streaming(&slot).await;
+    db.exec(
+        "UPDATE orders SET qty = 3 WHERE id = 1;
+         ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (customer);
+         INSERT INTO orders VALUES (3, 'cy', 5);
+         UPDATE orders SET qty = 4 WHERE customer = 'bob';",
+    )
+    .await;
+    applied(&db, &slot).await;
+    running.await.unwrap().unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let rekeyed = schema(dir.path(), SILVER).await;
+    assert_eq!(rekeyed["identifier"], json!(["customer"]), "{rekeyed}");
+    assert!(rekeyed["ids"]["customer"].as_i64() > before["ids"]["qty"].as_i64());
+    assert!(
+        !rekeyed["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("id"))
+    );
+    assert_eq!(
+        duck_rows(dir.path()).await,
+        [
+            ["1", "\"ann\"", "3"],
+            ["2", "\"bob\"", "4"],
+            ["3", "\"cy\"", "5"]
+        ]
+        .map(|r| r.map(str::to_owned))
+    );
+
+    db.exec(
+        "ALTER TABLE orders ALTER COLUMN customer TYPE int USING id;
+         UPDATE orders SET qty = 9 WHERE customer = 2;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let retyped = schema(dir.path(), SILVER).await;
+    assert_eq!(retyped["identifier"], json!(["customer"]), "{retyped}");
+    assert_eq!(retyped["types"]["customer"], json!("int"));
+    assert_eq!(
+        duck_rows(dir.path()).await,
+        [["1", "1", "3"], ["2", "2", "9"], ["3", "3", "5"]].map(|r| r.map(str::to_owned))
+    );
+    assert_verified(&db, &slot, dir.path()).await;
+}

@@ -191,9 +191,10 @@ fn plan_schema(
 ) -> Result<Option<Evolution>> {
     let recorded = recorded_text.map(parse_attnums);
     let mut holders = holders(schema, relation, recorded.as_ref());
-    if mode.silver() {
-        check_key(schema, relation, &holders)?;
-    }
+    let key_change = match mode.silver() {
+        true => key_change(schema, relation, &holders),
+        false => None,
+    };
     let reload = |change: String| {
         Ok(Some(Evolution {
             schema: schema.clone(),
@@ -203,9 +204,19 @@ fn plan_schema(
             reload: true,
         }))
     };
+    if let Some(change) = key_change.clone().filter(|_| mode == Mode::Silver) {
+        return reload(change);
+    }
     let mut ids = FieldIds::after(last_column_id);
-    let mut changes = Vec::new();
+    let mut changes = Vec::from_iter(key_change);
     let key_ids: HashSet<i32> = schema.identifier_field_ids().collect();
+    // A reload takes the source's key, when the relation names one: an
+    // identifier field is required, so a column that becomes one gets a
+    // new required field.
+    let rekeying = mode == Mode::SilverReload && relation.columns.iter().any(|c| c.is_primary_key);
+    let rekeyed = |column: &ColumnInfo, field: &NestedField| {
+        rekeying && column.is_primary_key && !field.required
+    };
     // Each held field's column and new type, by id; the fields of retyped
     // columns, which get new fields, by id.
     let mut evolved: HashMap<i32, (&ColumnInfo, Type)> = HashMap::new();
@@ -231,16 +242,6 @@ fn plan_schema(
                 "retype {:?} from {} to {wanted}",
                 column.name, field.field_type
             );
-            if key_ids.contains(&field.id) {
-                return Err(unsupported(
-                    relation,
-                    format!(
-                        "primary-key column {:?} changed type: the table holds {}, the source now \
-                         sends {wanted}",
-                        field.name, field.field_type
-                    ),
-                ));
-            }
             if mode == Mode::Silver {
                 return reload(change);
             }
@@ -249,6 +250,11 @@ fn plan_schema(
             *holder = None;
             continue;
         };
+        if rekeyed(column, field) {
+            retyped.insert(field.id);
+            *holder = None;
+            continue;
+        }
         if field.name != column.name {
             check_new_name(relation, column)?;
             changes.push(format!("rename {:?} to {:?}", field.name, column.name));
@@ -311,7 +317,12 @@ fn plan_schema(
                     Mode::BronzeAhead => &field.name,
                     _ => &column.name,
                 };
-                fields.push(with(field, name, field_type.clone()))
+                let mut field = with(field, name, field_type.clone());
+                if rekeying && !column.is_primary_key {
+                    // No longer of the key: optional, as other columns are.
+                    Arc::make_mut(&mut field).required = false;
+                }
+                fields.push(field)
             }
             None if retyped.contains(&field.id) && mode == Mode::Bronze => {
                 fields.push(retire(field));
@@ -342,11 +353,11 @@ fn plan_schema(
     for column in &new_columns {
         check_new_name(relation, column)?;
         let id = ids.take();
-        fields.push(Arc::new(NestedField::optional(
-            id,
-            &column.name,
-            numbered_type(column, &mut ids),
-        )));
+        let field_type = numbered_type(column, &mut ids);
+        fields.push(Arc::new(match mode.silver() && column.is_primary_key {
+            true => NestedField::required(id, &column.name, field_type),
+            false => NestedField::optional(id, &column.name, field_type),
+        }));
         if fields.iter().filter(|f| f.name == column.name).count() > 1 {
             return Err(unsupported(
                 relation,
@@ -375,6 +386,15 @@ fn plan_schema(
     if changes.is_empty() && recorded_text == Some(attnums.as_str()) {
         return Ok(None);
     }
+    let key_ids: Vec<i32> = match rekeying {
+        true => relation
+            .columns
+            .iter()
+            .filter(|c| c.is_primary_key)
+            .filter_map(|c| fields.iter().find(|f| f.name == c.name).map(|f| f.id))
+            .collect(),
+        false => key_ids.into_iter().collect(),
+    };
     let schema = Schema::builder()
         .with_schema_id(schema.schema_id() + 1)
         .with_fields(fields)
@@ -634,12 +654,24 @@ fn parse_attnums(text: &str) -> HashMap<i16, i32> {
         .collect()
 }
 
-/// The primary key must stay the fields silver's identifier fields are.
-fn check_key(
+/// What changed in the primary key, when it changed: silver, whose rows
+/// are keyed by it, is then loaded anew ([`Mode::SilverReload`]). A
+/// relation that names no key (the key dropped, or renamed in a catalog
+/// that moved on since) leaves silver keyed as it is.
+fn key_change(
     silver: &Schema,
     relation: &RelationInfo,
     holders: &[Option<&NestedFieldRef>],
-) -> Result<()> {
+) -> Option<String> {
+    let source: Vec<&str> = relation
+        .columns
+        .iter()
+        .filter(|c| c.is_primary_key)
+        .map(|c| c.name.as_str())
+        .collect();
+    if source.is_empty() {
+        return None;
+    }
     let mut table_key: Vec<i32> = silver.identifier_field_ids().collect();
     let mut source_key: Vec<Option<i32>> = relation
         .columns
@@ -650,27 +682,16 @@ fn check_key(
         .collect();
     table_key.sort_unstable();
     source_key.sort_unstable();
-    if source_key != table_key.iter().copied().map(Some).collect::<Vec<_>>() {
-        let names = |ids: Vec<i32>| -> Vec<String> {
-            ids.iter()
-                .filter_map(|id| silver.name_by_field_id(*id).map(str::to_owned))
-                .collect()
-        };
-        let source: Vec<&str> = relation
-            .columns
-            .iter()
-            .filter(|c| c.is_primary_key)
-            .map(|c| c.name.as_str())
-            .collect();
-        return Err(unsupported(
-            relation,
-            format!(
-                "the primary key changed from {:?} to {source:?}",
-                names(table_key)
-            ),
-        ));
+    if source_key == table_key.iter().copied().map(Some).collect::<Vec<_>>() {
+        return None;
     }
-    Ok(())
+    let names: Vec<&str> = table_key
+        .iter()
+        .filter_map(|id| silver.name_by_field_id(*id))
+        .collect();
+    Some(format!(
+        "the primary key changed from {names:?} to {source:?}"
+    ))
 }
 
 fn check_new_name(relation: &RelationInfo, column: &ColumnInfo) -> Result<()> {

@@ -266,7 +266,9 @@ impl KeyIndex {
         Ok(Some(place))
     }
 
-    /// Forgets every live row; their files and positions.
+    /// Forgets every live row and lists them with their files and
+    /// positions (the tests' view of the whole index).
+    #[cfg(test)]
     pub fn clear(&mut self) -> Result<Vec<(Arc<str>, i64)>> {
         self.settle()?;
         let mut all = Vec::with_capacity(self.live);
@@ -392,6 +394,7 @@ impl KeyIndex {
     }
 
     /// Every entry of memory and the runs, newest winning, in key order.
+    #[cfg(test)]
     fn merged(&self) -> impl Iterator<Item = io::Result<(Key, Slot)>> + '_ {
         let mut memory: Vec<(Key, Slot)> =
             self.memory.iter().map(|(k, s)| (k.clone(), *s)).collect();

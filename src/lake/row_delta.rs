@@ -64,6 +64,10 @@ pub struct RowDelta {
     /// Paths of live data and delete files the snapshot removes: a
     /// rewrite, committed with [`commit_rewrite`].
     pub removed: HashSet<String>,
+    /// The snapshot removes every file live in the table it is committed
+    /// on: the table's rows are then the delta's alone (a truncate, a
+    /// reload).
+    pub replace_all: bool,
     /// Extra snapshot summary properties (the source position).
     pub properties: HashMap<String, String>,
     /// Schema changes the same commit makes, ahead of the snapshot: those
@@ -226,7 +230,7 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
             .to_vec(),
         None => Vec::new(),
     } {
-        if delta.removed.is_empty() {
+        if delta.removed.is_empty() && !delta.replace_all {
             manifests.push(manifest);
             continue;
         }
@@ -272,7 +276,7 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
         };
         for entry in std::mem::take(&mut kept[side]) {
             let sequence = entry.sequence_number.unwrap_or_default();
-            if delta.removed.contains(entry.file_path()) {
+            if delta.replace_all || delta.removed.contains(entry.file_path()) {
                 found += 1;
                 summary.remove_file(&entry.data_file, schema.clone(), spec.clone());
                 writer
@@ -298,7 +302,7 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
         }
         manifests.push(writer.write_manifest_file().await.map_err(context)?);
     }
-    if found != delta.removed.len() {
+    if !delta.replace_all && found != delta.removed.len() {
         return Err(Error::new(
             ErrorKind::Lake,
             "a file the rewrite removes is no longer live in the table",
@@ -327,7 +331,9 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
     let changed = summary.build();
     properties.extend(totals(parent.map(|s| s.summary()), &changed));
     properties.extend(changed);
-    let operation = if !delta.removed.is_empty() {
+    let operation = if delta.replace_all {
+        Operation::Overwrite
+    } else if !delta.removed.is_empty() {
         Operation::Replace
     } else if delta.delete_files.is_empty() {
         Operation::Append

@@ -81,6 +81,8 @@ pub struct SilverTable {
     load: Option<Load>,
     /// The schema changes the open batch commits.
     schema_changes: StagedSchema,
+    /// The open batch replaces every row ([`Self::delete_all`]).
+    replace_all: bool,
 }
 
 /// An initial load being staged.
@@ -141,6 +143,7 @@ impl SilverTable {
             files: FileCounts::default(),
             load: None,
             schema_changes: StagedSchema::default(),
+            replace_all: false,
         };
         silver.rebuild_index(&table).await?;
         Ok(silver)
@@ -400,14 +403,18 @@ impl SilverTable {
         Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
     }
 
-    /// Stages the deletion of every row, committed and staged, as a
-    /// truncate does: the next commit's snapshot holds none of them.
-    pub fn delete_all(&mut self) -> Result<()> {
-        self.deletes.extend(self.index.clear()?);
+    /// Stages the removal of every row, committed and staged, as a
+    /// truncate does: the next commit removes every file the table holds
+    /// (rather than deleting each row by position) and adds only what
+    /// came after. The batch's files written before are left out of it.
+    pub fn delete_all(&mut self) {
+        self.index = KeyIndex::default();
+        self.replace_all = true;
+        self.written.clear();
+        self.deletes.clear();
         self.pending.clear();
         self.order.clear();
         self.pending_bytes = 0;
-        Ok(())
     }
 
     /// Adds a change of about `bytes` (`Change::approx_bytes`), its
@@ -417,7 +424,7 @@ impl SilverTable {
     pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
         self.finish_load_file().await?;
         match change.op {
-            Op::Truncate => self.delete_all()?,
+            Op::Truncate => self.delete_all(),
             Op::Delete => {
                 let before = change
                     .before
@@ -605,12 +612,17 @@ impl SilverTable {
         self.finish_load_file().await?;
         self.load = None;
         self.write_pending(lake).await?;
+        let replace_all = std::mem::take(&mut self.replace_all);
+        if replace_all {
+            self.files = FileCounts::default();
+        }
         self.files.data += self.written.len();
         self.files.commits += usize::from(!self.written.is_empty() || !self.deletes.is_empty());
         let mut delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties: position.summary(),
             schema: std::mem::take(&mut self.schema_changes),
+            replace_all,
             ..RowDelta::default()
         };
         if !self.deletes.is_empty() {

@@ -1118,6 +1118,10 @@ impl Pipeline<'_> {
                     }
                     // History only: a complete before image (FULL) holds them.
                     None => change.fill_unchanged_from_before_image(),
+                    // Silver, about to be reloaded, may be keyed otherwise
+                    // than the change: what a before image holds, else the
+                    // values stay marked not sent.
+                    Some(_) if sink.reloading => change.fill_unchanged_from_before_image(),
                     Some(silver) if to_bronze => {
                         sink.gap
                             .fill_unchanged(&self.lake, &sink.bronze, silver, &mut change)
@@ -1133,7 +1137,11 @@ impl Pipeline<'_> {
                         .stage(&self.lake, change.clone(), change_bytes)
                         .await?;
                     sink.bronze_dirty = true;
-                    if let Some(silver) = sink.silver.as_ref().filter(|_| !to_silver) {
+                    if let Some(silver) = sink
+                        .silver
+                        .as_ref()
+                        .filter(|_| !to_silver && !sink.reloading)
+                    {
                         sink.gap.record(silver, &change)?;
                     }
                 }
@@ -1320,7 +1328,7 @@ impl Pipeline<'_> {
         // A resync's load replaces every row silver holds.
         let resync = self.resyncing.get(&relation.name).cloned();
         if let Some(silver) = silver.as_mut().filter(|_| resync.is_some()) {
-            silver.delete_all()?;
+            silver.delete_all();
         }
         let bronze_at = Position::of(&bronze_table)?;
         if let Some(at) = bronze_at {

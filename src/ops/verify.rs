@@ -469,6 +469,41 @@ struct Order {
 /// rows, committed at their consistent point, when that is `to` itself):
 /// exactly what a snapshot exported at `to` sees, and what a table whose
 /// position ends at `to` holds (see [`Position`]).
+/// The commit LSN of bronze's newest load (initial or resync, whose reads
+/// come in transaction 0) at or before `to`: its reads are the whole table
+/// then, so nothing before it counts, and rows before a key's retype,
+/// which lack that key, are never read. (An attached partition's rows are
+/// reads too, of the attaching transaction, and of one partition only.)
+async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
+    let select = ["_cdc_commit_lsn", "_cdc_op", "_cdc_xid"].map(String::from);
+    let mut batches = scan(bronze, None, &select).await?;
+    let mut newest = i64::MIN;
+    while let Some(batch) = batches.try_next().await? {
+        let (Some(lsn), Some(op), Some(xid)) = (
+            batch
+                .column_by_name("_cdc_commit_lsn")
+                .and_then(|c| c.as_primitive_opt::<Int64Type>()),
+            batch
+                .column_by_name("_cdc_op")
+                .and_then(|c| c.as_string_opt::<i32>()),
+            batch
+                .column_by_name("_cdc_xid")
+                .and_then(|c| c.as_primitive_opt::<Int64Type>()),
+        ) else {
+            return Err(
+                Error::new(ErrorKind::Lake, "a bronze column is not of bronze's type")
+                    .with_context("table", bronze.identifier()),
+            );
+        };
+        for i in 0..batch.num_rows() {
+            if op.value(i) == "r" && xid.value(i) == 0 && lsn.value(i) <= to {
+                newest = newest.max(lsn.value(i));
+            }
+        }
+    }
+    Ok(newest)
+}
+
 async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
     let ident = bronze.identifier().to_string();
     let names = column_names(bronze);
@@ -484,8 +519,9 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
     );
     let mut latest: HashMap<Key, (Order, Option<u64>)> = HashMap::new();
     let mut truncated: Option<Order> = None;
-    let mut batches = scan(bronze, None, &select).await?;
     let to = to.0 as i64;
+    let since = newest_load(bronze, to).await?;
+    let mut batches = scan(bronze, None, &select).await?;
     while let Some(batch) = batches.try_next().await? {
         let malformed = || {
             Error::new(ErrorKind::Lake, "a bronze column is not of bronze's type")
@@ -506,7 +542,7 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
             .map(|i| {
                 let (lsn, op) = (commit_lsn.value(i), op.value(i));
                 let load = op == "r";
-                (lsn < to || load && lsn == to).then_some((
+                (lsn >= since && (lsn < to || load && lsn == to)).then_some((
                     Order {
                         commit_lsn: lsn,
                         streamed: !load,

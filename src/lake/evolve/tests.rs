@@ -206,19 +206,50 @@ fn a_retyped_column_is_retired_in_bronze_and_asks_silver_for_a_reload() {
 }
 
 #[test]
-fn key_changes_and_reserved_names_are_refused_with_what_changed() {
-    let refused = |relation: RelationInfo| next(Mode::Silver, &relation).unwrap_err().to_string();
+fn a_changed_or_retyped_key_reloads_silver_under_the_new_key() {
+    let reload = |relation: &RelationInfo| {
+        let planned = next(Mode::Silver, relation).unwrap().unwrap();
+        assert!(planned.reload, "{:?}", planned.changes);
+        planned.changes
+    };
+    let (old, _) = made(Mode::Silver);
     let mut rekeyed = base();
+    rekeyed.columns[0].is_primary_key = false;
     rekeyed.columns[2].is_primary_key = true;
-    let err = refused(rekeyed);
-    assert!(err.contains("primary key changed"), "{err}");
+    assert!(reload(&rekeyed)[0].contains("primary key changed"));
+    // The reload's schema: `amount`, optional until now, gets a new
+    // required field; `id` is no longer required.
+    let reloaded = next(Mode::SilverReload, &rekeyed).unwrap().unwrap();
+    let amount = field(&reloaded.schema, "amount");
+    assert!(amount.required && amount.id > old.highest_field_id());
+    assert!(!field(&reloaded.schema, "id").required);
+    assert_eq!(
+        reloaded.schema.identifier_field_ids().collect::<Vec<_>>(),
+        [amount.id]
+    );
+
     let mut key_retyped = base();
     key_retyped.columns[0].pg_type = PgType::Text;
-    let err = refused(key_retyped);
-    assert!(
-        err.contains("primary-key column \"id\" changed type"),
-        "{err}"
+    assert!(reload(&key_retyped)[0].contains("retype \"id\""));
+    let reloaded = next(Mode::SilverReload, &key_retyped).unwrap().unwrap();
+    let id = field(&reloaded.schema, "id");
+    assert_eq!(*id.field_type, Type::Primitive(PrimitiveType::String));
+    assert!(id.required && id.id > old.highest_field_id());
+    assert_eq!(
+        reloaded.schema.identifier_field_ids().collect::<Vec<_>>(),
+        [id.id]
     );
+
+    // A relation naming no key (a catalog that moved on from a renamed
+    // key column) keeps silver keyed as it is.
+    let mut unnamed = base();
+    unnamed.columns[0].is_primary_key = false;
+    assert!(next(Mode::Silver, &unnamed).unwrap().is_none());
+}
+
+#[test]
+fn reserved_names_are_refused_with_what_changed() {
+    let refused = |relation: RelationInfo| next(Mode::Silver, &relation).unwrap_err().to_string();
     let mut reserved = base();
     reserved
         .columns
