@@ -93,6 +93,8 @@ struct Scenario {
     eras: Vec<(i64, HashMap<usize, String>)>,
     dropped: Vec<usize>,
     alters: usize,
+    /// Whether the primary key is `(id, k)` now, else `(id)`.
+    composite_key: bool,
 }
 
 const AUDIT: &str = "
@@ -113,8 +115,9 @@ impl Scenario {
         let db = TestDb::new().await;
         db.exec(&format!(
             "CREATE TYPE mood AS ENUM ('happy', 'sad');
-             CREATE TABLE items(id int PRIMARY KEY, a int, b text, c numeric(10,2));
-             INSERT INTO items SELECT i, i, 'b' || i, i / 4.0 FROM generate_series(1, 500) i;
+             CREATE TABLE items(id int PRIMARY KEY, a int, b text, c numeric(10,2),
+               k int NOT NULL DEFAULT 0);
+             INSERT INTO items SELECT i, i, 'b' || i, i / 4.0, i % 3 FROM generate_series(1, 500) i;
              {AUDIT}"
         ))
         .await;
@@ -140,6 +143,7 @@ impl Scenario {
             eras: Vec::new(),
             dropped: Vec::new(),
             alters: 0,
+            composite_key: false,
         }
     }
 
@@ -256,7 +260,7 @@ impl Scenario {
         let i = live[self.rng.random_range(0..live.len())];
         let name = self.columns[i].name.clone();
         let kind = self.columns[i].kind;
-        let sql = match forced.unwrap_or_else(|| self.rng.random_range(0..9)) {
+        let sql = match forced.unwrap_or_else(|| self.rng.random_range(0..10)) {
             0 | 1 => {
                 let new = self.fresh_name();
                 self.columns[i].name = new.clone();
@@ -317,6 +321,13 @@ impl Scenario {
                 "ALTER TABLE items REPLICA IDENTITY {}",
                 ["FULL", "DEFAULT"][self.rng.random_range(0..2)]
             ),
+            // The primary key, between `id` and `(id, k)`; `k` is left
+            // out of the scenario's columns, whose writes leave it alone.
+            8 => {
+                self.composite_key = !self.composite_key;
+                let key = ["id", "id, k"][usize::from(self.composite_key)];
+                format!("ALTER TABLE items DROP CONSTRAINT items_pkey, ADD PRIMARY KEY ({key})")
+            }
             _ => {
                 let value = format!("m{}", self.moods.len());
                 self.moods.push(value.clone());
