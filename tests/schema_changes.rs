@@ -51,6 +51,45 @@ async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
     );
 }
 
+/// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
+/// publication, into the lake at `lake`, ending when idle.
+fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<String> {
+    [
+        "run",
+        "--source",
+        &db.config_url(),
+        "--slot",
+        &opts.capture.slot,
+        "--lake",
+        &lake.display().to_string(),
+        "--namespace",
+        "shop",
+        "--publication",
+        &opts.capture.publication,
+        "--tables",
+        "public.orders",
+        "--exit-when-idle",
+        "2s",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// Runs the binary with `args` until it dies at the failpoint `point`.
+async fn crash_at(args: &[String], point: &str) {
+    let crashed = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(args)
+        .env(wal2iceberg::failpoint::VARIABLE, format!("{point}:1"))
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&crashed.stderr);
+    assert!(
+        !crashed.status.success() && said.contains(&format!("failpoint {point} reached")),
+        "{said}"
+    );
+}
+
 /// Waits until the run confirmed everything written so far.
 async fn applied(db: &TestDb, slot: &str) {
     let target = db.wal_insert_lsn().await;
@@ -329,35 +368,8 @@ async fn a_crash_between_a_schema_change_and_its_rows_splits_and_loses_nothing()
          UPDATE orders SET buyer = 'anna', customer = 'c' WHERE id = 1;",
     )
     .await;
-    let (url, lake) = (db.config_url(), dir.path().display().to_string());
-    let args = [
-        "run",
-        "--source",
-        &url,
-        "--slot",
-        &opts.capture.slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        "shop",
-        "--publication",
-        &opts.capture.publication,
-        "--tables",
-        "public.orders",
-        "--exit-when-idle",
-        "2s",
-    ];
-    let crashed = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(args)
-        .env(wal2iceberg::failpoint::VARIABLE, "schema-staged:1")
-        .output()
-        .await
-        .unwrap();
-    let said = String::from_utf8_lossy(&crashed.stderr);
-    assert!(
-        !crashed.status.success() && said.contains("failpoint schema-staged reached"),
-        "{said}"
-    );
+    let args = binary_run(&db, &opts, dir.path());
+    crash_at(&args, "schema-staged").await;
     assert_eq!(
         schema(dir.path(), BRONZE).await,
         before[1],
@@ -560,9 +572,16 @@ async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
         .map(|r| r.map(str::to_owned))
     );
 
+    // The automatic reload dies between silver's commit and bronze's; the
+    // next run does it again, once.
     db.exec(
         "ALTER TABLE orders ALTER COLUMN customer TYPE int USING id;
          UPDATE orders SET qty = 9 WHERE customer = 2;",
+    )
+    .await;
+    crash_at(
+        &binary_run(&db, &opts, dir.path()),
+        "between-resync-silver-and-bronze",
     )
     .await;
     run(&db.config, &opts).await.unwrap();
@@ -574,5 +593,7 @@ async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
         duck_rows(dir.path()).await,
         [["1", "1", "3"], ["2", "2", "9"], ["3", "3", "5"]].map(|r| r.map(str::to_owned))
     );
+    // The load, the changes, each reload's reads once.
+    assert_eq!(bronze_ops(dir.path(), BRONZE).await, "rrucurrrurrr");
     assert_verified(&db, &slot, dir.path()).await;
 }
