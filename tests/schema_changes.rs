@@ -259,8 +259,14 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
     )
     .await;
     applied(&db, &slot).await;
-    db.exec("UPDATE orders SET note = 'after' WHERE id IN (2, 4)")
-        .await;
+    // A column of a domain: its base type's field.
+    db.exec(
+        "UPDATE orders SET note = 'after' WHERE id IN (2, 4);
+         CREATE DOMAIN positive AS int CHECK (VALUE > 0);
+         ALTER TABLE orders ADD COLUMN rank positive;
+         UPDATE orders SET rank = 7 WHERE id = 4;",
+    )
+    .await;
     applied(&db, &slot).await;
     running
         .await
@@ -296,6 +302,18 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
     let reads_of_5 = of("r", 5);
     assert_eq!(reads_of_5.len(), 2, "the load and the reload");
     assert_eq!(reads_of_5[1]["qty"], json!("5 pcs"));
+    assert_eq!(after["types"]["rank"], json!("int"));
+    assert_eq!(of("u", 4).last().unwrap()["rank"], json!(7));
+    // DuckDB reads the retired field and the new one alike.
+    let duck = duckdb(dir.path(), BRONZE).await;
+    let duck_update_of_1 = duck
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["_cdc_op"] == "u" && r["id"] == json!(1))
+        .expect("the update of 1");
+    assert_eq!(duck_update_of_1[&retired], json!(101));
+    assert_eq!(duck_update_of_1["qty"], json!(null));
     assert_verified(&db, &slot, dir.path()).await;
 }
 
@@ -596,4 +614,55 @@ async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
     // The load, the changes, each reload's reads once.
     assert_eq!(bronze_ops(dir.path(), BRONZE).await, "rrucurrrurrr");
     assert_verified(&db, &slot, dir.path()).await;
+}
+
+/// The values of `v` in a silver table, sorted.
+async fn values_of(lake: &std::path::Path, table: &str) -> Vec<String> {
+    let mut values: Vec<String> = pyiceberg(lake, table, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["v"].as_str().unwrap().to_owned())
+        .collect();
+    values.sort();
+    values
+}
+
+/// Two tables whose names were swapped while stopped: each goes on into
+/// its own Iceberg tables, found by its OID. Then one renamed and a new
+/// table created under its old name: a `--tables` naming that old name is
+/// refused before anything changes.
+#[tokio::test]
+async fn swapped_table_names_keep_each_table_in_its_own_iceberg_tables() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE a(id int PRIMARY KEY, v text); CREATE TABLE b(id int PRIMARY KEY, v text);
+         INSERT INTO a VALUES (1, 'a1'); INSERT INTO b VALUES (1, 'b1');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("swap");
+    let opts = run_options(&db, &["a", "b"], &slot, dir.path());
+    run(&db.config, &opts).await.unwrap();
+
+    db.exec(
+        "ALTER TABLE a RENAME TO tmp; ALTER TABLE b RENAME TO a; ALTER TABLE tmp RENAME TO b;
+         INSERT INTO b VALUES (2, 'was a'); INSERT INTO a VALUES (2, 'was b');",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    assert_eq!(values_of(dir.path(), "shop.a").await, ["a1", "was a"]);
+    assert_eq!(values_of(dir.path(), "shop.b").await, ["b1", "was b"]);
+    assert_success(&verify_lake(&db, &slot, dir.path(), "public.a,public.b").await);
+
+    db.exec(
+        "ALTER TABLE b RENAME TO c; CREATE TABLE b(id int PRIMARY KEY, v text);
+         INSERT INTO c VALUES (3, 'c');",
+    )
+    .await;
+    let confirmed = db.confirmed_flush(&slot).await;
+    let err = run(&db.config, &opts).await.unwrap_err().to_string();
+    assert!(err.contains("renamed") && err.contains("public.b"), "{err}");
+    assert_eq!(db.confirmed_flush(&slot).await, confirmed);
 }

@@ -327,6 +327,20 @@ impl<D: Describe> Assembler<D> {
                     relation.name = name.clone();
                 }
                 Some(_) => {}
+                // Another table under a captured name: the one captured was
+                // dropped (or renamed away) and this one created since. Its
+                // rows are not the captured table's.
+                None if self.captured.values().any(|n| *n == relation.name) => {
+                    return Err(Error::new(
+                        ErrorKind::Preflight,
+                        "the source table was dropped and created again while the run streamed: \
+                         its Iceberg tables hold the old table's rows; drop them (`wal2iceberg \
+                         drop-table --table <table>`) and run again to load the new one",
+                    )
+                    .with_context("table", &relation.name)
+                    .with_context("relation_oid", relation.oid)
+                    .with_context("lsn", lsn));
+                }
                 None if self.tables.contains(&relation.name) => {
                     self.captured.insert(relation.oid, relation.name.clone());
                 }

@@ -7,26 +7,24 @@
 //! rename keeps and an added column never reuses; the table records each
 //! field's number ([`ATTNUMS`]) in the same commit (a table's first follow
 //! writes the record alone: the catalog numbers a new table's fields
-//! itself). Where a
-//! number is unknown (a table written before this record, a relation the
-//! catalog had moved on from when asked), by name.
+//! itself). Where a number is unknown (a table written before this
+//! record, a relation the catalog had moved on from when asked), by name.
 //!
 //! - A renamed column keeps its field, and so its id: in silver, at
 //!   bronze's top level and inside bronze's `_cdc_before`.
 //! - A column whose type widened to one Iceberg promotes to (int to long,
 //!   float to double, a decimal's precision) keeps its field, promoted; one
 //!   narrowed keeps its field and its wider type.
-//! - A new column gets a new optional field; rows written before read
-//!   null there.
+//! - A new column gets a new optional field (in silver, a required one
+//!   when it is part of the key); rows written before read null there.
 //! - A column gone from the source leaves silver's current schema; bronze
 //!   keeps it for history, null from then on.
 //! - A column whose new type Iceberg cannot promote to (int to text, a new
 //!   numeric scale) is retired in bronze ([`Mode::Bronze`]) and gets a new
 //!   field; silver is loaded anew instead ([`Followed::reload_silver`]),
-//!   as it is for a promoted column of a key of several columns.
-//! - A changed primary key, or a key column's type Iceberg cannot promote,
-//!   is refused with an error that says what changed, before anything is
-//!   staged.
+//!   as it is for a promoted column of a key of several columns, a
+//!   changed primary key, or a key column's type Iceberg cannot promote
+//!   ([`Mode::SilverReload`] then takes the source's key).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

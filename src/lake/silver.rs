@@ -406,7 +406,8 @@ impl SilverTable {
     /// Stages the removal of every row, committed and staged, as a
     /// truncate does: the next commit removes every file the table holds
     /// (rather than deleting each row by position) and adds only what
-    /// came after. The batch's files written before are left out of it.
+    /// came after. The batch's files written before are left out of it,
+    /// for the orphan sweep (docs/tables.md, Snapshot expiry).
     pub fn delete_all(&mut self) {
         self.index = KeyIndex::default();
         self.replace_all = true;
@@ -617,7 +618,8 @@ impl SilverTable {
             self.files = FileCounts::default();
         }
         self.files.data += self.written.len();
-        self.files.commits += usize::from(!self.written.is_empty() || !self.deletes.is_empty());
+        self.files.commits +=
+            usize::from(replace_all || !self.written.is_empty() || !self.deletes.is_empty());
         let mut delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties: position.summary(),

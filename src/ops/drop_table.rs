@@ -56,7 +56,7 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
     let lake = Lake::open_existing(&options.lake).await?;
     let name = match &options.name {
         Some(name) => name.clone(),
-        None => table_set::recorded_name(&lake, &options.namespace, &options.table).await?,
+        None => table_set::recorded_name(&lake, &options.namespace, &options.table, None).await?,
     };
     let mut report = DropTableReport::default();
     for ident in [format!("{name}_changes"), name] {

@@ -126,7 +126,7 @@ pub async fn request(options: &ResyncOptions) -> Result<Resync> {
     let lake = Lake::open_existing(&options.lake).await?;
     let name = match &options.name {
         Some(name) => name.clone(),
-        None => table_set::recorded_name(&lake, &options.namespace, &options.table).await?,
+        None => table_set::recorded_name(&lake, &options.namespace, &options.table, None).await?,
     };
     let ident = TableIdent::new(options.namespace.clone(), format!("{name}_changes"));
     let refused = |why: &str| {

@@ -652,26 +652,37 @@ async fn run_once(
         &options.capture.publication,
     )
     .await?;
-    for held in held {
-        let table = held.table;
-        // Named by the name it had: it is the same table.
-        if let Some(old) = held.renamed_from {
-            tables.retain(|t| *t != old);
-            if let Some(name) = chosen.remove(&old) {
-                chosen.entry(table.clone()).or_insert(name);
-            }
-            if !tables.contains(&table) {
-                tables.push(table.clone());
-            }
-        } else if !tables.contains(&table) {
-            tracing::warn!(
-                %table,
-                "not named in tables, but the lake replicates it from this slot: applied too, \
-                 since the slot's position is shared (docs/tables.md, The table set)"
-            );
-            tables.push(table.clone());
+    // A table renamed since is the same table under its new name, whatever
+    // `--tables` calls it; its old name, if another table has it now, is
+    // not that one (names may have been swapped among held tables).
+    for (old, taken) in held
+        .iter()
+        .filter_map(|h| Some((h.renamed_from.as_ref()?, h.old_name_taken)))
+    {
+        if taken && tables.contains(old) && !held.iter().any(|h| h.table == *old) {
+            return Err(Error::new(
+                ErrorKind::Preflight,
+                "tables names a table the lake holds under another name now: it was renamed, \
+                 and another table has its old name; name the renamed one as it is now",
+            )
+            .with_context("table", old));
         }
-        chosen.entry(table).or_insert(held.iceberg);
+        tables.retain(|t| t != old);
+        chosen.remove(old);
+    }
+    for held in held {
+        if !tables.contains(&held.table) {
+            if held.renamed_from.is_none() {
+                tracing::warn!(
+                    table = %held.table,
+                    "not named in tables, but the lake replicates it from this slot: applied \
+                     too, since the slot's position is shared (docs/tables.md, The table set)"
+                );
+            }
+            tables.push(held.table.clone());
+        }
+        // The Iceberg tables it is in are the ones its bronze recorded.
+        chosen.insert(held.table, held.iceberg);
     }
     let names = names(&tables, &chosen)?;
     // Every check before anything is created or changed at the source or

@@ -43,25 +43,56 @@ pub struct Held {
     pub iceberg: String,
     /// The name its bronze recorded, when the table was renamed since.
     pub renamed_from: Option<TableName>,
+    /// Whether a table of that old name exists at the source now.
+    pub old_name_taken: bool,
+}
+
+impl Held {
+    /// A table under the name its bronze recorded.
+    fn same(table: TableName, iceberg: String) -> Held {
+        Held {
+            table,
+            iceberg,
+            renamed_from: None,
+            old_name_taken: false,
+        }
+    }
 }
 
 /// The Iceberg name of `table` in `namespace`: that of the bronze table
-/// recording it as its source, or its default name.
+/// recording it as its source, or its default name. Given the table's
+/// `oid`, the bronze recording that OID is its (a table renamed since the
+/// last run), and one recording its name with another OID is not (the
+/// name passed to another table since).
 pub async fn recorded_name(
     lake: &Lake,
     namespace: &NamespaceIdent,
     table: &TableName,
+    oid: Option<u32>,
 ) -> Result<String> {
     if lake.has_namespace(namespace).await? {
         let wanted = table.to_string();
+        let mut by_name = None;
         for ident in lake.tables(namespace.first().map(String::as_str)).await? {
             let Some(name) = ident.name().strip_suffix("_changes") else {
                 continue;
             };
             let bronze = lake.catalog_table(&ident).await?;
-            if bronze.metadata().properties().get(SOURCE_TABLE) == Some(&wanted) {
-                return Ok(name.to_owned());
+            let properties = bronze.metadata().properties();
+            let recorded_oid = properties
+                .get(SOURCE_OID)
+                .and_then(|o| o.parse::<u32>().ok());
+            match (oid, recorded_oid) {
+                (Some(oid), Some(recorded)) if oid == recorded => return Ok(name.to_owned()),
+                (Some(_), Some(_)) => {}
+                _ if properties.get(SOURCE_TABLE) == Some(&wanted) => {
+                    by_name = Some(name.to_owned());
+                }
+                _ => {}
             }
+        }
+        if let Some(name) = by_name {
+            return Ok(name);
         }
     }
     Ok(iceberg_name(table))
@@ -78,6 +109,16 @@ pub async fn record_source(
 ) -> Result<()> {
     let properties = source_properties(table, oid, slot);
     let recorded = bronze.metadata().properties();
+    if let Some(other) = recorded.get(SOURCE_OID).filter(|o| **o != oid.to_string()) {
+        return Err(Error::new(
+            ErrorKind::Preflight,
+            "another source table reached Iceberg tables that hold a different one's rows",
+        )
+        .with_context("table", table)
+        .with_context("relation_oid", oid)
+        .with_context("recorded_oid", other)
+        .with_context("bronze", bronze.identifier()));
+    }
     if properties.iter().all(|(k, v)| recorded.get(*k) == Some(v)) {
         return Ok(());
     }
@@ -131,19 +172,11 @@ pub async fn held(
     let mut held = Vec::new();
     for (table, oid, iceberg) in recorded {
         let Some(oid) = oid else {
-            held.push(Held {
-                table,
-                iceberg,
-                renamed_from: None,
-            });
+            held.push(Held::same(table, iceberg));
             continue;
         };
         match source::table_of_oid(&client, oid).await? {
-            Some(now) if now == table => held.push(Held {
-                table,
-                iceberg,
-                renamed_from: None,
-            }),
+            Some(now) if now == table => held.push(Held::same(table, iceberg)),
             Some(now) => {
                 tracing::warn!(
                     from = %table, to = %now, oid,
@@ -152,6 +185,7 @@ pub async fn held(
                 held.push(Held {
                     table: now,
                     iceberg,
+                    old_name_taken: source::table_exists(&client, &table).await?,
                     renamed_from: Some(table),
                 });
             }
@@ -164,22 +198,14 @@ pub async fn held(
                 .with_context("recorded_oid", oid));
             }
             // Dropped: the preflight names it.
-            None => held.push(Held {
-                table,
-                iceberg,
-                renamed_from: None,
-            }),
+            None => held.push(Held::same(table, iceberg)),
         }
     }
     if !unrecorded.is_empty() {
         for table in source::published_tables(&client, publication).await? {
             let name = iceberg_name(&table);
             if unrecorded.contains(&name) {
-                held.push(Held {
-                    table,
-                    iceberg: name,
-                    renamed_from: None,
-                });
+                held.push(Held::same(table, name));
             }
         }
     }

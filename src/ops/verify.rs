@@ -215,7 +215,8 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
     let mut chosen = options.table_names.clone();
     for table in &options.capture.tables {
         if !chosen.contains_key(table) {
-            let name = table_set::recorded_name(&lake, &namespace, table).await?;
+            let oid = source::table_oid(&client, table).await?;
+            let name = table_set::recorded_name(&lake, &namespace, table, Some(oid)).await?;
             chosen.insert(table.clone(), name);
         }
     }
@@ -463,12 +464,6 @@ struct Order {
     seq: i64,
 }
 
-/// Bronze's state at `to`: each live key's row hash.
-///
-/// A change is in it when its transaction committed before `to` (a load's
-/// rows, committed at their consistent point, when that is `to` itself):
-/// exactly what a snapshot exported at `to` sees, and what a table whose
-/// position ends at `to` holds (see [`Position`]).
 /// The commit LSN of bronze's newest load (initial or resync, whose reads
 /// come in transaction 0) at or before `to`: its reads are the whole table
 /// then, so nothing before it counts, and rows before a key's retype,
@@ -504,6 +499,12 @@ async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
     Ok(newest)
 }
 
+/// Bronze's state at `to`: each live key's row hash.
+///
+/// A change is in it when its transaction committed before `to` (a load's
+/// rows, committed at their consistent point, when that is `to` itself):
+/// exactly what a snapshot exported at `to` sees, and what a table whose
+/// position ends at `to` holds (see [`Position`]).
 async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
     let ident = bronze.identifier().to_string();
     let names = column_names(bronze);

@@ -276,3 +276,21 @@ proptest! {
         runtime.block_on(super::script::check(&data));
     }
 }
+
+#[tokio::test]
+async fn another_table_under_a_captured_name_stops_the_stream_before_its_rows() {
+    let mut a = assembler();
+    let Message::Relation(_, mut recreated) = relation(None) else {
+        unreachable!()
+    };
+    recreated.oid = OID + 1;
+    let begin = Message::Begin(Begin {
+        final_lsn: Lsn(0x900),
+        commit_ts: 0,
+        xid: 7,
+    });
+    let messages = vec![begin, relation(None), Message::Relation(None, recreated)];
+    let err = feed(&mut a, messages).await.unwrap_err().to_string();
+    assert!(err.contains("dropped and created again"), "{err}");
+    assert!(err.contains("public.t"), "{err}");
+}

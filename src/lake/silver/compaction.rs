@@ -74,7 +74,8 @@ impl SilverTable {
         if !(self.pending.is_empty()
             && self.written.is_empty()
             && self.deletes.is_empty()
-            && self.schema_changes.is_empty())
+            && self.schema_changes.is_empty()
+            && !self.replace_all)
         {
             return Err(lake_error(
                 "compaction asked for while changes are staged",
