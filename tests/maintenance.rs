@@ -70,9 +70,11 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
     oracle.drain().await;
     let (silver_data, silver_deletes) = files(&oracle, "accounts").await;
     let (bronze_data, _) = files(&oracle, "accounts_changes").await;
+    // Silver's count depends on the workload's last TRUNCATE, whose commit
+    // removes every file; bronze keeps every change's.
     assert!(
-        silver_data > 5 && bronze_data > 5,
-        "no compaction left many files: silver {silver_data}, bronze {bronze_data}"
+        bronze_data > 5,
+        "no compaction left many files: bronze {bronze_data}"
     );
     let bronze_rows = rows(
         &pyiceberg(

@@ -90,6 +90,23 @@ async fn crash_at(args: &[String], point: &str) {
     );
 }
 
+/// A run of `tables` on `slot` into `lake`, in the background, that ends
+/// once idle for `idle_secs`; returned once it streams.
+async fn streaming(
+    db: &TestDb,
+    tables: &[&str],
+    slot: &str,
+    lake: &std::path::Path,
+    idle_secs: u64,
+) -> tokio::task::JoinHandle<wal2iceberg::error::Result<wal2iceberg::ops::run::RunReport>> {
+    let mut options = run_options(db, tables, slot, lake);
+    options.exit_when_idle = Some(Duration::from_secs(idle_secs));
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { run(&config, &options).await });
+    db.wait_until_streaming(slot).await;
+    running
+}
+
 /// Waits until the run confirmed everything written so far.
 async fn applied(db: &TestDb, slot: &str) {
     let target = db.wal_insert_lsn().await;
@@ -110,7 +127,7 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
          INSERT INTO orders VALUES (1, 'ann', 1, 9.99, 'a');",
     )
     .await;
-    let (dir, mut opts) = loaded(&db, "ddl").await;
+    let (dir, opts) = loaded(&db, "ddl").await;
     let before = [
         schema(dir.path(), SILVER).await,
         schema(dir.path(), BRONZE).await,
@@ -118,11 +135,8 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
 
     // While the run streams, each change inside a batch with changes
     // before and after it; the rename inside one transaction too.
-    opts.exit_when_idle = Some(Duration::from_secs(5));
     let slot = opts.capture.slot.clone();
-    let config = db.config.clone();
-    let running = tokio::spawn(async move { run(&config, &opts).await });
-    db.wait_until_streaming(&slot).await;
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 5).await;
     for step in [
         "INSERT INTO orders VALUES (2, 'bob', 2, 19.99, 'b');
          BEGIN;
@@ -240,14 +254,11 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
          INSERT INTO orders SELECT i, i, i * 1.5, 'n' FROM generate_series(1, 50) i;",
     )
     .await;
-    let (dir, mut opts) = loaded(&db, "retype").await;
+    let (dir, opts) = loaded(&db, "retype").await;
     let before = schema(dir.path(), BRONZE).await;
 
-    opts.exit_when_idle = Some(Duration::from_secs(5));
     let slot = opts.capture.slot.clone();
-    let config = db.config.clone();
-    let running = tokio::spawn(async move { run(&config, &opts).await });
-    db.wait_until_streaming(&slot).await;
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 5).await;
     // The ALTER rewrites every row, which the stream does not show: only
     // a reload of silver brings the new values.
     db.exec(
@@ -419,11 +430,7 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     let (dir, opts) = loaded(&db, "tablerename").await;
 
     let slot = opts.capture.slot.clone();
-    let mut streaming = run_options(&db, &["orders"], &slot, dir.path());
-    streaming.exit_when_idle = Some(Duration::from_secs(4));
-    let config = db.config.clone();
-    let running = tokio::spawn(async move { run(&config, &streaming).await });
-    db.wait_until_streaming(&slot).await;
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 4).await;
     // Renamed before the stream describes it: it is known by its OID.
     db.exec(
         "ALTER TABLE orders RENAME TO orders_v2;
@@ -490,11 +497,7 @@ async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
     let opts = run_options(&db, &["notes"], &slot, dir.path());
     run(&db.config, &opts).await.unwrap();
 
-    let mut streaming = run_options(&db, &["notes"], &slot, dir.path());
-    streaming.exit_when_idle = Some(Duration::from_secs(4));
-    let config = db.config.clone();
-    let running = tokio::spawn(async move { run(&config, &streaming).await });
-    db.wait_until_streaming(&slot).await;
+    let running = streaming(&db, &["notes"], &slot, dir.path(), 4).await;
     db.exec(
         "INSERT INTO notes VALUES (2, 'b');
          ALTER TABLE notes ADD PRIMARY KEY (id);
@@ -556,11 +559,7 @@ async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
     let before = schema(dir.path(), SILVER).await;
     let slot = opts.capture.slot.clone();
 
-    let mut streaming = run_options(&db, &["orders"], &slot, dir.path());
-    streaming.exit_when_idle = Some(Duration::from_secs(5));
-    let config = db.config.clone();
-    let running = tokio::spawn(async move { run(&config, &streaming).await });
-    db.wait_until_streaming(&slot).await;
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 5).await;
     db.exec(
         "UPDATE orders SET qty = 3 WHERE id = 1;
          ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (customer);

@@ -241,6 +241,20 @@ impl TestDb {
             .get(0)
     }
 
+    /// The slot count once it is `wanted`, or after ten seconds: the
+    /// server drops a temporary slot once its walsender has gone, a moment
+    /// after the client.
+    pub async fn settled_slot_count(&self, wanted: i64) -> i64 {
+        let give_up = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let count = self.slot_count().await;
+            if count == wanted || std::time::Instant::now() > give_up {
+                return count;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits (at most a minute) until a consumer holds the slot.
     /// How many publications publish `table` (a name in any schema).
     pub async fn publishing(&self, table: &str) -> i64 {
