@@ -141,8 +141,16 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
         format_timestamp_utc(now - 600_000_000),
         format_timestamp_utc(now + 1_000_000),
     );
+    // A silver the workload's last TRUNCATE left as one file without
+    // deletes had nothing to compact.
+    let silver_compacted = silver_data > 1 || silver_deletes > 0;
     for t in status["tables"].as_array().unwrap() {
+        let is_silver = t["table"] == format!("{NAMESPACE}.accounts");
         for when in ["last_compaction", "last_expiry"] {
+            if when == "last_compaction" && is_silver && !silver_compacted {
+                assert!(t[when].is_null(), "{t}");
+                continue;
+            }
             let at = t[when].as_str().unwrap_or_else(|| panic!("{when} of {t}"));
             assert!(
                 since.as_str() < at && at < until.as_str(),
