@@ -89,6 +89,8 @@ const OTHER_VARIABLES: &[&str] = &[
     "WAL2ICEBERG_PG_BIN",
     #[cfg(feature = "failpoints")]
     crate::failpoint::VARIABLE,
+    #[cfg(feature = "failpoints")]
+    crate::failpoint::STALL_VARIABLE,
 ];
 
 const ENV_PREFIX: &str = "WAL2ICEBERG_";

@@ -7,9 +7,16 @@
 //! would: no destructors, no final status update, nothing flushed. In
 //! every other build [`hit`] is an empty inline function and the variable
 //! is refused like any unknown setting.
+//!
+//! `WAL2ICEBERG_STALL=<name>[,<name>...]:<ms>` makes every [`stall`] of
+//! those names wait that long, the way a slow object store or catalog
+//! would, without holding up the runtime.
 
 /// The environment variable that arms a point.
 pub const VARIABLE: &str = "WAL2ICEBERG_FAILPOINT";
+
+/// The environment variable that slows points down.
+pub const STALL_VARIABLE: &str = "WAL2ICEBERG_STALL";
 
 /// A point reached: aborts when it is the armed one's `n`th time.
 #[cfg(feature = "failpoints")]
@@ -42,3 +49,35 @@ pub fn hit(name: &str) {
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
 pub fn hit(_name: &str) {}
+
+/// A point that waits when [`STALL_VARIABLE`] names it.
+#[cfg(feature = "failpoints")]
+pub async fn stall(name: &str) {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    static STALLED: OnceLock<Option<(Vec<String>, Duration)>> = OnceLock::new();
+    let stalled = STALLED.get_or_init(|| {
+        let value = std::env::var(STALL_VARIABLE).ok()?;
+        let (points, ms) = value
+            .rsplit_once(':')
+            .unwrap_or_else(|| panic!("{STALL_VARIABLE}={value}: give <points>:<ms>"));
+        let ms = ms
+            .parse()
+            .unwrap_or_else(|_| panic!("{STALL_VARIABLE}={value}: the wait must be a number"));
+        Some((
+            points.split(',').map(str::to_owned).collect(),
+            Duration::from_millis(ms),
+        ))
+    });
+    if let Some((points, wait)) = stalled
+        && points.iter().any(|p| p == name)
+    {
+        tracing::debug!(point = name, ?wait, "stalled by {STALL_VARIABLE}");
+        tokio::time::sleep(*wait).await;
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub async fn stall(_name: &str) {}

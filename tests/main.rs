@@ -21,6 +21,7 @@ mod pipeline;
 mod preflight;
 mod schema_changes;
 mod seed_walkthrough;
+mod slow_lake;
 mod streaming;
 mod types;
 mod values;

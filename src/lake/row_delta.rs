@@ -161,6 +161,7 @@ pub async fn write_position_deletes(
 /// commit with the table reloaded (the new snapshot then builds on the
 /// other writer's). Returns the table as committed.
 pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta) -> Result<Table> {
+    crate::failpoint::stall("commit").await;
     let metrics = crate::metrics::metrics();
     let started = std::time::Instant::now();
     for attempt in 1..=MAX_ATTEMPTS {
@@ -191,6 +192,7 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
 /// nothing committed, when another commit came after `base`. It is never
 /// retried on a newer table: what it removes might have changed there.
 pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<bool> {
+    crate::failpoint::stall("compaction").await;
     let started = std::time::Instant::now();
     let committed = try_commit(lake, base, delta).await?.is_some();
     if committed {

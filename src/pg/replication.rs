@@ -1,27 +1,24 @@
-//! Replication commands and the CopyBoth stream.
+//! Replication commands and the CopyBoth stream's messages.
 //!
 //! See "Streaming Replication Protocol"
 //! (<https://www.postgresql.org/docs/current/protocol-replication.html>).
 //! Inside CopyBoth the server sends XLogData (`w`) and PrimaryKeepalive
-//! (`k`); we send StandbyStatusUpdate (`r`).
-//!
-//! Feedback rule: the `flush_lsn` we report is exactly the highest position
-//! the caller passed to [`ReplicationStream::confirm`]: never more, never
-//! less than a value reported before. The server keeps every transaction
-//! whose commit ends after it and sends it again after a reconnect. Status
-//! updates go out on a timer (well within `wal_sender_timeout`), at once
-//! when a keepalive asks for a reply, and whenever the position moves.
+//! (`k`); we send StandbyStatusUpdate (`r`). The stream itself runs on a
+//! task of its own ([`stream`]), which holds the feedback rule.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
-use tokio::time::{Instant, sleep_until};
 
 use super::conn::{Frame, ReplicationConnection, ServerError, copy_data};
 use super::lsn::Lsn;
 use super::wire::{DecodeError, Reader};
 use crate::error::{Error, ErrorKind, Result};
+
+mod stream;
+
+pub use stream::{BUDGET_BYTES, ReplicationStream};
 
 /// XLogData tag within CopyData.
 const XLOG_DATA: u8 = b'w';
@@ -153,6 +150,7 @@ impl ReplicationConnection {
             sql.push_str(", streaming 'on'");
         }
         sql.push(')');
+        let wal_sender_timeout = self.wal_sender_timeout().await;
         self.send_query(&sql).await?;
         loop {
             match self.read_frame().await {
@@ -167,20 +165,53 @@ impl ReplicationConnection {
                 Err(e) => return Err(slot_error(e, &options.slot)),
             }
         }
-        Ok(ReplicationStream {
-            conn: self,
-            slot: options.slot.clone(),
-            received: options.start_lsn,
-            confirmed: options.start_lsn,
-            status_interval: DEFAULT_STATUS_INTERVAL,
-            next_status: Instant::now(),
-            done: false,
-        })
+        Ok(ReplicationStream::spawn(
+            self,
+            options.slot.clone(),
+            options.start_lsn,
+            wal_sender_timeout,
+        ))
+    }
+
+    /// The server's `wal_sender_timeout` for this connection; `None` when
+    /// it is off or cannot be read (SHOW is a replication command from
+    /// PostgreSQL 10 on).
+    async fn wal_sender_timeout(&mut self) -> Option<Duration> {
+        let shown = self.simple_query("SHOW wal_sender_timeout").await.ok()?;
+        parse_guc_duration(shown.get("wal_sender_timeout")?).filter(|d| !d.is_zero())
     }
 }
 
-/// How often a status update is sent when nothing else prompts one: well
-/// inside the default `wal_sender_timeout` of 60 s.
+/// A time setting as SHOW prints it: `60s`, `500ms`, `1min`, `0`.
+fn parse_guc_duration(text: &str) -> Option<Duration> {
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let n: u64 = number.parse().ok()?;
+    let millis = match unit.trim() {
+        "us" => return Some(Duration::from_micros(n)),
+        "ms" | "" => n,
+        "s" => n * 1000,
+        "min" => n * 60_000,
+        "h" => n * 3_600_000,
+        "d" => n * 86_400_000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(millis))
+}
+
+/// The cadence of status updates for a server that drops a connection
+/// silent for `wal_sender_timeout`: a quarter of it, at most
+/// [`DEFAULT_STATUS_INTERVAL`].
+fn status_interval_for(wal_sender_timeout: Option<Duration>) -> Duration {
+    wal_sender_timeout.map_or(DEFAULT_STATUS_INTERVAL, |t| {
+        (t / 4).clamp(Duration::from_millis(50), DEFAULT_STATUS_INTERVAL)
+    })
+}
+
+/// How often a status update is sent when nothing else prompts one, at
+/// most: well inside the default `wal_sender_timeout` of 60 s.
 pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A message of the CopyBoth stream.
@@ -290,123 +321,6 @@ fn in_copy_both(frame: Frame) -> Result<InCopyBoth> {
         Frame::CopyBothResponse => {
             Err(Error::new(ErrorKind::Protocol, "a second CopyBothResponse"))
         }
-    }
-}
-
-/// The running CopyBoth stream of one slot.
-pub struct ReplicationStream {
-    conn: ReplicationConnection,
-    slot: String,
-    received: Lsn,
-    confirmed: Lsn,
-    status_interval: Duration,
-    next_status: Instant,
-    done: bool,
-}
-
-impl ReplicationStream {
-    /// The highest position confirmed so far.
-    pub fn confirmed(&self) -> Lsn {
-        self.confirmed
-    }
-
-    pub fn set_status_interval(&mut self, interval: Duration) {
-        self.status_interval = interval;
-    }
-
-    /// The next XLogData or keepalive; `None` once the server has ended
-    /// the stream. Status updates are sent while waiting, so a caller that
-    /// keeps calling this never trips `wal_sender_timeout`. Cancel-safe.
-    pub async fn recv(&mut self) -> Result<Option<ReplicationMessage>> {
-        loop {
-            if self.done {
-                return Ok(None);
-            }
-            if Instant::now() >= self.next_status {
-                self.send_status().await?;
-            }
-            let frame = tokio::select! {
-                frame = self.conn.read_frame() => frame,
-                () = sleep_until(self.next_status) => continue,
-            };
-            let message = match in_copy_both(frame.map_err(|e| slot_error(e, &self.slot))?)? {
-                InCopyBoth::CopyData(data) => data,
-                InCopyBoth::Skip => continue,
-                InCopyBoth::CopyDone => {
-                    self.done = true;
-                    self.conn.queue_copy_done();
-                    self.conn.flush().await?;
-                    return Ok(None);
-                }
-                InCopyBoth::Ended => {
-                    self.done = true;
-                    return Ok(None);
-                }
-            };
-            let message = ReplicationMessage::decode(message)?;
-            match &message {
-                ReplicationMessage::XLogData {
-                    wal_start, data, ..
-                } => {
-                    self.received = self.received.max(*wal_start);
-                    crate::metrics::metrics()
-                        .received_bytes
-                        .fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                }
-                ReplicationMessage::PrimaryKeepalive {
-                    wal_end,
-                    reply_requested,
-                    ..
-                } => {
-                    self.received = self.received.max(*wal_end);
-                    if *reply_requested {
-                        self.send_status().await?;
-                    }
-                }
-            }
-            return Ok(Some(message));
-        }
-    }
-
-    /// Records that everything up to `lsn` is durable and tells the server
-    /// at once. A position lower than one confirmed before is ignored, so
-    /// the reported position never moves backwards.
-    pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
-        if lsn <= self.confirmed {
-            return Ok(());
-        }
-        self.confirmed = lsn;
-        self.send_status().await
-    }
-
-    async fn send_status(&mut self) -> Result<()> {
-        let write = self.received.max(self.confirmed);
-        let update = standby_status_update(write, self.confirmed, self.confirmed, pg_now_micros());
-        self.conn.queue_copy_data(&update);
-        self.conn.flush().await?;
-        self.next_status = Instant::now() + self.status_interval;
-        tracing::trace!(slot = %self.slot, flush_lsn = %self.confirmed, "sent standby status update");
-        Ok(())
-    }
-
-    /// Ends the stream: a last status update, CopyDone, and the server's
-    /// closing messages, then the connection is closed.
-    pub async fn stop(mut self) -> Result<()> {
-        if !self.done {
-            self.send_status().await?;
-            self.conn.queue_copy_done();
-            self.conn.flush().await?;
-            // Drain until the server finishes the command.
-            loop {
-                match self.conn.read_frame().await {
-                    Ok(Frame::Message(Message::ReadyForQuery(_))) => break,
-                    Ok(_) => {}
-                    Err(e) if e.kind() == ErrorKind::Connection => return Ok(()),
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        self.conn.close().await
     }
 }
 
@@ -563,6 +477,18 @@ mod tests {
         assert_eq!(&update[17..25], &1u64.to_be_bytes());
         assert_eq!(&update[25..33], &9i64.to_be_bytes());
         assert_eq!(update[33], 0);
+    }
+
+    #[test]
+    fn status_updates_go_out_four_times_per_wal_sender_timeout() {
+        let shown = |text| status_interval_for(parse_guc_duration(text).filter(|d| !d.is_zero()));
+        assert_eq!(shown("2s"), Duration::from_millis(500));
+        assert_eq!(shown("1min"), DEFAULT_STATUS_INTERVAL);
+        assert_eq!(shown("0"), DEFAULT_STATUS_INTERVAL, "off");
+        assert_eq!(shown("100ms"), Duration::from_millis(50));
+        assert_eq!(parse_guc_duration("3h"), Some(Duration::from_secs(10_800)));
+        assert_eq!(parse_guc_duration("5 fortnights"), None);
+        assert_eq!(parse_guc_duration(""), None);
     }
 
     #[test]

@@ -255,7 +255,18 @@ impl TestDb {
         }
     }
 
-    /// Waits (at most a minute) until a consumer holds the slot.
+    /// The process that holds `slot` now, if one does.
+    pub async fn active_pid(&self, slot: &str) -> Option<i32> {
+        self.client
+            .query_opt(
+                "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("read slot")
+            .and_then(|r| r.get(0))
+    }
+
     /// How many publications publish `table` (a name in any schema).
     pub async fn publishing(&self, table: &str) -> i64 {
         self.client

@@ -1,0 +1,310 @@
+//! The CopyBoth stream of one slot, on a task of its own.
+//!
+//! The task owns the replication connection. It reads the server's
+//! messages into a bounded channel, and it sends status updates on its
+//! timer, at once when a keepalive asks for a reply, and whenever the
+//! consumer confirms. Whatever the consumer does between two reads (a
+//! commit to a slow object store, a compaction) never holds a status update
+//! back, so `wal_sender_timeout` never ends the connection because of it.
+//!
+//! Backpressure comes from the channel: once it holds its byte budget
+//! ([`BUDGET_BYTES`]) the task stops reading the socket. The server's send
+//! buffer then fills and the walsender waits, still reading our replies.
+//!
+//! Feedback rule: the `flush_lsn` we report is exactly the highest position
+//! the consumer passed to [`ReplicationStream::confirm`], never more, and
+//! never less than a value reported before. The server keeps every
+//! transaction whose commit ends after it and sends it again after a
+//! reconnect.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use postgres_protocol::message::backend::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep_until};
+
+use super::{InCopyBoth, ReplicationMessage, in_copy_both, pg_now_micros, slot_error};
+use super::{standby_status_update, status_interval_for};
+use crate::error::{Error, ErrorKind, Result};
+use crate::pg::conn::{Frame, ReplicationConnection};
+use crate::pg::lsn::Lsn;
+
+/// Bytes of messages read ahead of the consumer at most. A message larger
+/// than this waits until the channel is empty and then takes all of it.
+pub const BUDGET_BYTES: usize = 64 << 20;
+
+/// Messages read ahead of the consumer at most, however small.
+const BUDGET_MESSAGES: usize = 4096;
+
+/// The consumer's end of a slot's stream: messages in order, confirmations
+/// back. Dropping it closes the connection without a last status update.
+pub struct ReplicationStream {
+    messages: mpsc::Receiver<Delivered>,
+    control: mpsc::UnboundedSender<Control>,
+    /// The highest position confirmed so far.
+    confirmed: Lsn,
+    /// The task, until its end was taken up; it ends when the server ends
+    /// the stream, on an error, or when asked to stop.
+    task: Option<JoinHandle<Result<()>>>,
+}
+
+/// A message and its share of the read-ahead budget, given back once the
+/// consumer takes the message.
+struct Delivered {
+    message: ReplicationMessage,
+    _budget: OwnedSemaphorePermit,
+}
+
+enum Control {
+    Confirm(Lsn),
+    StatusInterval(Duration),
+    /// A last status update, CopyDone, the server's closing messages.
+    Stop,
+}
+
+impl ReplicationStream {
+    /// Spawns the task that owns `conn`, which has just entered CopyBoth
+    /// at `start`. `wal_sender_timeout` sets the status updates' cadence.
+    pub(super) fn spawn(
+        conn: ReplicationConnection,
+        slot: String,
+        start: Lsn,
+        wal_sender_timeout: Option<Duration>,
+    ) -> ReplicationStream {
+        let (deliver, messages) = mpsc::channel(BUDGET_MESSAGES);
+        let (control, orders) = mpsc::unbounded_channel();
+        let feeder = Feeder {
+            conn,
+            slot,
+            received: start,
+            confirmed: start,
+            status_interval: status_interval_for(wal_sender_timeout),
+            next_status: Instant::now(),
+            budget: Arc::new(Semaphore::new(BUDGET_BYTES)),
+            deliver,
+            orders,
+        };
+        ReplicationStream {
+            messages,
+            control,
+            confirmed: start,
+            task: Some(tokio::spawn(feeder.run())),
+        }
+    }
+
+    /// The highest position confirmed so far.
+    pub fn confirmed(&self) -> Lsn {
+        self.confirmed
+    }
+
+    /// How often status updates go out when nothing else prompts one.
+    pub fn set_status_interval(&mut self, interval: Duration) {
+        // A task that has ended sends nothing more anyway.
+        let _ = self.control.send(Control::StatusInterval(interval));
+    }
+
+    /// The next XLogData or keepalive; `None` once the server has ended
+    /// the stream, or the task's error. Cancel-safe.
+    pub async fn recv(&mut self) -> Result<Option<ReplicationMessage>> {
+        match self.messages.recv().await {
+            Some(delivered) => Ok(Some(delivered.message)),
+            None => self.ended().await.map(|()| None),
+        }
+    }
+
+    /// Records that everything up to `lsn` is durable; the task tells the
+    /// server at once. A position lower than one confirmed before is
+    /// ignored, so the reported position never moves backwards.
+    pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
+        if lsn <= self.confirmed {
+            return Ok(());
+        }
+        self.confirmed = lsn;
+        if self.control.send(Control::Confirm(lsn)).is_err() {
+            self.ended().await?;
+            return Err(Error::new(
+                ErrorKind::Connection,
+                "the replication stream ended before a confirmation went out",
+            )
+            .with_context("lsn", lsn));
+        }
+        Ok(())
+    }
+
+    /// Ends the stream: a last status update, CopyDone, and the server's
+    /// closing messages, then the connection is closed.
+    pub async fn stop(mut self) -> Result<()> {
+        let _ = self.control.send(Control::Stop);
+        self.ended().await
+    }
+
+    /// How the task ended. Cancel-safe: the handle is kept until it
+    /// answered.
+    async fn ended(&mut self) -> Result<()> {
+        let Some(task) = self.task.as_mut() else {
+            return Ok(());
+        };
+        let ended = task.await;
+        self.task = None;
+        ended.map_err(|e| {
+            Error::new(
+                ErrorKind::Connection,
+                "the replication stream's task failed",
+            )
+            .with_source(e)
+        })?
+    }
+}
+
+/// The task's side: the connection and what it owes the server.
+struct Feeder {
+    conn: ReplicationConnection,
+    slot: String,
+    received: Lsn,
+    confirmed: Lsn,
+    status_interval: Duration,
+    next_status: Instant,
+    budget: Arc<Semaphore>,
+    deliver: mpsc::Sender<Delivered>,
+    orders: mpsc::UnboundedReceiver<Control>,
+}
+
+/// What woke the task.
+enum Woke {
+    Order(Option<Control>),
+    StatusDue,
+    Frame(Result<Frame>),
+    /// Room in the channel for the message read, or `None`: the consumer
+    /// is gone.
+    Room(Option<(OwnedSemaphorePermit, mpsc::OwnedPermit<Delivered>)>),
+}
+
+impl Feeder {
+    async fn run(mut self) -> Result<()> {
+        // The message read and not yet handed over.
+        let mut waiting: Option<(ReplicationMessage, u32)> = None;
+        loop {
+            let cost = waiting.as_ref().map(|(_, cost)| *cost);
+            let woke = tokio::select! {
+                biased;
+                order = self.orders.recv() => Woke::Order(order),
+                () = sleep_until(self.next_status) => Woke::StatusDue,
+                frame = self.conn.read_frame(), if cost.is_none() => Woke::Frame(frame),
+                room = room(&self.budget, &self.deliver, cost.unwrap_or(0)), if cost.is_some() => {
+                    Woke::Room(room)
+                }
+            };
+            match woke {
+                // The consumer dropped its end: close without a word.
+                Woke::Order(None) => return Ok(()),
+                Woke::Order(Some(Control::Confirm(lsn))) => {
+                    if lsn > self.confirmed {
+                        self.confirmed = lsn;
+                        self.send_status().await?;
+                    }
+                }
+                Woke::Order(Some(Control::StatusInterval(interval))) => {
+                    self.status_interval = interval;
+                    self.next_status = Instant::now() + interval;
+                }
+                Woke::Order(Some(Control::Stop)) => return self.stop().await,
+                Woke::StatusDue => self.send_status().await?,
+                Woke::Frame(frame) => {
+                    let frame = frame.map_err(|e| slot_error(e, &self.slot))?;
+                    match in_copy_both(frame)? {
+                        InCopyBoth::CopyData(data) => {
+                            let message = ReplicationMessage::decode(data)?;
+                            let cost = self.took(&message).await?;
+                            waiting = Some((message, cost));
+                        }
+                        InCopyBoth::Skip => {}
+                        InCopyBoth::CopyDone => {
+                            self.conn.queue_copy_done();
+                            self.conn.flush().await?;
+                            return Ok(());
+                        }
+                        InCopyBoth::Ended => return Ok(()),
+                    }
+                }
+                Woke::Room(None) => return Ok(()),
+                Woke::Room(Some((budget, slot))) => {
+                    if let Some((message, _)) = waiting.take() {
+                        slot.send(Delivered {
+                            message,
+                            _budget: budget,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Notes what a message tells of the server's position, answers a
+    /// keepalive that asks for it, and returns the message's share of the
+    /// budget.
+    async fn took(&mut self, message: &ReplicationMessage) -> Result<u32> {
+        match message {
+            ReplicationMessage::XLogData {
+                wal_start, data, ..
+            } => {
+                self.received = self.received.max(*wal_start);
+                crate::metrics::metrics()
+                    .received_bytes
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                let cost = data.len().clamp(1, BUDGET_BYTES);
+                Ok(u32::try_from(cost).unwrap_or(u32::MAX))
+            }
+            ReplicationMessage::PrimaryKeepalive {
+                wal_end,
+                reply_requested,
+                ..
+            } => {
+                self.received = self.received.max(*wal_end);
+                if *reply_requested {
+                    self.send_status().await?;
+                }
+                Ok(1)
+            }
+        }
+    }
+
+    async fn send_status(&mut self) -> Result<()> {
+        let write = self.received.max(self.confirmed);
+        let update = standby_status_update(write, self.confirmed, self.confirmed, pg_now_micros());
+        self.conn.queue_copy_data(&update);
+        self.conn.flush().await?;
+        self.next_status = Instant::now() + self.status_interval;
+        tracing::trace!(slot = %self.slot, flush_lsn = %self.confirmed, "sent standby status update");
+        Ok(())
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        self.send_status().await?;
+        self.conn.queue_copy_done();
+        self.conn.flush().await?;
+        // Drain until the server finishes the command.
+        loop {
+            match self.conn.read_frame().await {
+                Ok(Frame::Message(Message::ReadyForQuery(_))) => break,
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Connection => return Ok(()),
+                Err(e) => return Err(e),
+            }
+        }
+        self.conn.close().await
+    }
+}
+
+/// Waits for `cost` bytes of the budget and a place in the channel.
+async fn room(
+    budget: &Arc<Semaphore>,
+    deliver: &mpsc::Sender<Delivered>,
+    cost: u32,
+) -> Option<(OwnedSemaphorePermit, mpsc::OwnedPermit<Delivered>)> {
+    let permit = budget.clone().acquire_many_owned(cost).await.ok()?;
+    let slot = deliver.clone().reserve_owned().await.ok()?;
+    Some((permit, slot))
+}
