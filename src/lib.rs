@@ -6,6 +6,8 @@
 //! - [`cdc`]: the domain. Typed values, relations, change events, the
 //!   initial load and the change stream with its confirmation rules.
 //! - [`lake`]: Iceberg: schemas, type mapping, files, commits, silver.
+//! - [`apply`]: the pipeline between the two: batches, one sink per
+//!   table, the initial load, compaction and expiry, confirmation.
 //! - [`ops`]: what operators run: `run`, `tail`, `demo`, `show`, and the
 //!   throwaway Postgres behind `demo` and the tests.
 //! - [`config`]: settings from the config file, environment and flags.
@@ -13,6 +15,7 @@
 //! - [`error`]: the one error type and the retry decision.
 //! - [`failpoint`]: crash points, compiled into test builds only.
 
+pub mod apply;
 pub mod cdc;
 pub mod config;
 pub mod error;

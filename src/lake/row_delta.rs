@@ -17,9 +17,10 @@
 //!
 //! Spec: <https://iceberg.apache.org/spec/#snapshots>, "Manifests",
 //! "Position Delete Files", "Sequence Numbers". New files get the new
-//! snapshot's sequence number, so a positional delete applies to the data
-//! files of earlier sequence numbers it names, and never to the data files
-//! added with it.
+//! snapshot's sequence number, and a positional delete applies to the
+//! data files it names whose sequence number is at most its own: those of
+//! earlier snapshots and those added with it, which silver relies on when
+//! a batch deletes rows it has already written to a file.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;

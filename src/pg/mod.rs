@@ -3,9 +3,10 @@
 //! - `config`: connection settings by libpq's conventions.
 //! - `tls`: rustls settings for each `sslmode`.
 //! - `conn`: the replication connection (startup, auth, framing).
-//! - `replication`: replication commands and the CopyBoth stream.
+//! - `replication`: replication commands and the CopyBoth stream, on a
+//!   task of its own that owns the connection.
 //! - `pgoutput`: pgoutput messages decoded over `Bytes`.
-//! - `copy`: COPY text rows split into fields.
+//! - `copy`: binary COPY rows split out of the byte stream.
 //! - `source`: the ordinary connection: preflight, publication, catalog.
 //! - `lsn`: the `Lsn` newtype.
 

@@ -1,0 +1,118 @@
+//! The apply pipeline: change events and load rows in, Iceberg commits
+//! out, and the slot confirmed behind them.
+//!
+//! A change goes from the stream (`cdc::stream`) into the open batch
+//! (`pipeline`), whose commit `policy` says when; each source table's
+//! `sink` stages it into its bronze and silver tables (`lake::bronze`,
+//! `lake::silver`). At a flush every sink commits, `housekeeping`
+//! compacts and expires, and only then the batch's end is confirmed. The
+//! initial load (`load`) takes the same path in runs of rows. `naming`
+//! says which Iceberg tables a source table lands in.
+//!
+//! Exactly once: every snapshot records the highest source commit LSN it
+//! fully contains. At start each table's recorded LSN is read back, and a
+//! transaction at or below it is skipped for that table, so a crash between
+//! the Iceberg commits and the confirmation replays nothing twice.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::cdc::capture::CaptureOptions;
+use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
+use crate::lake::catalog::LakeLocation;
+use crate::lake::compaction::DEFAULT_AFTER_FILES;
+use crate::lake::expire::{DEFAULT_RETENTION, Retention};
+use crate::ops::monitor;
+use crate::ops::shutdown::Shutdown;
+use crate::pg::lsn::Lsn;
+use crate::pg::source::TableName;
+
+mod housekeeping;
+mod load;
+pub mod naming;
+mod pipeline;
+mod policy;
+mod sink;
+
+pub use naming::iceberg_name;
+pub(crate) use pipeline::{Pipeline, StreamEnd};
+
+/// Flush a batch at least this often while changes arrive.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Flush once a batch holds this many changes (at the next transaction end).
+pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
+/// Flush once a batch holds about this many bytes of values.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
+/// Connections reading the initial load, when there are that many tables.
+pub const DEFAULT_LOAD_CONNECTIONS: usize = 2;
+/// Snapshots are expired at least this often, in silver commits.
+pub const EXPIRE_EVERY_COMMITS: usize = 100;
+
+pub struct RunOptions {
+    pub capture: CaptureOptions,
+    /// The embedded lake: its catalog file and warehouse.
+    pub lake: LakeLocation,
+    /// Iceberg namespace; the source database's name when unset.
+    pub namespace: Option<String>,
+    /// Iceberg names chosen for source tables instead of [`iceberg_name`].
+    pub table_names: BTreeMap<TableName, String>,
+    pub flush_interval: Duration,
+    pub max_batch_rows: usize,
+    pub max_batch_bytes: usize,
+    /// Compact silver after a commit once this many data files were
+    /// committed since its last compaction, or it holds this many delete
+    /// files, and bronze every this many commits; 0 never
+    /// (src/lake/compaction.rs, src/lake/silver/compaction.rs).
+    pub compact_after_files: usize,
+    /// Which snapshots the automatic expiry keeps; it runs for both tables
+    /// of a source table after silver's compaction, and every
+    /// [`EXPIRE_EVERY_COMMITS`] commits.
+    pub retention: Retention,
+    /// Drain, commit, confirm and return once no change came for this long.
+    pub exit_when_idle: Option<Duration>,
+    /// Heartbeat and retained-WAL warnings while streaming.
+    pub heartbeat_interval: Option<Duration>,
+    pub retained_wal_warn_bytes: u64,
+    /// How often the slot's state is read for metrics and warnings.
+    pub monitor_interval: Duration,
+    /// Connections that read the initial load's tables in parallel, each a
+    /// table at a time, all in the slot's snapshot.
+    pub load_connections: usize,
+    /// Stop at the next safe point once requested: commit the batch if it
+    /// holds only complete transactions, abandon it (to be streamed again
+    /// after a restart) if a transaction is still arriving.
+    pub shutdown: Shutdown,
+}
+
+impl RunOptions {
+    /// The defaults: namespace from the database, flush every second or
+    /// at the batch limits, run until stopped.
+    pub fn new(capture: CaptureOptions, lake: impl Into<LakeLocation>) -> RunOptions {
+        RunOptions {
+            capture,
+            lake: lake.into(),
+            namespace: None,
+            table_names: BTreeMap::new(),
+            flush_interval: DEFAULT_FLUSH_INTERVAL,
+            max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            compact_after_files: DEFAULT_AFTER_FILES,
+            retention: DEFAULT_RETENTION,
+            exit_when_idle: None,
+            heartbeat_interval: None,
+            retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
+            monitor_interval: monitor::DEFAULT_INTERVAL,
+            load_connections: DEFAULT_LOAD_CONNECTIONS,
+            shutdown: Shutdown::default(),
+        }
+    }
+}
+
+/// What a run did, for the caller to print.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunReport {
+    pub changes_applied: u64,
+    pub batches: u64,
+    /// The position the slot was left at.
+    pub confirmed: Lsn,
+}

@@ -1,0 +1,472 @@
+//! The open batch and the stream loop: events staged into the sinks,
+//! flushed when the policy says, confirmed once every commit landed.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use iceberg::TableIdent;
+use tokio::time::Instant;
+
+use super::naming::idents;
+use super::policy::{FlushPolicy, IDLE_COMPACTION_FLUSHES, Step};
+use super::sink::{TableSink, wants};
+use super::{RunOptions, RunReport};
+use crate::cdc::event::Event;
+use crate::cdc::relation::RelationInfo;
+use crate::cdc::stream::{ChangeStream, Next};
+use crate::error::{Error, ErrorKind, Result};
+use crate::failpoint;
+use crate::lake::catalog::Lake;
+use crate::lake::compaction::{Merge, merge_small_files};
+use crate::lake::evolve::Mode;
+use crate::lake::expire::Retention;
+use crate::lake::gap::Gap;
+use crate::lake::schema::history_only;
+use crate::lake::writer::Position;
+use crate::metrics::{metrics, now_micros};
+use crate::ops::resync;
+use crate::pg::lsn::Lsn;
+use crate::pg::source::TableName;
+
+pub(crate) struct Pipeline<'r> {
+    pub(super) lake: Lake,
+    pub(super) namespace: iceberg::NamespaceIdent,
+    /// Iceberg name of each source table.
+    pub(super) names: HashMap<TableName, String>,
+    /// The slot, which each bronze table records (`ops::table_set`).
+    pub(super) slot: String,
+    pub(super) sinks: HashMap<TableName, TableSink>,
+    /// Changes staged in the open batch, and roughly their bytes.
+    pub(super) batch_changes: usize,
+    pub(super) batch_bytes: usize,
+    /// The source commit times of the open batch's streamed transactions,
+    /// for the metrics.
+    pub(super) batch_commit_times: Vec<i64>,
+    /// The last transaction in the batch; `None` while the batch holds no
+    /// complete transaction.
+    pub(super) batch_end: Option<Position>,
+    /// `RunOptions::compact_after_files` and `retention`.
+    pub(super) compact_after_files: usize,
+    pub(super) retention: Retention,
+    /// The tables this start resyncs ([`resync`]), by request.
+    pub(super) resyncing: HashMap<TableName, String>,
+    /// Whether this run asked for a resync itself (a new column with a
+    /// default), to be done at the next transaction boundary.
+    pub(super) resync_asked: bool,
+    /// What all runs of this process did so far.
+    pub(super) report: &'r mut RunReport,
+}
+
+/// How a stream ended: for good, or to start over for a resync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamEnd {
+    Done,
+    Resync,
+}
+
+impl<'r> Pipeline<'r> {
+    /// A pipeline into `lake`, writing `names`' tables in `namespace`;
+    /// what it applies is added to `report`.
+    pub(crate) fn new(
+        lake: Lake,
+        namespace: iceberg::NamespaceIdent,
+        names: HashMap<TableName, String>,
+        options: &RunOptions,
+        report: &'r mut RunReport,
+    ) -> Pipeline<'r> {
+        Pipeline {
+            lake,
+            namespace,
+            names,
+            slot: options.capture.slot.clone(),
+            sinks: HashMap::new(),
+            batch_changes: 0,
+            batch_bytes: 0,
+            batch_commit_times: Vec::new(),
+            batch_end: None,
+            compact_after_files: options.compact_after_files,
+            retention: options.retention,
+            resyncing: HashMap::new(),
+            resync_asked: false,
+            report,
+        }
+    }
+
+    /// Opens the sink of every table `relations` describes, rebuilding
+    /// silver's key index, and loads a silver that a crash left without
+    /// its load from bronze's ([`TableSink::load_silver_from_bronze`]).
+    pub(crate) async fn open(&mut self, relations: &[RelationInfo]) -> Result<()> {
+        for relation in relations {
+            self.ensure_sink(relation).await?;
+        }
+        for sink in self.sinks.values_mut() {
+            if let (Some(at), None, Some(_)) = (sink.bronze_at, sink.silver_at, &sink.silver)
+                && at.is_load()
+            {
+                sink.load_silver_from_bronze(&self.lake, at).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The slot stands at `lsn`.
+    pub(crate) fn confirmed(&mut self, lsn: Lsn) {
+        self.report.confirmed = lsn;
+    }
+}
+
+impl Pipeline<'_> {
+    pub(crate) async fn stream(
+        &mut self,
+        stream: &mut ChangeStream,
+        options: &RunOptions,
+    ) -> Result<StreamEnd> {
+        let mut policy = FlushPolicy::new(options, Instant::now());
+        // Whether a full compaction found nothing left to do since the
+        // last change.
+        let mut settled = false;
+        let mut resync_checked = Instant::now();
+        loop {
+            let next = stream
+                .next_before(Some(policy.deadline(Instant::now())))
+                .await?;
+            policy.streamed(stream.in_streamed_transaction(), Instant::now());
+            let step = match next {
+                Next::Event(event) => {
+                    let now = Instant::now();
+                    settled &= !matches!(event, Event::Change(_));
+                    policy.saw(&event, now);
+                    self.take(event).await?;
+                    policy.after_event(
+                        now,
+                        self.batch_end.is_some(),
+                        self.batch_changes,
+                        self.batch_bytes,
+                    )
+                }
+                Next::Idle => {
+                    let now = Instant::now();
+                    let quiet = self.compact_after_files > 0
+                        && !settled
+                        && self.batch_changes == 0
+                        && self.batch_end.is_none()
+                        && now
+                            >= policy.last_event + options.flush_interval * IDLE_COMPACTION_FLUSHES;
+                    if quiet {
+                        settled = !self.compact_idle().await?;
+                    }
+                    policy.on_idle(now, self.batch_end.is_some())
+                }
+                Next::Closed => {
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        "the server ended the replication stream",
+                    ));
+                }
+            };
+            let step = if options.shutdown.is_requested() {
+                policy.on_shutdown(self.batch_end.is_some())
+            } else {
+                step
+            };
+            match step {
+                Step::Wait => {}
+                Step::Flush => {
+                    self.flush_and_confirm(stream).await?;
+                    policy.flushed();
+                }
+                Step::Exit => return self.end(),
+                Step::FlushAndExit => {
+                    self.flush_and_confirm(stream).await?;
+                    return self.end();
+                }
+                Step::Abandon => {
+                    tracing::info!(
+                        changes = self.batch_changes,
+                        "stopping inside a transaction: the open batch is not committed and will be streamed again"
+                    );
+                    return Ok(StreamEnd::Done);
+                }
+            }
+            // Between transactions, with nothing staged: where a resync
+            // may end the stream.
+            if self.batch_end.is_none() && self.batch_changes == 0 {
+                if self.resync_asked {
+                    return Ok(StreamEnd::Resync);
+                }
+                if resync_checked.elapsed() >= resync::POLL {
+                    resync_checked = Instant::now();
+                    if self.resync_requested().await? {
+                        return Ok(StreamEnd::Resync);
+                    }
+                }
+            }
+        }
+    }
+
+    /// How a stream that ends for good ends: a resync this run asked for
+    /// comes first.
+    fn end(&self) -> Result<StreamEnd> {
+        Ok(if self.resync_asked {
+            StreamEnd::Resync
+        } else {
+            StreamEnd::Done
+        })
+    }
+
+    /// Whether a table's bronze holds a resync request not done yet.
+    async fn resync_requested(&self) -> Result<bool> {
+        for (table, sink) in &self.sinks {
+            if sink.silver.is_none() {
+                continue;
+            }
+            let bronze = self.lake.catalog_table(sink.bronze.ident()).await?;
+            if let Some(id) = resync::pending(&bronze) {
+                tracing::info!(%table, request = %id, "resync requested: committing, then starting over to reload the table");
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// Adds an event to the batch. Batches end at transaction boundaries:
+    /// only a Commit makes the batch flushable.
+    /// Stages an event; for a change, returns its approximate size.
+    async fn take(&mut self, event: Event) -> Result<usize> {
+        let mut taken = 0;
+        match event {
+            Event::Change(mut change) => {
+                self.ensure_sink(&change.relation).await?;
+                let sink = self
+                    .sinks
+                    .get_mut(&change.relation.name)
+                    .expect("ensure_sink just ran");
+                let to_bronze = wants(sink.bronze_at, &change);
+                let to_silver =
+                    sink.silver.is_some() && !sink.reloading && wants(sink.silver_at, &change);
+                self.resync_asked |= sink
+                    .follow(
+                        &self.lake,
+                        &change.relation,
+                        to_bronze.then_some(Mode::Bronze),
+                        to_silver.then_some(Mode::Silver),
+                    )
+                    .await?;
+                let to_silver = to_silver && !sink.reloading;
+                match &mut sink.silver {
+                    Some(silver) if to_silver => {
+                        sink.gap = Gap::default();
+                        silver.fill_unchanged(&self.lake, &mut change).await?;
+                    }
+                    // History only: a complete before image (FULL) holds them.
+                    None => change.fill_unchanged_from_before_image(),
+                    // Silver, about to be reloaded, may be keyed otherwise
+                    // than the change: what a before image holds, else the
+                    // values stay marked not sent.
+                    Some(_) if sink.reloading => change.fill_unchanged_from_before_image(),
+                    Some(silver) if to_bronze => {
+                        sink.gap
+                            .fill_unchanged(&self.lake, &sink.bronze, silver, &mut change)
+                            .await?;
+                    }
+                    Some(_) => {}
+                }
+                let change_bytes = change.approx_bytes();
+                let op = change.op.code();
+                let change = Arc::new(change);
+                if to_bronze {
+                    sink.bronze
+                        .stage(&self.lake, change.clone(), change_bytes)
+                        .await?;
+                    sink.bronze_dirty = true;
+                    if let Some(silver) = sink
+                        .silver
+                        .as_ref()
+                        .filter(|_| !to_silver && !sink.reloading)
+                    {
+                        sink.gap.record(silver, &change)?;
+                    }
+                }
+                if let Some(silver) = sink.silver.as_mut().filter(|_| to_silver) {
+                    silver.stage(&self.lake, change, change_bytes).await?;
+                    sink.silver_dirty = true;
+                }
+                self.batch_changes += 1;
+                self.batch_bytes += change_bytes;
+                if to_bronze || to_silver {
+                    *sink.ops.entry(op).or_default() += 1;
+                }
+                taken = change_bytes;
+            }
+            Event::Commit { tx, end_lsn } => {
+                if tx.xid != 0 {
+                    if self.batch_commit_times.is_empty() {
+                        metrics()
+                            .oldest_pending_commit_micros
+                            .store(tx.commit_ts, Ordering::Relaxed);
+                    }
+                    self.batch_commit_times.push(tx.commit_ts);
+                }
+                self.batch_end = Some(Position {
+                    commit_lsn: tx.commit_lsn,
+                    end_lsn,
+                    commit_ts: tx.commit_ts,
+                });
+            }
+            Event::Begin(_) | Event::Message { .. } => {}
+        }
+        Ok(taken)
+    }
+
+    fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {
+        idents(&self.namespace, &self.names, table)
+    }
+
+    /// The tables whose bronze holds its initial load, and silver too, or
+    /// can take it from bronze ([`TableSink::load_silver_from_bronze`]), or
+    /// has none (a table without a key). A table with a resync pending
+    /// counts as not loaded, and is noted in `resyncing` for its load; one
+    /// whose resync's bronze commit landed is recorded done.
+    pub(crate) async fn loaded_tables(&mut self, tables: &[TableName]) -> Result<Vec<TableName>> {
+        let mut loaded = Vec::new();
+        for table in tables {
+            let (bronze_ident, silver) = self.idents(table);
+            let Some(bronze) = self.lake.table_if_exists(&bronze_ident).await? else {
+                continue;
+            };
+            let Some(at) = Position::of(&bronze)? else {
+                continue;
+            };
+            if let Some(id) = resync::pending(&bronze).filter(|_| !history_only(&bronze)) {
+                if !resync::committed(&bronze, &id) {
+                    tracing::info!(%table, request = %id, "resyncing: silver is loaded again from a new snapshot");
+                    self.resyncing.insert(table.clone(), id);
+                    continue;
+                }
+                resync::mark_done(&self.lake, &bronze_ident, &id).await?;
+            }
+            let silver_at = match self.lake.table_if_exists(&silver).await? {
+                Some(t) => Position::of(&t)?,
+                None => None,
+            };
+            if history_only(&bronze) || silver_at.is_some() || at.is_load() {
+                loaded.push(table.clone());
+            }
+        }
+        Ok(loaded)
+    }
+
+    /// Opens the sink of `relation`'s table unless it is open.
+    pub(super) async fn ensure_sink(&mut self, relation: &RelationInfo) -> Result<()> {
+        if self.sinks.contains_key(&relation.name) {
+            return Ok(());
+        }
+        let (bronze, silver) = self.idents(&relation.name);
+        let resync = self.resyncing.get(&relation.name).cloned();
+        let sink = TableSink::open(
+            &self.lake,
+            (bronze, silver),
+            relation,
+            &self.slot,
+            resync,
+            self.compact_after_files,
+        )
+        .await?;
+        self.sinks.insert(relation.name.clone(), sink);
+        Ok(())
+    }
+
+    /// Commits the open batch: per table, bronze then silver. A table not
+    /// yet loaded gets a snapshot even when its load was empty, which marks
+    /// it loaded.
+    pub(super) async fn flush(&mut self) -> Result<()> {
+        let Some(position) = self.batch_end.take() else {
+            return Ok(());
+        };
+        let m = metrics();
+        for (table, sink) in &mut self.sinks {
+            let mut compacted = false;
+            if let Some(id) = sink.resync.take() {
+                compacted |= sink
+                    .commit_resync(&self.lake, position, &id, self.compact_after_files)
+                    .await?;
+                sink.commits_since_expiry += 1;
+                sink.housekeeping(&self.lake, table, compacted, self.retention)
+                    .await;
+                continue;
+            }
+            if sink.bronze_dirty || sink.bronze_at.is_none() {
+                let evolved = sink.bronze.schema_staged();
+                sink.bronze.commit(&self.lake, position).await?;
+                sink.bronze_at = Some(position);
+                sink.bronze_dirty = false;
+                if evolved {
+                    failpoint::hit("mid-schema-change");
+                }
+                failpoint::hit("between-bronze-and-silver");
+                sink.bronze_commits += 1;
+                if self.compact_after_files > 0 && sink.bronze_commits >= self.compact_after_files {
+                    compacted |= merge_small_files(&self.lake, sink.bronze.ident(), Merge::Tiered)
+                        .await?
+                        .is_some();
+                    sink.bronze_commits = 0;
+                }
+            }
+            let committed = match &mut sink.silver {
+                Some(silver) if sink.silver_dirty || sink.silver_at.is_none() => {
+                    silver.commit(&self.lake, position).await?;
+                    sink.silver_at = Some(position);
+                    sink.silver_dirty = false;
+                    compacted |= silver
+                        .compact(&self.lake, self.compact_after_files)
+                        .await?
+                        .is_some();
+                    true
+                }
+                Some(_) => false,
+                // History only: bronze's commit is the table's.
+                None => sink.bronze_at == Some(position),
+            };
+            if committed {
+                sink.commits_since_expiry += 1;
+                sink.housekeeping(&self.lake, table, compacted, self.retention)
+                    .await;
+            }
+        }
+        let now = now_micros();
+        for commit_ts in self.batch_commit_times.drain(..) {
+            let micros = u64::try_from(now - commit_ts).unwrap_or(0);
+            m.commit_to_visible.observe(Duration::from_micros(micros));
+        }
+        m.last_source_commit_micros
+            .fetch_max(position.commit_ts, Ordering::Relaxed);
+        m.oldest_pending_commit_micros.store(0, Ordering::Relaxed);
+        for (table, sink) in &mut self.sinks {
+            let table = table.to_string();
+            for (op, n) in sink.ops.drain() {
+                m.add_changes(&table, op, n);
+            }
+        }
+        if self.batch_changes > 0 {
+            self.report.changes_applied += self.batch_changes as u64;
+            self.report.batches += 1;
+            self.batch_changes = 0;
+            self.batch_bytes = 0;
+        }
+        Ok(())
+    }
+
+    async fn flush_and_confirm(&mut self, stream: &mut ChangeStream) -> Result<()> {
+        let Some(end) = self.batch_end.map(|p| p.end_lsn) else {
+            return Ok(());
+        };
+        self.flush().await?;
+        failpoint::hit("before-confirm");
+        stream.confirm(end).await?;
+        self.report.confirmed = end;
+        tracing::info!(lsn = %end, "batch committed and confirmed");
+        Ok(())
+    }
+}
