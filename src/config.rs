@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::apply::DEFAULT_LOAD_CONNECTIONS;
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{LakeLocation, namespace};
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::ops::run::DEFAULT_LOAD_CONNECTIONS;
+use crate::ops::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -470,9 +471,6 @@ impl Merged {
         })
     }
 }
-
-/// Warn when the slot keeps more WAL than this on the source's disk.
-pub const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
 
 /// A duration: a number with an optional unit, `ms`, `s` (the default),
 /// `m`, `h` or `d`: `6`, `6s`, `500ms`, `1.5m`, `7d`.

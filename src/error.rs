@@ -44,6 +44,9 @@ pub struct Error {
     kind: ErrorKind,
     message: String,
     context: Vec<(&'static str, String)>,
+    /// The SQLSTATE of the server error this one reports, when the wire
+    /// layer made it from one.
+    sqlstate: Option<String>,
     source: Option<BoxError>,
 }
 
@@ -53,6 +56,7 @@ impl Error {
             kind,
             message: message.into(),
             context: Vec::new(),
+            sqlstate: None,
             source: None,
         }
     }
@@ -68,12 +72,21 @@ impl Error {
         self
     }
 
+    /// Records the SQLSTATE of the server error this one reports.
+    pub fn with_sqlstate(mut self, code: impl Into<String>) -> Error {
+        self.sqlstate = Some(code.into());
+        self
+    }
+
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
 
     /// The SQLSTATE of a server error anywhere in the source chain.
     pub fn sqlstate(&self) -> Option<&str> {
+        if let Some(code) = &self.sqlstate {
+            return Some(code);
+        }
         let mut cause: Option<&(dyn std::error::Error + 'static)> = self
             .source
             .as_deref()
@@ -87,8 +100,8 @@ impl Error {
             {
                 return Some(db.code().code());
             }
-            if let Some(server) = err.downcast_ref::<crate::pg::conn::ServerError>() {
-                return Some(&server.code);
+            if let Some(code) = err.downcast_ref::<Error>().and_then(Error::sqlstate) {
+                return Some(code);
             }
             cause = err.source();
         }
@@ -148,12 +161,6 @@ impl std::error::Error for Error {
         self.source
             .as_deref()
             .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
-
-impl From<crate::pg::wire::DecodeError> for Error {
-    fn from(err: crate::pg::wire::DecodeError) -> Error {
-        Error::new(ErrorKind::Protocol, "the server sent a malformed message").with_source(err)
     }
 }
 

@@ -14,6 +14,7 @@ mod faults;
 mod feedback;
 mod initial_load;
 mod lake;
+mod layering;
 mod maintenance;
 mod packaging;
 mod partitions;

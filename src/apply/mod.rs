@@ -18,11 +18,10 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::cdc::capture::CaptureOptions;
-use crate::config::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::lake::catalog::LakeLocation;
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::ops::monitor;
+use crate::ops::monitor::{self, DEFAULT_RETAINED_WAL_WARN_BYTES};
 use crate::ops::shutdown::Shutdown;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;

@@ -13,7 +13,7 @@ use serde_json::{Map, json};
 
 use super::relation::{ColumnInfo, RelationInfo};
 use super::temporal;
-use super::value::Value;
+pub use super::value::Datum;
 use crate::error::{Error, ErrorKind};
 use crate::pg::lsn::Lsn;
 
@@ -69,18 +69,6 @@ impl<'a> ColumnFinder<'a> {
             }
         }
     }
-}
-
-/// One column of a row image.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Datum {
-    /// The value (possibly SQL NULL).
-    Value(Value),
-    /// A TOASTed value the update did not change; the server did not send
-    /// it. Its value is the one the row had before.
-    UnchangedToast,
-    /// A column a key-only before image does not carry.
-    NotSent,
 }
 
 /// A before image: complete (REPLICA IDENTITY FULL) or the key only.

@@ -12,8 +12,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use super::event::Datum;
-use super::value::{PgType, Value, ValueError, Wire};
+use super::value::{Datum, PgType, Value, ValueError, Wire};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{self, TupleValue};

@@ -463,6 +463,18 @@ impl<'a> BinaryNumeric<'a> {
     }
 }
 
+/// One column of a row image.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Datum {
+    /// The value (possibly SQL NULL).
+    Value(Value),
+    /// A TOASTed value the update did not change; the server did not send
+    /// it. Its value is the one the row had before.
+    UnchangedToast,
+    /// A column a key-only before image does not carry.
+    NotSent,
+}
+
 /// One decoded column value.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {

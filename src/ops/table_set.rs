@@ -11,7 +11,7 @@
 use iceberg::NamespaceIdent;
 use iceberg::table::Table;
 
-use super::run::iceberg_name;
+use crate::apply::naming::iceberg_name;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::pg::config::PgConfig;

@@ -415,7 +415,9 @@ impl ReplicationConnection {
         if let Message::ErrorResponse(body) = &message {
             let server = ServerError::from_fields(body.fields());
             return Err(
-                Error::new(ErrorKind::Server, "the server reported an error").with_source(server),
+                Error::new(ErrorKind::Server, "the server reported an error")
+                    .with_sqlstate(server.code.clone())
+                    .with_source(server),
             );
         }
         Ok(Some(Frame::Message(message)))

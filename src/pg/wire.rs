@@ -6,6 +6,8 @@
 
 use bytes::{Buf, Bytes};
 
+use crate::error::{Error, ErrorKind};
+
 /// A message, or a field in it, did not have the shape the protocol requires.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed {message}: {problem} (field `{field}` at byte {offset})")]
@@ -18,6 +20,12 @@ pub struct DecodeError {
     pub offset: usize,
     /// What was wrong.
     pub problem: String,
+}
+
+impl From<DecodeError> for Error {
+    fn from(err: DecodeError) -> Error {
+        Error::new(ErrorKind::Protocol, "the server sent a malformed message").with_source(err)
+    }
 }
 
 pub(crate) struct Reader {
