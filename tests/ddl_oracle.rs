@@ -384,6 +384,19 @@ async fn a_seeded_random_sequence_of_alters_under_writes_never_stops_a_run_and_l
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(rand::random);
+    scenario(seed).await;
+}
+
+/// A seed CI met that still fails: a column with a default added, renamed
+/// twice around a primary-key change, and a crash inside the reload that
+/// follows; bronze's replay then differs from the source. To fix first.
+#[tokio::test]
+#[ignore = "known failure, to fix first: see docs/tables.md, Known gaps"]
+async fn a_default_column_renamed_around_a_key_change_and_a_crashed_reload() {
+    scenario(10_825_685_706_631_488_913).await;
+}
+
+async fn scenario(seed: u64) {
     println!("DDL scenario: seed {seed} ({SEED}={seed} repeats it)");
     let mut s = Scenario::new(seed).await;
     s.ends_well(s.command("2s").spawn().unwrap()).await;
