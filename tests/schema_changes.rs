@@ -328,6 +328,93 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
     assert_verified(&db, &slot, dir.path()).await;
 }
 
+/// A resync's snapshot ahead of bronze's stream by a retype: asked for
+/// while the run is stopped, it is loaded at the next start from a
+/// snapshot that already has `qty` as text, while bronze's stream still
+/// holds it as int. Bronze's copy of the resync's rows keeps `qty`'s
+/// values, under its name once the stream reaches the retype.
+#[tokio::test]
+async fn a_resync_ahead_of_a_retype_keeps_the_retyped_columns_values_in_bronze() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, qty int, note text);
+         INSERT INTO orders SELECT i, i, 'n' FROM generate_series(1, 20) i;",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "ahead").await;
+    let before = schema(dir.path(), BRONZE).await;
+    db.exec(
+        "UPDATE orders SET qty = qty + 100 WHERE id = 1;
+         ALTER TABLE orders ALTER COLUMN qty TYPE text USING qty::text || ' pcs';
+         UPDATE orders SET qty = 'many' WHERE id = 2;
+         ALTER TABLE orders ADD COLUMN flag int DEFAULT 5;",
+    )
+    .await;
+    let lake = dir.path().display().to_string();
+    let url = db.config_url();
+    let asked = cli(&[
+        "resync",
+        "--table",
+        "public.orders",
+        "--namespace",
+        "shop",
+        "--lake",
+        &lake,
+        "--source",
+        &url,
+    ])
+    .await;
+    assert!(
+        asked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+    let ran = cli(&binary_run(&db, &opts, dir.path())).await;
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+
+    let after = schema(dir.path(), BRONZE).await;
+    let old_qty = before["ids"]["qty"].as_i64().unwrap();
+    let retired = format!("qty__{old_qty}");
+    assert_eq!(after["types"][&retired], json!("int"), "{after}");
+    assert_eq!(after["types"]["qty"], json!("string"));
+    let waiting: Vec<&String> = after["ids"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|name| name.starts_with("qty__") && **name != retired)
+        .collect();
+    assert!(waiting.is_empty(), "no field waits any more: {after}");
+
+    // The resync's reads hold qty as the snapshot saw it, under its name,
+    // through pyiceberg and DuckDB.
+    for rows in [
+        pyiceberg(dir.path(), BRONZE, "rows").await,
+        duckdb(dir.path(), BRONZE).await,
+    ] {
+        let reads_of = |id: i64| -> Vec<Value> {
+            rows.as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["_cdc_op"] == "r" && r["id"] == json!(id))
+                .cloned()
+                .collect()
+        };
+        for (id, qty) in [(1, "101 pcs"), (2, "many"), (7, "7 pcs")] {
+            let reads = reads_of(id);
+            assert_eq!(reads.len(), 2, "the load and the reload of {id}");
+            assert_eq!(reads[0][&retired], json!(id), "the load of {id}");
+            assert_eq!(reads[1]["qty"], json!(qty), "the reload of {id}: {rows}");
+            assert_eq!(reads[1]["flag"], json!(5));
+        }
+    }
+    assert_verified(&db, &opts.capture.slot, dir.path()).await;
+}
+
 #[tokio::test]
 async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stream_carries() {
     let db = TestDb::new().await;

@@ -303,8 +303,9 @@ fn load_batch(
             _ => match load_source_column(field, fields, columns, rows) {
                 Ok(array) => array,
                 // A resync's relation ahead of bronze's stream, with a type
-                // changed since that bronze's field cannot hold: its values
-                // reach bronze as the stream's changes (docs/tables.md).
+                // changed since that no field of bronze holds: the planner
+                // adds a field that waits for such values (evolve's
+                // RETYPED_AHEAD), so this is a safety net, not a path.
                 Err(e) => {
                     tracing::warn!(
                         column = %field.name(), error = %e,

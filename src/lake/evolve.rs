@@ -47,6 +47,11 @@ pub const ATTNUMS: &str = "wal2iceberg.attnums";
 /// The OID of the source table whose numbers [`ATTNUMS`] records: those
 /// of a table dropped and created again under the same name are not its.
 pub const ATTNUMS_OF: &str = "wal2iceberg.attnums-of";
+/// Bronze's fields added for the values of a reload whose relation was
+/// ahead of bronze's stream by a retype ([`Mode::BronzeAhead`]): `old field
+/// id:new field id` pairs, comma-separated. The stream's retype gives the
+/// column the new field, so the reload's rows read under its name.
+pub const RETYPED_AHEAD: &str = "wal2iceberg.retyped-ahead";
 
 /// What [`follow`] changed.
 #[derive(Debug, Default)]
@@ -70,7 +75,10 @@ pub enum Mode {
     /// `<name>__<field id>`, and the column gets a new field.
     Bronze,
     /// Bronze taking the rows of a load whose relation may be ahead of
-    /// bronze's stream: new columns only, existing fields as they are.
+    /// bronze's stream: new columns only, existing fields as they are but
+    /// promoted; a column retyped ahead gets a waiting field
+    /// `<name>__<field id>` ([`RETYPED_AHEAD`]) that the stream's retype
+    /// then gives it.
     BronzeAhead,
     /// Silver taking changes: a change it cannot take in place asks for a
     /// reload ([`Followed::reload_silver`]) and changes nothing.
@@ -115,11 +123,15 @@ pub fn follow(tables: &[(&Table, Mode)], relation: &RelationInfo) -> Result<Foll
             table = %table.identifier(), changes = ?evolution.changes,
             "following the source's schema"
         );
+        let mut properties = HashMap::from([
+            (ATTNUMS.to_owned(), evolution.attnums),
+            (ATTNUMS_OF.to_owned(), relation.oid.to_string()),
+        ]);
+        if let Some(ahead) = evolution.retyped_ahead {
+            properties.insert(RETYPED_AHEAD.to_owned(), ahead);
+        }
         let record = TableUpdate::SetProperties {
-            updates: HashMap::from([
-                (ATTNUMS.to_owned(), evolution.attnums),
-                (ATTNUMS_OF.to_owned(), relation.oid.to_string()),
-            ]),
+            updates: properties,
         };
         if evolution.changes.is_empty() {
             // The attnum record alone, of a table written before it.
@@ -146,6 +158,8 @@ pub fn follow(tables: &[(&Table, Mode)], relation: &RelationInfo) -> Result<Foll
 struct Evolution {
     schema: Schema,
     attnums: String,
+    /// The next [`RETYPED_AHEAD`], where the table has or needs one.
+    retyped_ahead: Option<String>,
     /// What changed, for the log.
     changes: Vec<String>,
     /// The columns added.
@@ -160,10 +174,21 @@ fn plan(table: &Table, relation: &RelationInfo, mode: Mode) -> Result<Option<Evo
     plan_schema(
         metadata.current_schema(),
         metadata.last_column_id(),
-        recorded(table, relation),
+        Records {
+            attnums: recorded(table, relation),
+            retyped_ahead: metadata.properties().get(RETYPED_AHEAD).map(String::as_str),
+        },
         relation,
         mode,
     )
+}
+
+/// What a table records of the source columns it holds: its [`ATTNUMS`]
+/// (when they are of the relation's table) and [`RETYPED_AHEAD`].
+#[derive(Debug, Default, Clone, Copy)]
+struct Records<'a> {
+    attnums: Option<&'a str>,
+    retyped_ahead: Option<&'a str>,
 }
 
 /// The table's [`ATTNUMS`] text, when it is of the relation's table.
@@ -179,15 +204,20 @@ fn recorded<'a>(table: &'a Table, relation: &RelationInfo) -> Option<&'a str> {
 }
 
 /// [`plan`] for a table of `schema`, whose highest field id ever is
-/// `last_column_id`, and whose [`ATTNUMS`] are `recorded`.
+/// `last_column_id`, and which records `records`.
 fn plan_schema(
     schema: &Schema,
     last_column_id: i32,
-    recorded_text: Option<&str>,
+    records: Records<'_>,
     relation: &RelationInfo,
     mode: Mode,
 ) -> Result<Option<Evolution>> {
-    let recorded = recorded_text.map(parse_attnums);
+    let recorded_text = records.attnums;
+    let recorded = recorded_text.map(parse_pairs::<i16>);
+    let mut ahead: HashMap<i32, i32> = records
+        .retyped_ahead
+        .map(parse_pairs::<i32>)
+        .unwrap_or_default();
     let mut holders = holders(schema, relation, recorded.as_ref());
     let key_change = match mode.silver() {
         true => key_change(schema, relation, &holders),
@@ -197,6 +227,7 @@ fn plan_schema(
         Ok(Some(Evolution {
             schema: schema.clone(),
             attnums: recorded_text.unwrap_or_default().to_owned(),
+            retyped_ahead: None,
             changes: vec![change],
             added: Vec::new(),
             reload: true,
@@ -219,6 +250,10 @@ fn plan_schema(
     // columns, which get new fields, by id.
     let mut evolved: HashMap<i32, (&ColumnInfo, Type)> = HashMap::new();
     let mut retyped: HashSet<i32> = HashSet::new();
+    // Ahead of the stream: the fields that wait for a retype's values.
+    let mut waiting: Vec<(&NestedFieldRef, &ColumnInfo)> = Vec::new();
+    // Of the stream: the columns retyped into a field that waited for them.
+    let mut arrived: Vec<&ColumnInfo> = Vec::new();
     for (column, holder) in relation.columns.iter().zip(holders.iter_mut()) {
         let Some(field) = *holder else {
             continue;
@@ -226,10 +261,20 @@ fn plan_schema(
         let wanted = iceberg_type(column);
         if mode == Mode::BronzeAhead {
             // Widened ahead of the stream: the load's values need the
-            // wider type, and the stream's narrower ones fit it.
-            if let Some(wider) =
-                promoted(&field.field_type, &wanted).filter(|t| *t != *field.field_type)
-            {
+            // wider type, and the stream's narrower ones fit it. Retyped
+            // ahead of it: they need a field of their own until the
+            // stream's retype gives it the column.
+            let (field, wider) = match promoted(&field.field_type, &wanted) {
+                Some(wider) => (field, wider),
+                None => match waiting_for(schema, &ahead, field, &wanted) {
+                    Some(found) => found,
+                    None => {
+                        waiting.push((field, column));
+                        continue;
+                    }
+                },
+            };
+            if wider != *field.field_type {
                 changes.push(format!("promote {:?} to {wider}", field.name));
                 evolved.insert(field.id, (column, wider));
             }
@@ -243,9 +288,18 @@ fn plan_schema(
             if mode == Mode::Silver {
                 return reload(change);
             }
-            changes.push(change);
             retyped.insert(field.id);
             *holder = None;
+            // A reload ahead of the stream made the column's new field.
+            let Some((waited, field_type)) = waiting_for(schema, &ahead, field, &wanted) else {
+                changes.push(change);
+                continue;
+            };
+            changes.push(format!("{change}, into {:?}", waited.name));
+            ahead.remove(&field.id);
+            *holder = Some(waited);
+            evolved.insert(waited.id, (column, field_type));
+            arrived.push(column);
             continue;
         };
         if rekeyed(column, field) {
@@ -335,7 +389,7 @@ fn plan_schema(
                     by_old_name: &by_old_name,
                     retired: &retired,
                     taken: &taken,
-                    new_columns: &new_columns,
+                    new_columns: &[&new_columns[..], &arrived].concat(),
                 };
                 fields.push(before.evolve(field, relation, &mut ids)?);
             }
@@ -365,6 +419,20 @@ fn plan_schema(
         changes.push(format!("add {:?}", column.name));
         added.push(column.name.clone());
     }
+    for (field, column) in waiting {
+        let id = ids.take();
+        let name = format!("{}__{id}", field.name);
+        fields.push(Arc::new(NestedField::optional(
+            id,
+            &name,
+            numbered_type(column, &mut ids),
+        )));
+        changes.push(format!(
+            "add {name:?} for the values of {:?}, retyped ahead of the stream",
+            column.name
+        ));
+        ahead.insert(field.id, id);
+    }
     if schema.as_struct().field_by_name(VERBATIM).is_none() {
         // A table written before that column existed.
         let id = ids.take();
@@ -381,7 +449,12 @@ fn plan_schema(
         .cloned()
         .collect();
     let attnums = attnum_record(relation, &holders, &added_fields, recorded.as_ref());
-    if changes.is_empty() && recorded_text == Some(attnums.as_str()) {
+    let retyped_ahead = (records.retyped_ahead.is_some() || !ahead.is_empty())
+        .then(|| pairs_text(ahead.into_iter().collect()));
+    if changes.is_empty()
+        && recorded_text == Some(attnums.as_str())
+        && retyped_ahead.as_deref() == records.retyped_ahead
+    {
         return Ok(None);
     }
     let key_ids: Vec<i32> = match rekeying {
@@ -406,10 +479,24 @@ fn plan_schema(
     Ok(Some(Evolution {
         schema,
         attnums,
+        retyped_ahead,
         changes,
         added,
         reload: false,
     }))
+}
+
+/// The field that waits, ahead of the stream, for the values of `field`'s
+/// column retyped to `wanted` ([`RETYPED_AHEAD`]), and the type it takes.
+fn waiting_for<'a>(
+    schema: &'a Schema,
+    ahead: &HashMap<i32, i32>,
+    field: &NestedField,
+    wanted: &Type,
+) -> Option<(&'a NestedFieldRef, Type)> {
+    let id = ahead.get(&field.id)?;
+    let waiting = schema.as_struct().fields().iter().find(|f| f.id == *id)?;
+    Some((waiting, promoted(&waiting.field_type, wanted)?))
 }
 
 /// A retyped column's old field in bronze, kept under `<name>__<field id>`
@@ -425,20 +512,31 @@ fn retire(field: &NestedFieldRef) -> NestedFieldRef {
 /// The name of the top-level field of `table` that holds each of the
 /// relation's columns, by its number where the table recorded it: a load
 /// whose relation is ahead of the table's stream ([`Mode::BronzeAhead`])
-/// names a column renamed since as the table does not yet.
+/// names a column renamed since as the table does not yet, and one
+/// retyped since by the field that waits for it ([`RETYPED_AHEAD`]).
 pub fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
-    let recorded = recorded(table, relation).map(parse_attnums);
-    let holders = holders(
-        table.metadata().current_schema(),
-        relation,
-        recorded.as_ref(),
-    );
+    let metadata = table.metadata();
+    let schema = metadata.current_schema();
+    let recorded = recorded(table, relation).map(parse_pairs::<i16>);
+    let ahead: HashMap<i32, i32> = metadata
+        .properties()
+        .get(RETYPED_AHEAD)
+        .map(|text| parse_pairs(text))
+        .unwrap_or_default();
+    let holders = holders(schema, relation, recorded.as_ref());
     let held: HashSet<&str> = holders.iter().flatten().map(|f| f.name.as_str()).collect();
     holders
         .iter()
         .zip(&relation.columns)
         .map(|(holder, column)| match holder {
-            Some(field) => field.name.clone(),
+            Some(field) => {
+                let wanted = iceberg_type(column);
+                let waiting = promoted(&field.field_type, &wanted)
+                    .is_none()
+                    .then(|| waiting_for(schema, &ahead, field, &wanted))
+                    .flatten();
+                waiting.map_or(&field.name, |(f, _)| &f.name).clone()
+            }
             // The table has no field for it yet; the name is another's.
             None if held.contains(column.name.as_str()) => String::new(),
             None => column.name.clone(),
@@ -616,7 +714,7 @@ fn attnum_record(
     added: &[NestedFieldRef],
     recorded: Option<&HashMap<i16, i32>>,
 ) -> String {
-    let mut pairs: Vec<(i16, i32)> = relation
+    let pairs: Vec<(i16, i32)> = relation
         .columns
         .iter()
         .zip(holders)
@@ -634,20 +732,26 @@ fn attnum_record(
             Some((number, id))
         })
         .collect();
+    pairs_text(pairs)
+}
+
+/// `a:b` pairs, sorted, comma-separated: [`ATTNUMS`], [`RETYPED_AHEAD`].
+fn pairs_text<K: Ord + std::fmt::Display>(mut pairs: Vec<(K, i32)>) -> String {
     pairs.sort_unstable();
     pairs
         .iter()
-        .map(|(number, id)| format!("{number}:{id}"))
+        .map(|(from, id)| format!("{from}:{id}"))
         .collect::<Vec<_>>()
         .join(",")
 }
 
-/// A table's [`ATTNUMS`]: field ids by attribute number.
-fn parse_attnums(text: &str) -> HashMap<i16, i32> {
+/// A table's [`ATTNUMS`] (field ids by attribute number) or
+/// [`RETYPED_AHEAD`] (field ids by field id).
+fn parse_pairs<K: std::str::FromStr + std::hash::Hash + Eq>(text: &str) -> HashMap<K, i32> {
     text.split(',')
         .filter_map(|pair| {
-            let (number, id) = pair.split_once(':')?;
-            Some((number.parse().ok()?, id.parse().ok()?))
+            let (from, id) = pair.split_once(':')?;
+            Some((from.parse().ok()?, id.parse().ok()?))
         })
         .collect()
 }

@@ -28,11 +28,25 @@ fn made(mode: Mode) -> (Schema, String) {
         _ => silver_schema(&base()),
     }
     .unwrap();
-    let evolution = plan_schema(&schema, schema.highest_field_id(), None, &base(), mode)
-        .unwrap()
-        .expect("a first follow records the numbers");
+    let evolution = plan_schema(
+        &schema,
+        schema.highest_field_id(),
+        Records::default(),
+        &base(),
+        mode,
+    )
+    .unwrap()
+    .expect("a first follow records the numbers");
     assert!(evolution.changes.is_empty(), "{:?}", evolution.changes);
     (schema, evolution.attnums)
+}
+
+/// A table's records: these attnums, nothing retyped ahead.
+fn recording(attnums: &str) -> Records<'_> {
+    Records {
+        attnums: Some(attnums),
+        retyped_ahead: None,
+    }
 }
 
 fn next(mode: Mode, relation: &RelationInfo) -> Result<Option<Evolution>> {
@@ -40,7 +54,7 @@ fn next(mode: Mode, relation: &RelationInfo) -> Result<Option<Evolution>> {
     plan_schema(
         &schema,
         schema.highest_field_id(),
-        Some(&attnums),
+        recording(&attnums),
         relation,
         mode,
     )
@@ -106,7 +120,7 @@ fn without_a_record_a_rename_is_a_drop_and_an_add() {
     let evolution = plan_schema(
         &schema,
         schema.highest_field_id(),
-        None,
+        Records::default(),
         &renamed,
         Mode::Bronze,
     )
@@ -190,7 +204,7 @@ fn a_retyped_column_is_retired_in_bronze_and_asks_silver_for_a_reload() {
         let reloaded = plan_schema(
             &old,
             old.highest_field_id(),
-            Some(&attnums),
+            recording(&attnums),
             relation,
             Mode::SilverReload,
         )
@@ -330,12 +344,18 @@ fn a_promoted_column_of_a_key_of_several_columns_reloads_silver() {
         ]))
     };
     let schema = silver_schema(&two(PgType::Int4)).unwrap();
-    let attnums = plan_schema(&schema, 10, None, &two(PgType::Int4), Mode::Silver)
-        .unwrap()
-        .unwrap()
-        .attnums;
+    let attnums = plan_schema(
+        &schema,
+        10,
+        Records::default(),
+        &two(PgType::Int4),
+        Mode::Silver,
+    )
+    .unwrap()
+    .unwrap()
+    .attnums;
     let plan = |mode| {
-        plan_schema(&schema, 10, Some(&attnums), &two(PgType::Int8), mode)
+        plan_schema(&schema, 10, recording(&attnums), &two(PgType::Int8), mode)
             .unwrap()
             .unwrap()
     };
@@ -386,14 +406,20 @@ fn nested_lists_of_several_columns_keep_their_fields() {
             _ => silver_schema(&grids),
         }
         .unwrap();
-        let attnums = plan_schema(&schema, schema.highest_field_id(), None, &grids, mode)
-            .unwrap()
-            .unwrap()
-            .attnums;
+        let attnums = plan_schema(
+            &schema,
+            schema.highest_field_id(),
+            Records::default(),
+            &grids,
+            mode,
+        )
+        .unwrap()
+        .unwrap()
+        .attnums;
         let planned = plan_schema(
             &schema,
             schema.highest_field_id(),
-            Some(&attnums),
+            recording(&attnums),
             &grids,
             mode,
         )
@@ -454,11 +480,11 @@ fn a_single_key_column_other_than_an_integer_reloads_silver_when_promoted() {
     let keyed = |t: PgType, modifier: i32| numbered(relation(vec![column("k", t, modifier, true)]));
     let plan = |from: &RelationInfo, to: &RelationInfo| {
         let schema = silver_schema(from).unwrap();
-        let attnums = plan_schema(&schema, 10, None, from, Mode::Silver)
+        let attnums = plan_schema(&schema, 10, Records::default(), from, Mode::Silver)
             .unwrap()
             .unwrap()
             .attnums;
-        plan_schema(&schema, 10, Some(&attnums), to, Mode::Silver)
+        plan_schema(&schema, 10, recording(&attnums), to, Mode::Silver)
             .unwrap()
             .unwrap()
     };
@@ -485,4 +511,85 @@ fn ahead_of_its_stream_bronze_takes_promotions_but_keeps_its_names() {
     assert_eq!(*field(&ahead.schema, "amount").field_type, wider);
     assert_eq!(*before_field(&ahead.schema, "amount").field_type, wider);
     assert!(ahead.schema.as_struct().field_by_name("total").is_none());
+}
+
+#[test]
+fn a_retype_ahead_of_the_stream_waits_in_a_field_the_streams_retype_then_takes() {
+    // ALTER amount TYPE numeric(12,4), seen first by a reload's snapshot.
+    let mut retyped = base();
+    retyped.columns[2].type_modifier = typmod(12, 4);
+    let wanted = Type::Primitive(PrimitiveType::Decimal {
+        precision: 12,
+        scale: 4,
+    });
+    let (made, attnums) = made(Mode::Bronze);
+    let old = field(&made, "amount").id;
+    let ahead = plan_schema(
+        &made,
+        made.highest_field_id(),
+        recording(&attnums),
+        &retyped,
+        Mode::BronzeAhead,
+    )
+    .unwrap()
+    .unwrap();
+    let waiting = ahead
+        .schema
+        .as_struct()
+        .fields()
+        .iter()
+        .find(|f| f.id > made.highest_field_id() && f.name != VERBATIM)
+        .expect("a field waits for the reload's values")
+        .clone();
+    assert_eq!(waiting.name, format!("amount__{}", waiting.id));
+    assert_eq!(*waiting.field_type, wanted);
+    assert_eq!(
+        field(&ahead.schema, "amount").id,
+        old,
+        "the stream's field stays"
+    );
+    let record = ahead
+        .retyped_ahead
+        .clone()
+        .expect("the waiting field is recorded");
+    assert_eq!(record, format!("{old}:{}", waiting.id));
+    assert_eq!(
+        ahead.attnums, attnums,
+        "the numbers still name the old field"
+    );
+
+    // The stream reaches the retype: the column takes the waiting field.
+    let stream = plan_schema(
+        &ahead.schema,
+        ahead.schema.highest_field_id(),
+        Records {
+            attnums: Some(&ahead.attnums),
+            retyped_ahead: Some(&record),
+        },
+        &retyped,
+        Mode::Bronze,
+    )
+    .unwrap()
+    .unwrap();
+    assert_eq!(field(&stream.schema, "amount").id, waiting.id);
+    assert_eq!(*field(&stream.schema, "amount").field_type, wanted);
+    assert_eq!(
+        field(&stream.schema, &format!("amount__{old}")).id,
+        old,
+        "the old field is retired"
+    );
+    assert!(
+        stream
+            .schema
+            .as_struct()
+            .field_by_name(&waiting.name)
+            .is_none()
+    );
+    assert_eq!(*before_field(&stream.schema, "amount").field_type, wanted);
+    assert_eq!(stream.retyped_ahead.as_deref(), Some(""));
+    assert!(stream.attnums.contains(&format!("3:{}", waiting.id)));
+    assert_eq!(
+        stream.schema.highest_field_id(),
+        ahead.schema.highest_field_id() + 1
+    );
 }
