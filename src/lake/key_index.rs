@@ -6,8 +6,13 @@
 //! on local disk (`sorted_run`), and emptied. A lookup asks memory, then
 //! the runs from newest to oldest; the first that knows the key decides. A
 //! key removed while older runs may still hold it gets a `Gone` entry,
-//! which hides them. When there are more than [`MAX_RUNS`] runs they are
-//! merged into one, which drops what newer entries hide.
+//! which hides them. Runs are merged by tiers: a spill is a run of tier
+//! 0, and [`FANOUT`] runs of one tier, the newest ones, are merged into
+//! one of the next tier, dropping what newer entries hide (and the `Gone`
+//! markers, when the merge reaches the oldest run). So each entry is
+//! rewritten once per tier, a number logarithmic in the index's size,
+//! and a lookup reads at most `FANOUT - 1` runs per tier, most of them
+//! skipped by their Bloom filters.
 //!
 //! Files are numbered; a file's number is reused once no live row is left
 //! in it, so the index does not grow with the files a long run writes. A
@@ -30,8 +35,8 @@ use crate::error::{Error, ErrorKind, Result};
 /// Entries held in memory before they go to a run: as many as a hash table
 /// of 2^19 buckets holds without growing (7/8 of them), about 21 MB.
 pub const MEMORY_ENTRIES: usize = (1 << 19) / 8 * 7;
-/// Runs kept before they are merged into one.
-const MAX_RUNS: usize = 4;
+/// Runs of one tier merged into one of the next.
+const FANOUT: usize = 4;
 
 /// A data file being written, as the index numbers it.
 pub struct NewFile(u32);
@@ -42,10 +47,12 @@ pub type FileRows = (Arc<str>, Vec<(usize, Key)>);
 pub struct KeyIndex {
     memory: HashMap<Key, Slot, foldhash::fast::RandomState>,
     memory_limit: usize,
-    /// Oldest first.
-    runs: Vec<Run>,
+    /// Oldest first, each with its tier; tiers never grow toward the newest.
+    runs: Vec<(Run, u32)>,
     dir: Option<tempfile::TempDir>,
     runs_written: u64,
+    /// Entries written to runs, by spills and merges.
+    entries_written: u64,
     live: usize,
     files: Vec<FileSlot>,
     free: Vec<u32>,
@@ -76,6 +83,7 @@ impl KeyIndex {
             runs: Vec::new(),
             dir: None,
             runs_written: 0,
+            entries_written: 0,
             live: 0,
             files: Vec::new(),
             free: Vec::new(),
@@ -329,7 +337,7 @@ impl KeyIndex {
     }
 
     fn runs_get(&mut self, key: &[u8]) -> Result<Option<Slot>> {
-        for run in self.runs.iter().rev() {
+        for (run, _) in self.runs.iter().rev() {
             match run.get(key, &mut self.buf) {
                 Ok(Some(slot)) => return Ok(Some(slot)),
                 Ok(None) => {}
@@ -354,27 +362,53 @@ impl KeyIndex {
         self.write_run(entries)
     }
 
-    /// Writes entries newer than every run to a new run, then merges the
-    /// runs when there are too many.
+    /// Writes entries newer than every run to a new run of tier 0, then
+    /// merges the newest [`FANOUT`] runs while they are of one tier.
     fn write_run(&mut self, mut entries: Vec<(Key, Slot)>) -> io::Result<()> {
         // A load in key order (a table written in key order) comes sorted.
         if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         }
         let path = self.next_path()?;
+        self.entries_written += entries.len() as u64;
         let run = Run::write(path, entries.len(), entries.into_iter().map(Ok))?;
-        self.runs.push(run);
-        if self.runs.len() > MAX_RUNS {
+        self.runs.push((run, 0));
+        while let Some(tier) = self.full_tier() {
+            let from = self.runs.len() - FANOUT;
             let path = self.next_path()?;
-            let expected = self.runs.iter().map(Run::entries_bound).sum();
+            let merging = || self.runs[from..].iter().map(|(run, _)| run);
+            let expected = merging().map(Run::entries_bound).sum();
+            // A `Gone` hides older runs' entries; with none left, nothing.
+            let oldest = from == 0;
+            let mut written = 0u64;
             let merged = Run::write(
                 path,
                 expected,
-                merge(&self.runs, Vec::new()).filter(|e| !matches!(e, Ok((_, Slot::Gone)))),
+                merge(merging(), Vec::new())
+                    .filter(|e| !(oldest && matches!(e, Ok((_, Slot::Gone)))))
+                    .inspect(|_| written += 1),
             )?;
-            self.runs = vec![merged];
+            self.entries_written += written;
+            self.runs.truncate(from);
+            self.runs.push((merged, tier + 1));
         }
         Ok(())
+    }
+
+    /// The tier of the newest [`FANOUT`] runs, when they share one.
+    fn full_tier(&self) -> Option<u32> {
+        let from = self.runs.len().checked_sub(FANOUT)?;
+        let tier = self.runs[from].1;
+        self.runs[from..]
+            .iter()
+            .all(|(_, t)| *t == tier)
+            .then_some(tier)
+    }
+
+    /// Entries written to runs so far, by spills and merges: over the
+    /// entries spilled, how many times each was written.
+    pub fn entries_written(&self) -> u64 {
+        self.entries_written
     }
 
     fn next_path(&mut self) -> io::Result<std::path::PathBuf> {
@@ -399,7 +433,7 @@ impl KeyIndex {
         let mut memory: Vec<(Key, Slot)> =
             self.memory.iter().map(|(k, s)| (k.clone(), *s)).collect();
         memory.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        merge(&self.runs, memory)
+        merge(self.runs.iter().map(|(run, _)| run), memory)
     }
 
     fn io_error(&self, e: io::Error) -> Error {
@@ -429,11 +463,14 @@ type Layer<'a> = Box<dyn Iterator<Item = io::Result<(Key, Slot)>> + 'a>;
 /// Merges `runs` (oldest first) and then `newest`, each in key order, into
 /// one sequence in key order where a key appears once, as its newest
 /// layer says.
-fn merge(
-    runs: &[Run],
+fn merge<'a>(
+    runs: impl IntoIterator<Item = &'a Run>,
     newest: Vec<(Key, Slot)>,
-) -> impl Iterator<Item = io::Result<(Key, Slot)>> + '_ {
-    let mut layers: Vec<Layer<'_>> = runs.iter().map(|r| Box::new(r.iter()) as Layer).collect();
+) -> impl Iterator<Item = io::Result<(Key, Slot)>> + 'a {
+    let mut layers: Vec<Layer<'a>> = runs
+        .into_iter()
+        .map(|r| Box::new(r.iter()) as Layer)
+        .collect();
     layers.push(Box::new(newest.into_iter().map(Ok)));
     let mut heads: Vec<Option<(Key, Slot)>> = vec![None; layers.len()];
     let mut started = false;
@@ -587,6 +624,28 @@ mod tests {
         assert_eq!(index.live_per_file(), HashMap::from([("c", 2)]));
     }
 
+    #[test]
+    fn each_entry_is_written_a_logarithmic_number_of_times() {
+        // 4^5 spills of 4 new keys each: five tiers of merges above the
+        // spills. Merging every run at each fifth spill, as the index once
+        // did, writes each entry about 4^5 / 10 times.
+        let (limit, spills) = (4, 4usize.pow(5));
+        let mut index = KeyIndex::with_memory_limit(limit);
+        let keys = (limit * spills) as i64;
+        for k in 0..keys {
+            index
+                .add_file(format!("f{k}").into(), [(0, key(k))])
+                .unwrap();
+        }
+        let per_entry = index.entries_written() as f64 / keys as f64;
+        assert!(
+            per_entry <= 6.0,
+            "each entry written {per_entry} times: once by its spill, once per tier"
+        );
+        assert_eq!(index.runs.len(), 1, "{} runs", index.runs.len());
+        assert_eq!(index.get(&key(17)).unwrap(), Some(("f17".into(), 0)));
+    }
+
     #[derive(Debug, Clone)]
     enum Step {
         AddFile(Vec<u8>),
@@ -640,7 +699,11 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(index.live_rows(), model.len());
-                prop_assert!(index.runs.len() <= MAX_RUNS);
+                for tier in index.runs.iter().map(|(_, t)| *t) {
+                    let of_tier = index.runs.iter().filter(|(_, t)| *t == tier).count();
+                    prop_assert!(of_tier < FANOUT, "tier {} has {} runs", tier, of_tier);
+                }
+                prop_assert!(index.runs.is_sorted_by(|a, b| a.1 >= b.1));
                 let live_in_files: u32 = index.files.iter().map(|f| f.live).sum();
                 prop_assert_eq!(live_in_files as usize, model.len());
             }
