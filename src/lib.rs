@@ -13,9 +13,11 @@
 //! - [`config`]: settings from the config file, environment and flags.
 //! - [`metrics`]: Prometheus metrics and their HTTP endpoint.
 //! - [`error`]: the one error type and the retry decision.
+//! - [`blocking`]: blocking work kept off the stream task's way.
 //! - [`failpoint`]: crash points, compiled into test builds only.
 
 pub mod apply;
+pub mod blocking;
 pub mod cdc;
 pub mod config;
 pub mod error;

@@ -19,6 +19,7 @@ use iceberg::table::Table;
 
 use super::catalog::{Lake, iceberg_error};
 use super::row_delta::{commit_metadata, current_location};
+use crate::blocking::blocking;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Which snapshots to keep.
@@ -186,6 +187,17 @@ async fn sweep(
         return Ok(0);
     };
     let cutoff = std::time::SystemTime::now() - older_than.max(ORPHAN_MIN_AGE);
+    blocking(|| delete_unreferenced(ident, root, &referenced, cutoff))
+}
+
+/// Deletes the files under the table's folder `root` that are not
+/// `referenced` and were last changed before `cutoff`; how many.
+fn delete_unreferenced(
+    ident: &TableIdent,
+    root: &str,
+    referenced: &HashSet<&str>,
+    cutoff: std::time::SystemTime,
+) -> Result<usize> {
     let mut deleted = 0;
     for folder in ["data", "metadata"] {
         for (path, modified) in files_in(&std::path::Path::new(root).join(folder))? {

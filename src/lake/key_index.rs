@@ -30,6 +30,7 @@ use std::sync::Arc;
 
 use super::key::Key;
 use super::sorted_run::{Location, Run, Slot};
+use crate::blocking::blocking;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Entries held in memory before they go to a run: as many as a hash table
@@ -363,8 +364,13 @@ impl KeyIndex {
     }
 
     /// Writes entries newer than every run to a new run of tier 0, then
-    /// merges the newest [`FANOUT`] runs while they are of one tier.
-    fn write_run(&mut self, mut entries: Vec<(Key, Slot)>) -> io::Result<()> {
+    /// merges the newest [`FANOUT`] runs while they are of one tier; off
+    /// the stream task's way ([`blocking`]).
+    fn write_run(&mut self, entries: Vec<(Key, Slot)>) -> io::Result<()> {
+        blocking(|| self.write_and_merge(entries))
+    }
+
+    fn write_and_merge(&mut self, mut entries: Vec<(Key, Slot)>) -> io::Result<()> {
         // A load in key order (a table written in key order) comes sorted.
         if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
             entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));

@@ -25,6 +25,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
 use super::catalog::iceberg_error;
+use crate::blocking::{blocking, blocking_await};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
 
@@ -198,17 +199,17 @@ impl DataFileSink {
         })
     }
 
+    /// Encodes and writes `batch`, off the stream task's way
+    /// ([`blocking_await`]).
     pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
-        self.writer
-            .write(batch)
+        blocking_await(self.writer.write(batch))
             .await
             .map_err(|e| sink_error(e, &self.ident))
     }
 
     /// The files written, in the order of the rows given.
     pub async fn close(mut self) -> Result<Vec<DataFile>> {
-        self.writer
-            .close()
+        blocking_await(self.writer.close())
             .await
             .map_err(|e| sink_error(e, &self.ident))
     }
@@ -359,7 +360,8 @@ pub async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
 }
 
 /// The rows of a Parquet file of the table, batch by batch as they are
-/// decoded (the file's bytes are read whole); `what` says what failed.
+/// decoded, each off the stream task's way ([`blocking`]; the file's
+/// bytes are read whole); `what` says what failed.
 pub async fn read_parquet(
     table: &Table,
     path: &str,
@@ -373,10 +375,11 @@ pub async fn read_parquet(
             .with_context("file", &path)
             .with_source(e)
     };
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+    let mut reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
         .and_then(|b| b.build())
         .map_err(|e| bad(e.into()))?;
-    Ok(reader.map(move |batch| batch.map_err(|e| bad(e.into()))))
+    Ok(std::iter::from_fn(move || blocking(|| reader.next()))
+        .map(move |batch| batch.map_err(|e| bad(e.into()))))
 }
 
 /// The Arrow schema of the table's current schema, with field ids.
