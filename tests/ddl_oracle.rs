@@ -189,6 +189,26 @@ impl Scenario {
         lines[lines.len().saturating_sub(60)..].join("\n")
     }
 
+    /// Waits until `child`, a run, streams, or exits first (its status
+    /// then); one that takes more than a minute fails the test.
+    async fn streaming(&self, child: &mut Child) -> Option<std::process::ExitStatus> {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return Some(status);
+            }
+            if self.db.streams(&self.slot).await {
+                return None;
+            }
+            assert!(
+                tokio::time::Instant::now() < give_up,
+                "a run never streamed; the runs logged:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn ends_well(&self, child: Child) {
         let out = tokio::time::timeout(Duration::from_secs(300), child.wait_with_output())
             .await
@@ -408,8 +428,10 @@ async fn scenario(seed: u64) {
         match round {
             // While a run streams.
             1 | 2 | 5 => {
-                let child = s.command("6s").spawn().unwrap();
-                s.db.wait_until_streaming(&s.slot).await;
+                let mut child = s.command("6s").spawn().unwrap();
+                if let Some(status) = s.streaming(&mut child).await {
+                    panic!("a run exited ({status}) before it streamed: {}", s.log());
+                }
                 for _ in 0..4 {
                     s.alter(None).await;
                     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -419,18 +441,32 @@ async fn scenario(seed: u64) {
             // A run that dies between the schema changes of the two tables
             // of an added column; the next one finishes the job.
             3 => {
-                let child = s
+                let mut child = s
                     .command("6s")
                     .env(wal2iceberg::failpoint::VARIABLE, "mid-schema-change:1")
                     .spawn()
                     .unwrap();
-                s.db.wait_until_streaming(&s.slot).await;
-                s.alter(Some(2)).await;
-                let out = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
-                    .await
-                    .expect("the run reached the failpoint")
-                    .unwrap();
-                assert!(!out.status.success(), "the run crashed: {}", s.log());
+                // A schema change left from before (a reload's at start)
+                // may meet the failpoint before the stream does.
+                let status = match s.streaming(&mut child).await {
+                    Some(status) => status,
+                    None => {
+                        s.alter(Some(2)).await;
+                        let out = tokio::time::timeout(
+                            Duration::from_secs(120),
+                            child.wait_with_output(),
+                        )
+                        .await
+                        .expect("the run reached the failpoint")
+                        .unwrap();
+                        out.status
+                    }
+                };
+                assert!(
+                    !status.success() && s.log().contains("failpoint mid-schema-change reached"),
+                    "the run crashed at the failpoint: {}",
+                    s.log()
+                );
                 for _ in 0..3 {
                     s.alter(None).await;
                 }

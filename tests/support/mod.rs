@@ -283,8 +283,15 @@ impl TestDb {
     /// load; the slot is active while it is being created too).
     pub async fn wait_until_streaming(&self, slot: &str) {
         let give_up = Instant::now() + Duration::from_secs(60);
-        while self
-            .client
+        while !self.streams(slot).await {
+            assert!(Instant::now() < give_up, "slot {slot} never streamed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether a walsender streams from `slot` now.
+    pub async fn streams(&self, slot: &str) -> bool {
+        self.client
             .query_opt(
                 "SELECT 1 FROM pg_replication_slots s JOIN pg_stat_replication r \
                  ON r.pid = s.active_pid WHERE s.slot_name = $1 AND r.state = 'streaming'",
@@ -292,11 +299,7 @@ impl TestDb {
             )
             .await
             .expect("read slot")
-            .is_none()
-        {
-            assert!(Instant::now() < give_up, "slot {slot} never streamed");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            .is_some()
     }
 
     pub async fn wait_until_active(&self, slot: &str) {
