@@ -12,12 +12,12 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::apply::DEFAULT_LOAD_CONNECTIONS;
+use crate::apply::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{LakeLocation, namespace};
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::ops::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 

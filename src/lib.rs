@@ -14,6 +14,7 @@
 //! - [`metrics`]: Prometheus metrics and their HTTP endpoint.
 //! - [`error`]: the one error type and the retry decision.
 //! - [`blocking`]: blocking work kept off the stream task's way.
+//! - [`shutdown`]: the stop request from SIGINT and SIGTERM.
 //! - [`failpoint`]: crash points, compiled into test builds only.
 
 pub mod apply;
@@ -26,5 +27,6 @@ pub mod lake;
 pub mod metrics;
 pub mod ops;
 pub mod pg;
+pub mod shutdown;
 
 pub use error::{Error, ErrorKind, Result};

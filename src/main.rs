@@ -14,10 +14,10 @@ use wal2iceberg::lake::expire::{
 };
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
-use wal2iceberg::ops::shutdown::Shutdown;
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
 use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::source::SLOT_HELD_BY_RUN;
+use wal2iceberg::shutdown::Shutdown;
 use wal2iceberg::{Error, ErrorKind};
 
 #[derive(Parser)]
@@ -797,7 +797,7 @@ async fn resync(settings: Settings, table: &str, wait: Option<&str>) -> Result<E
             "resync of {} requested ({id}, on {bronze}): a streaming run does it within {:?}, \
              or the next run when it starts",
             options.table,
-            resync::POLL
+            wal2iceberg::apply::resync::POLL
         ),
         Resync::Done { id, .. } => outln!("{} resynced ({id})", options.table),
     }

@@ -1,8 +1,6 @@
 //! Housekeeping after commits: compaction while the stream is quiet,
 //! snapshot expiry, and the lake's file counts in the metrics.
 
-use std::sync::atomic::Ordering;
-
 use super::EXPIRE_EVERY_COMMITS;
 use super::pipeline::Pipeline;
 use super::sink::TableSink;
@@ -11,7 +9,7 @@ use crate::lake::catalog::Lake;
 use crate::lake::compaction::{Merge, merge_small_files};
 use crate::lake::expire::{Retention, expire_snapshots};
 use crate::lake::writer::summary_total;
-use crate::metrics::{metrics, now_micros};
+use crate::metrics::metrics;
 use crate::pg::source::TableName;
 
 impl TableSink {
@@ -29,17 +27,14 @@ impl TableSink {
     ) {
         let m = metrics();
         if compacted {
-            m.compactions.fetch_add(1, Ordering::Relaxed);
-            m.last_compaction_micros
-                .store(now_micros(), Ordering::Relaxed);
+            m.compacted();
         }
         if compacted || self.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
             let mut expired_all = true;
             for ident in self.idents() {
                 match expire_snapshots(lake, ident, retention).await {
                     Ok(expired) => {
-                        m.snapshots_expired
-                            .fetch_add(expired.snapshots as u64, Ordering::Relaxed);
+                        m.snapshots_expired.inc_by(expired.snapshots as u64);
                     }
                     Err(e) => {
                         expired_all = false;
@@ -48,7 +43,7 @@ impl TableSink {
                 }
             }
             if expired_all {
-                m.last_expiry_micros.store(now_micros(), Ordering::Relaxed);
+                m.expired();
             }
             self.commits_since_expiry = 0;
             for ident in self.idents() {

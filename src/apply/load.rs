@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use arrow_array::ArrayRef;
@@ -133,10 +132,8 @@ impl Pipeline<'_> {
             }
             self.take_load(tx, &batch).await?;
             let m = metrics();
-            m.initial_load_rows
-                .fetch_add(batch.rows as u64, Ordering::Relaxed);
-            m.initial_load_bytes
-                .fetch_add(batch.bytes as u64, Ordering::Relaxed);
+            m.initial_load_rows.inc_by(batch.rows as u64);
+            m.initial_load_bytes.inc_by(batch.bytes as u64);
             failpoint::hit("initial-load");
         }
         for relation in load.relations() {

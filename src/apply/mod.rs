@@ -7,7 +7,10 @@
 //! `lake::silver`). At a flush every sink commits, `housekeeping`
 //! compacts and expires, and only then the batch's end is confirmed. The
 //! initial load (`load`) takes the same path in runs of rows. `naming`
-//! says which Iceberg tables a source table lands in.
+//! says which Iceberg tables a source table lands in, `table_set` which
+//! tables a lake replicates from its slot, `resync` the requests for a
+//! table's reload that a run takes up, and `monitor` watches the slot's
+//! lag and retained WAL while a run streams.
 //!
 //! Exactly once: every snapshot records the highest source commit LSN it
 //! fully contains. At start each table's recorded LSN is read back, and a
@@ -17,21 +20,24 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use self::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::cdc::capture::CaptureOptions;
 use crate::lake::catalog::LakeLocation;
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::ops::monitor::{self, DEFAULT_RETAINED_WAL_WARN_BYTES};
-use crate::ops::shutdown::Shutdown;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
+use crate::shutdown::Shutdown;
 
 mod housekeeping;
 mod load;
+pub mod monitor;
 pub mod naming;
 mod pipeline;
 mod policy;
+pub mod resync;
 mod sink;
+pub mod table_set;
 
 pub use naming::iceberg_name;
 pub(crate) use pipeline::{Pipeline, StreamEnd};

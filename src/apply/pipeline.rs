@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::naming::idents;
 use super::policy::{FlushPolicy, IDLE_COMPACTION_FLUSHES, Step};
+use super::resync;
 use super::sink::{TableSink, wants};
 use super::{RunOptions, RunReport};
 use crate::cdc::event::Event;
@@ -26,7 +27,6 @@ use crate::lake::gap::Gap;
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
 use crate::metrics::{metrics, now_micros};
-use crate::ops::resync;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
 
@@ -35,7 +35,7 @@ pub(crate) struct Pipeline<'r> {
     pub(super) namespace: iceberg::NamespaceIdent,
     /// Iceberg name of each source table.
     pub(super) names: HashMap<TableName, String>,
-    /// The slot, which each bronze table records (`ops::table_set`).
+    /// The slot, which each bronze table records (`apply::table_set`).
     pub(super) slot: String,
     pub(super) sinks: HashMap<TableName, TableSink>,
     /// Changes staged in the open batch, and roughly their bytes.
@@ -438,7 +438,7 @@ impl Pipeline<'_> {
         let now = now_micros();
         for commit_ts in self.batch_commit_times.drain(..) {
             let micros = u64::try_from(now - commit_ts).unwrap_or(0);
-            m.commit_to_visible.observe(Duration::from_micros(micros));
+            m.observe_commit_to_visible(Duration::from_micros(micros));
         }
         m.last_source_commit_micros
             .fetch_max(position.commit_ts, Ordering::Relaxed);

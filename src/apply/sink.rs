@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 
+use super::{resync, table_set};
 use crate::cdc::event::{Change, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::error::{Error, ErrorKind, Result};
@@ -20,7 +21,6 @@ use crate::lake::schema::{HISTORY_ONLY, bronze_schema, has_silver, history_only,
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::Position;
 use crate::metrics::metrics;
-use crate::ops::{resync, table_set};
 
 /// The two Iceberg tables of one source table.
 pub(super) struct TableSink {

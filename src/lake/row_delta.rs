@@ -25,7 +25,6 @@
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use arrow_array::{Int64Array, RecordBatch, StringArray};
 use iceberg::spec::{
@@ -169,14 +168,12 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
         let table = lake.catalog_table(ident).await?;
         match try_commit(lake, &table, delta).await? {
             Some(committed) => {
-                metrics.commit_duration.observe(started.elapsed());
-                metrics.iceberg_commits.fetch_add(1, Ordering::Relaxed);
+                metrics.observe_commit_duration(started.elapsed());
+                metrics.iceberg_commits.inc();
                 return Ok(committed);
             }
             None => {
-                metrics
-                    .iceberg_commit_retries
-                    .fetch_add(1, Ordering::Relaxed);
+                metrics.iceberg_commit_retries.inc();
                 tracing::warn!(table = %ident, attempt, "commit conflict; retrying on the new table state")
             }
         }
@@ -198,8 +195,8 @@ pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Resu
     let committed = try_commit(lake, base, delta).await?.is_some();
     if committed {
         let metrics = crate::metrics::metrics();
-        metrics.commit_duration.observe(started.elapsed());
-        metrics.iceberg_commits.fetch_add(1, Ordering::Relaxed);
+        metrics.observe_commit_duration(started.elapsed());
+        metrics.iceberg_commits.inc();
     }
     Ok(committed)
 }

@@ -1,13 +1,13 @@
 //! `wal2iceberg drop-table`: takes one source table out of the lake. Its
 //! bronze and silver tables are dropped with their files, which removes
-//! it from the lake's table set ([`super::table_set`]), and it leaves the
+//! it from the lake's table set ([`crate::apply::table_set`]), and it leaves the
 //! publication when wal2iceberg made that. Refused while a run writes the
 //! lake (the writer lock): a run would apply the table again.
 
 use iceberg::NamespaceIdent;
 
-use super::table_set;
 use super::teardown::drop_with_files;
+use crate::apply::table_set;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::lock::WriterLock;

@@ -4,14 +4,11 @@
 //! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
 //! - `drop_table`: one source table out of the lake and the publication.
 //! - `tail`: prints the decoded change stream as JSON lines.
-//! - `monitor`: the slot's lag and retained WAL while a run streams.
-//! - `resync`: one table's silver reloaded beside a running run.
+//! - `resync`: asks for one table's silver to be reloaded beside a running run.
 //! - `run`: the pipeline, change stream to bronze and silver tables.
 //! - `setup`: the source's role and publication, from `migrations/`.
 //! - `show`: a lake table printed through our own reader.
-//! - `shutdown`: the stop request from SIGINT and SIGTERM.
 //! - `status`: the slot and each lake table's position and lag.
-//! - `table_set`: the tables a lake replicates from a slot, all applied by each run.
 //! - `teardown`: drops the slot, our publication and on request the tables.
 //! - `verify`: compares the source with bronze and silver at one position.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
@@ -19,15 +16,12 @@
 pub mod compact;
 pub mod demo;
 pub mod drop_table;
-pub mod monitor;
 pub mod resync;
 pub mod run;
 pub mod scratch;
 pub mod setup;
 pub mod show;
-pub mod shutdown;
 pub mod status;
-pub mod table_set;
 pub mod tail;
 pub mod teardown;
 pub mod verify;

@@ -1,105 +1,18 @@
-//! `wal2iceberg resync --table T`: silver reloaded from a new snapshot
-//! while the stream goes on; bronze keeps its history and gets the
-//! reload's rows as reads at the snapshot's position.
-//!
-//! The command records a request on T's bronze table (table properties,
-//! so it works beside a running run and without one). A run that streams
-//! looks for requests every [`POLL`]; seeing one, it commits what it holds
-//! at a transaction boundary and starts over, and the start loads T from a
-//! temporary slot's snapshot, as it loads a table the lake lacks. That load
-//! commits silver first, with every row it held before deleted in the same
-//! snapshot, so readers see the old rows or the new ones, never neither;
-//! then bronze, the reload's rows at the snapshot's position with bronze's
-//! own position left where it was, so the changes between that and the
-//! snapshot still reach bronze (their unchanged TOAST values filled from
-//! bronze's history, `lake::gap`). Bronze's commit records the request
-//! (snapshot summary [`RESYNCED`]) and then the table [`DONE`]: a crash
-//! before bronze's commit does the whole resync again, one after it only
-//! records it done.
+//! `wal2iceberg resync --table T`: records a request for T's silver to be
+//! reloaded from a new snapshot (`crate::apply::resync`), and waits for a
+//! run to do it when asked.
 
 use std::time::Duration;
 
-use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableIdent};
 
-use super::table_set;
+use crate::apply::resync::{DONE, request_on};
+use crate::apply::table_set;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
 use crate::pg::source::TableName;
-
-/// Bronze's properties: the latest request, and the latest one done.
-pub const REQUESTED: &str = "wal2iceberg.resync-requested";
-pub const DONE: &str = "wal2iceberg.resync-done";
-/// The snapshot summary property of bronze's commit of a reload's rows.
-pub const RESYNCED: &str = "wal2iceberg.resynced";
-
-/// How often a streaming run looks for requests.
-pub const POLL: Duration = Duration::from_secs(5);
-
-/// How often a property update is tried when a run's commit came first.
-const ATTEMPTS: usize = 10;
-
-/// The request pending on `bronze`: one not done yet.
-pub fn pending(bronze: &Table) -> Option<String> {
-    let properties = bronze.metadata().properties();
-    let requested = properties.get(REQUESTED)?;
-    (properties.get(DONE) != Some(requested)).then(|| requested.clone())
-}
-
-/// Whether bronze's commit of request `id`'s rows landed: a crash came
-/// before it was recorded done.
-pub fn committed(bronze: &Table, id: &str) -> bool {
-    let metadata = bronze.metadata();
-    let mut snapshot = metadata.current_snapshot();
-    while let Some(s) = snapshot {
-        if s.summary()
-            .additional_properties
-            .get(RESYNCED)
-            .map(String::as_str)
-            == Some(id)
-        {
-            return true;
-        }
-        snapshot = s
-            .parent_snapshot_id()
-            .and_then(|id| metadata.snapshot_by_id(id));
-    }
-    false
-}
-
-/// Records a new request on the bronze table `ident`; its id.
-pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
-    let id = uuid::Uuid::new_v4().to_string();
-    set_property(lake, ident, REQUESTED, &id).await?;
-    Ok(id)
-}
-
-/// Records request `id` done on the bronze table `ident`.
-pub async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
-    set_property(lake, ident, DONE, id).await
-}
-
-/// Sets one property, reloading the table and trying again when another
-/// commit (a run's) came first.
-async fn set_property(lake: &Lake, ident: &TableIdent, key: &str, value: &str) -> Result<()> {
-    let mut attempt = 1;
-    loop {
-        let table = lake.catalog_table(ident).await?;
-        match lake
-            .set_properties(&table, &[(key, value.to_owned())])
-            .await
-        {
-            Ok(()) => return Ok(()),
-            Err(_) if attempt < ATTEMPTS => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
 
 pub struct ResyncOptions {
     pub table: TableName,

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::monitor::{self, MonitorOptions};
-use super::table_set;
+use crate::apply::monitor::{self, MonitorOptions};
 use crate::apply::naming::names;
+use crate::apply::table_set;
 use crate::apply::{Pipeline, StreamEnd};
 use crate::cdc::capture::{self, Capture, preflight_error};
 use crate::cdc::snapshot::SnapshotLoad;

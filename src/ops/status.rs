@@ -19,13 +19,13 @@ use iceberg::table::Table;
 use iceberg::{Catalog, NamespaceIdent};
 use serde::Serialize;
 
+use crate::apply::table_set::SOURCE_SLOT;
 use crate::cdc::temporal::{format_timestamp_utc, pg_micros_to_unix};
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::lake::expire::LAST_EXPIRY_PROPERTY;
 use crate::lake::writer::{Position, summary_total};
 use crate::metrics::now_micros;
-use crate::ops::table_set::SOURCE_SLOT;
 use crate::pg::config::PgConfig;
 use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::quote_ident;

@@ -15,9 +15,9 @@ use crate::cdc::capture::{self, Capture, CaptureOptions};
 use crate::cdc::event::Event;
 use crate::cdc::stream::Next;
 use crate::error::{Error, ErrorKind, Result};
-use crate::ops::shutdown::Shutdown;
 use crate::pg::config::PgConfig;
 use crate::pg::source::{self, SourceClient};
+use crate::shutdown::Shutdown;
 
 pub struct TailOptions {
     pub capture: CaptureOptions,

@@ -41,8 +41,8 @@ use iceberg::table::Table;
 use tokio::time::Instant;
 
 use super::run::{RunOptions, idents};
-use super::table_set;
 use crate::apply::naming::names;
+use crate::apply::table_set;
 use crate::cdc::capture::read_now;
 use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};

@@ -18,7 +18,6 @@
 //! reconnect.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use postgres_protocol::message::backend::Message;
@@ -253,7 +252,7 @@ impl Feeder {
                 self.received = self.received.max(*wal_start);
                 crate::metrics::metrics()
                     .received_bytes
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                    .inc_by(data.len() as u64);
                 let cost = data.len().clamp(1, BUDGET_BYTES);
                 Ok(u32::try_from(cost).unwrap_or(u32::MAX))
             }

@@ -7,7 +7,6 @@
 //! It runs on a connection of its own and never stops the pipeline: a
 //! failed look is logged and tried again at the next tick.
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -88,13 +87,10 @@ async fn look(client: &SourceClient, options: &MonitorOptions, over: &mut bool) 
     let wal_status: Option<String> = row.get(2);
     let safe_wal_size: Option<i64> = row.get(3);
     let m = metrics();
-    m.retained_wal_bytes
-        .store(retained.unwrap_or(0), Ordering::Relaxed);
-    m.replication_lag_bytes
-        .store(lag.unwrap_or(0), Ordering::Relaxed);
+    m.retained_wal_bytes.set(retained.unwrap_or(0));
+    m.replication_lag_bytes.set(lag.unwrap_or(0));
     let now_over = retained.is_some_and(|r| r as u64 > options.retained_wal_warn_bytes);
-    m.retained_wal_over_threshold
-        .store(i64::from(now_over), Ordering::Relaxed);
+    m.retained_wal_over_threshold.set(i64::from(now_over));
     if now_over && !*over {
         tracing::warn!(
             slot = %options.slot,
