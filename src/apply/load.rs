@@ -1,6 +1,8 @@
 //! The initial load into the pipeline: runs of rows decoded on their
-//! connections' tasks, staged into both tables of each sink, committed
-//! as one batch at the snapshot's position.
+//! connections' tasks ([`load_columns`]: the COPY cells to Arrow, the
+//! one place the load's wire formats meet the lake's types), staged into
+//! both tables of each sink, committed as one batch at the snapshot's
+//! position.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,9 +17,11 @@ use super::pipeline::Pipeline;
 use crate::cdc::event::{Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
+use crate::cdc::value::{BinaryNumeric, PgType, Wire};
+use crate::error::Error;
 use crate::error::Result;
 use crate::failpoint;
-use crate::lake::arrow::{Verbatim, load_columns};
+use crate::lake::arrow::{ColumnBuilder, Verbatim};
 use crate::lake::evolve::{self, Mode};
 use crate::lake::schema::source_arrow_fields;
 use crate::lake::writer::Position;
@@ -213,4 +217,70 @@ impl Pipeline<'_> {
         *sink.ops.entry(Op::Read.code()).or_default() += n as u64;
         Ok(())
     }
+}
+
+/// The initial load's rows as arrays of `fields`, the relation's columns
+/// as the tables map them, and the values those cannot hold. Text reaches
+/// string columns, and a `numeric` its decimal column, without a
+/// [`Value`] between.
+pub(crate) fn load_columns(
+    fields: &[FieldRef],
+    rows: &LoadRows,
+    lsn: Lsn,
+) -> Result<(Vec<ArrayRef>, Verbatim)> {
+    let relation = &rows.relation;
+    let mut builders = fields
+        .iter()
+        .map(|f| ColumnBuilder::new(f, rows.rows.len()))
+        .collect::<Result<Vec<_>>>()
+        .map_err(|e| e.with_context("table", &relation.name))?;
+    let mut verbatim = Verbatim::default();
+    let mut row = 0;
+    rows.rows.for_each(|cells| {
+        for (((cell, builder), wire), column) in cells
+            .zip(&mut builders)
+            .zip(rows.wires.iter())
+            .zip(&relation.columns)
+        {
+            let Some(bytes) = cell else {
+                builder.append_null();
+                continue;
+            };
+            let done = match wire {
+                Wire::Text => {
+                    matches!(
+                        column.pg_type,
+                        PgType::Text
+                            | PgType::Json
+                            | PgType::Jsonb
+                            | PgType::Inet
+                            | PgType::Cidr
+                            | PgType::Enum
+                            | PgType::Unknown
+                    ) && std::str::from_utf8(bytes).is_ok_and(|text| builder.append_str(text))
+                }
+                Wire::Numeric => {
+                    BinaryNumeric::parse(bytes).is_some_and(|n| builder.append_numeric(&n))
+                }
+                _ => false,
+            };
+            if done {
+                continue;
+            }
+            let value = relation.decode_field(column, *wire, bytes, lsn)?;
+            builder
+                .append_keeping(Some(&value), row, &mut verbatim)
+                .map_err(|e| {
+                    e.with_context("table", &relation.name)
+                        .with_context("lsn", lsn)
+                })?;
+        }
+        row += 1;
+        Ok::<(), Error>(())
+    })?;
+    let columns = builders
+        .iter_mut()
+        .map(ColumnBuilder::finish)
+        .collect::<Result<_>>()?;
+    Ok((columns, verbatim))
 }

@@ -39,6 +39,7 @@ pub mod resync;
 mod sink;
 pub mod table_set;
 
+pub(crate) use load::load_columns;
 pub use naming::iceberg_name;
 pub(crate) use pipeline::{Pipeline, StreamEnd};
 

@@ -31,11 +31,9 @@ use arrow_array::{Array, ArrayRef, ListArray, new_null_array};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, FieldRef, Fields, TimeUnit};
 
-use crate::cdc::snapshot::LoadRows;
 use crate::cdc::temporal::{self, MaybeInfinite};
-use crate::cdc::value::{BinaryNumeric, Numeric, PgType, Value, Wire};
+use crate::cdc::value::{BinaryNumeric, Numeric, Value};
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::lsn::Lsn;
 
 /// Iceberg's time ends at 23:59:59.999999; PostgreSQL's at 24:00:00.
 const MICROS_PER_DAY: i64 = 86_400_000_000;
@@ -591,72 +589,6 @@ impl ColumnBuilder {
     }
 }
 
-/// The initial load's rows as arrays of `fields`, the relation's columns
-/// as the tables map them, and the values those cannot hold. Text reaches
-/// string columns, and a `numeric` its decimal column, without a
-/// [`Value`] between.
-pub fn load_columns(
-    fields: &[FieldRef],
-    rows: &LoadRows,
-    lsn: Lsn,
-) -> Result<(Vec<ArrayRef>, Verbatim)> {
-    let relation = &rows.relation;
-    let mut builders = fields
-        .iter()
-        .map(|f| ColumnBuilder::new(f, rows.rows.len()))
-        .collect::<Result<Vec<_>>>()
-        .map_err(|e| e.with_context("table", &relation.name))?;
-    let mut verbatim = Verbatim::default();
-    let mut row = 0;
-    rows.rows.for_each(|cells| {
-        for (((cell, builder), wire), column) in cells
-            .zip(&mut builders)
-            .zip(rows.wires.iter())
-            .zip(&relation.columns)
-        {
-            let Some(bytes) = cell else {
-                builder.append_null();
-                continue;
-            };
-            let done = match wire {
-                Wire::Text => {
-                    matches!(
-                        column.pg_type,
-                        PgType::Text
-                            | PgType::Json
-                            | PgType::Jsonb
-                            | PgType::Inet
-                            | PgType::Cidr
-                            | PgType::Enum
-                            | PgType::Unknown
-                    ) && std::str::from_utf8(bytes).is_ok_and(|text| builder.append_str(text))
-                }
-                Wire::Numeric => {
-                    BinaryNumeric::parse(bytes).is_some_and(|n| builder.append_numeric(&n))
-                }
-                _ => false,
-            };
-            if done {
-                continue;
-            }
-            let value = relation.decode_field(column, *wire, bytes, lsn)?;
-            builder
-                .append_keeping(Some(&value), row, &mut verbatim)
-                .map_err(|e| {
-                    e.with_context("table", &relation.name)
-                        .with_context("lsn", lsn)
-                })?;
-        }
-        row += 1;
-        Ok::<(), Error>(())
-    })?;
-    let columns = builders
-        .iter_mut()
-        .map(ColumnBuilder::finish)
-        .collect::<Result<_>>()?;
-    Ok((columns, verbatim))
-}
-
 /// A table's column `field` for `rows` load rows: the source column of
 /// that name among `fields` (its array in `columns`), as the table types
 /// it; nulls when the source lacks it.
@@ -1012,6 +944,7 @@ mod tests {
     /// `_cdc_verbatim` as silver's schema maps it to Arrow.
     fn verbatim_field() -> FieldRef {
         use crate::cdc::relation::fixtures::{column, relation};
+        use crate::cdc::value::PgType;
         let rel = relation(vec![column("id", PgType::Int4, -1, true)]);
         let schema = crate::lake::schema::silver_schema(&rel).unwrap();
         let arrow = iceberg::arrow::schema_to_arrow_schema(&schema).unwrap();

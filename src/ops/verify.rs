@@ -41,6 +41,7 @@ use iceberg::table::Table;
 use tokio::time::Instant;
 
 use super::run::{RunOptions, idents};
+use crate::apply::load_columns;
 use crate::apply::naming::names;
 use crate::apply::table_set;
 use crate::cdc::capture::read_now;
@@ -48,7 +49,7 @@ use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::align::align;
-use crate::lake::arrow::{load_columns, verbatim_entries};
+use crate::lake::arrow::verbatim_entries;
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::evolve;
 use crate::lake::key::{Key, KeyCodec};
