@@ -9,10 +9,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use crate::apply::DEFAULT_LOAD_CONNECTIONS;
 use crate::apply::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
+use crate::apply::{
+    DEFAULT_FLUSH_INTERVAL, DEFAULT_LOAD_CONNECTIONS, DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BATCH_ROWS,
+};
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{LakeLocation, namespace};
@@ -21,32 +24,88 @@ use crate::lake::expire::{DEFAULT_RETENTION, Retention};
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
-/// One layer of raw values, as written in a file, the environment or flags.
-#[derive(Debug, Clone, Default, Deserialize)]
+/// One layer of raw values, as written in a file, the environment or
+/// flags: the settings' one definition, which clap reads as flags and
+/// serde as the file's keys (docs/configuration.md lists them; a test
+/// keeps the two in step).
+#[derive(Debug, Clone, Default, Deserialize, Serialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Raw {
+    /// Source connection: a postgres:// URL or key=value string; PG*
+    /// environment variables and ~/.pgpass fill what it leaves out.
+    #[arg(long)]
     pub source: Option<String>,
+    /// Tables to capture, comma-separated: public.customers,public.orders.
+    #[arg(long, value_delimiter = ',')]
     pub tables: Option<Vec<String>>,
+    /// Replication slot name [default: wal2iceberg; for tail, a temporary
+    /// slot of its own].
+    #[arg(long)]
     pub slot: Option<String>,
+    /// Publication name; created for the tables when missing [default: wal2iceberg].
+    #[arg(long)]
     pub publication: Option<String>,
+    /// Folder of the embedded lake: catalog.db and warehouse/ [default: ./lake].
+    #[arg(long)]
     pub lake: Option<PathBuf>,
+    /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
+    #[arg(long, value_name = "FILE")]
     pub catalog: Option<PathBuf>,
+    /// The warehouse folder [default: <lake>/warehouse].
+    #[arg(long, value_name = "FOLDER")]
     pub warehouse: Option<PathBuf>,
+    /// Iceberg namespace [default: the source database's name].
+    #[arg(long)]
     pub namespace: Option<String>,
+    /// Iceberg names for source tables (a file or variable only).
+    #[arg(skip)]
     pub table_names: Option<BTreeMap<String, String>>,
+    /// Commit a batch at least this often (500ms, 1s, 2m) [default: 1s].
+    #[arg(long, value_name = "DURATION")]
     pub flush_interval: Option<String>,
+    /// Commit once a batch holds this many changes [default: 100000].
+    #[arg(long)]
     pub max_batch_rows: Option<i64>,
+    /// Commit once a batch holds about this many bytes [default: 134217728].
+    #[arg(long)]
     pub max_batch_bytes: Option<i64>,
+    /// Compact silver once this many commits wrote files since its last
+    /// compaction, and bronze every this many commits; fully once the
+    /// stream is quiet; 0 never [default: 16].
+    #[arg(long, value_name = "FILES")]
     pub compact_after_files: Option<i64>,
+    /// Connections reading the initial load's tables in parallel, all in
+    /// the slot's snapshot [default: 2].
+    #[arg(long, value_name = "N")]
     pub load_connections: Option<i64>,
+    /// Expire snapshots older than this (2h, 7d), keeping the newest
+    /// --retain-snapshots however old [default: 1h].
+    #[arg(long, value_name = "DURATION")]
     pub snapshot_retention: Option<String>,
+    /// Snapshots kept by the automatic expiry however old [default: 10].
+    #[arg(long, value_name = "N")]
     pub retain_snapshots: Option<i64>,
+    /// Drain, commit, confirm and exit 0 once no change came for this long.
+    #[arg(long, value_name = "DURATION")]
     pub exit_when_idle: Option<String>,
+    /// Serve Prometheus /metrics and /healthz here (127.0.0.1:9187).
+    #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<String>,
+    /// Log lines as text or json [default: text].
+    #[arg(long)]
     pub log_format: Option<String>,
+    /// pgoutput protocol version, 1 or 2 [default: 2].
+    #[arg(long)]
     pub proto_version: Option<i64>,
+    /// Stream large transactions before they commit (protocol 2).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub streaming: Option<bool>,
+    /// Emit a logical message this often so the slot advances on servers
+    /// where other databases make the WAL (30s) [default: off].
+    #[arg(long, value_name = "DURATION")]
     pub heartbeat_interval: Option<String>,
+    /// Warn when the slot retains more WAL than this [default: 1073741824].
+    #[arg(long, value_name = "BYTES")]
     pub retained_wal_warn_bytes: Option<i64>,
 }
 
@@ -154,7 +213,7 @@ impl Settings {
         layers.push((flags, "command line".to_owned()));
         let mut merged = Merged::default();
         for (layer, origin) in layers {
-            merged.over(layer, &origin, &names);
+            merged.over(layer, &origin, &names)?;
         }
         merged.check()
     }
@@ -263,59 +322,32 @@ fn from_env(
     Ok((raw, names))
 }
 
-/// The merged raw values and where each came from.
+/// The merged raw values, as the file's keys, and where each came from.
 #[derive(Default)]
 struct Merged {
-    raw: Raw,
-    origins: BTreeMap<&'static str, String>,
-}
-
-macro_rules! overlay {
-    ($self:ident, $layer:ident, $origin:ident, $names:ident, $($field:ident),+) => {
-        $(
-            if $layer.$field.is_some() {
-                $self.raw.$field = $layer.$field;
-                let origin = match ($origin, $names.get(stringify!($field))) {
-                    ("environment", Some(var)) => format!("environment variable {var}"),
-                    (origin, _) => origin.to_owned(),
-                };
-                $self.origins.insert(stringify!($field), origin);
-            }
-        )+
-    };
+    values: toml::Table,
+    origins: BTreeMap<String, String>,
 }
 
 impl Merged {
-    fn over(&mut self, layer: Raw, origin: &str, names: &BTreeMap<String, String>) {
-        overlay!(
-            self,
-            layer,
-            origin,
-            names,
-            source,
-            tables,
-            slot,
-            publication,
-            lake,
-            catalog,
-            warehouse,
-            namespace,
-            table_names,
-            flush_interval,
-            max_batch_rows,
-            max_batch_bytes,
-            compact_after_files,
-            load_connections,
-            snapshot_retention,
-            retain_snapshots,
-            exit_when_idle,
-            metrics_addr,
-            log_format,
-            proto_version,
-            streaming,
-            heartbeat_interval,
-            retained_wal_warn_bytes
-        );
+    /// Puts `layer`'s values over those before it.
+    fn over(&mut self, layer: Raw, origin: &str, names: &BTreeMap<String, String>) -> Result<()> {
+        let values = toml::Table::try_from(layer).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("{origin}: cannot read the settings"),
+            )
+            .with_source(e)
+        })?;
+        for (key, value) in values {
+            let origin = match (origin, names.get(&key)) {
+                ("environment", Some(var)) => format!("environment variable {var}"),
+                (origin, _) => origin.to_owned(),
+            };
+            self.origins.insert(key.clone(), origin);
+            self.values.insert(key, value);
+        }
+        Ok(())
     }
 
     /// An error about `key`, naming where its value came from.
@@ -342,7 +374,8 @@ impl Merged {
     }
 
     fn check(self) -> Result<Settings> {
-        let raw = &self.raw;
+        let raw = &Raw::deserialize(self.values.clone())
+            .map_err(|e| Error::new(ErrorKind::Config, format!("settings: {}", e.message())))?;
         let source = PgConfig::parse(raw.source.as_deref().unwrap_or(""))
             .map_err(|e| self.error("source", e))?;
         let tables = raw
@@ -433,9 +466,17 @@ impl Merged {
             table_names,
             flush_interval: self
                 .duration("flush_interval", raw.flush_interval.as_ref())?
-                .unwrap_or(Duration::from_secs(1)),
-            max_batch_rows: self.positive("max_batch_rows", raw.max_batch_rows, 100_000)?,
-            max_batch_bytes: self.positive("max_batch_bytes", raw.max_batch_bytes, 128 << 20)?,
+                .unwrap_or(DEFAULT_FLUSH_INTERVAL),
+            max_batch_rows: self.positive(
+                "max_batch_rows",
+                raw.max_batch_rows,
+                DEFAULT_MAX_BATCH_ROWS,
+            )?,
+            max_batch_bytes: self.positive(
+                "max_batch_bytes",
+                raw.max_batch_bytes,
+                DEFAULT_MAX_BATCH_BYTES,
+            )?,
             compact_after_files: match raw.compact_after_files {
                 None => DEFAULT_AFTER_FILES,
                 Some(n) => usize::try_from(n).map_err(|_| {

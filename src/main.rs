@@ -38,109 +38,13 @@ struct SettingsArgs {
     /// A TOML file with any of the settings below.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Source connection: a postgres:// URL or key=value string; PG*
-    /// environment variables and ~/.pgpass fill what it leaves out.
-    #[arg(long)]
-    source: Option<String>,
-    /// Tables to capture, comma-separated: public.customers,public.orders.
-    #[arg(long, value_delimiter = ',')]
-    tables: Option<Vec<String>>,
-    /// Replication slot name [default: wal2iceberg; for tail, a temporary
-    /// slot of its own].
-    #[arg(long)]
-    slot: Option<String>,
-    /// Publication name; created for the tables when missing [default: wal2iceberg].
-    #[arg(long)]
-    publication: Option<String>,
-    /// Folder of the embedded lake: catalog.db and warehouse/ [default: ./lake].
-    #[arg(long)]
-    lake: Option<PathBuf>,
-    /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
-    #[arg(long, value_name = "FILE")]
-    catalog: Option<PathBuf>,
-    /// The warehouse folder [default: <lake>/warehouse].
-    #[arg(long, value_name = "FOLDER")]
-    warehouse: Option<PathBuf>,
-    /// Iceberg namespace [default: the source database's name].
-    #[arg(long)]
-    namespace: Option<String>,
-    /// Commit a batch at least this often (500ms, 1s, 2m) [default: 1s].
-    #[arg(long, value_name = "DURATION")]
-    flush_interval: Option<String>,
-    /// Commit once a batch holds this many changes [default: 100000].
-    #[arg(long)]
-    max_batch_rows: Option<i64>,
-    /// Commit once a batch holds about this many bytes [default: 134217728].
-    #[arg(long)]
-    max_batch_bytes: Option<i64>,
-    /// Compact silver once this many commits wrote files since its last
-    /// compaction, and bronze every this many commits; fully once the
-    /// stream is quiet; 0 never [default: 16].
-    #[arg(long, value_name = "FILES")]
-    compact_after_files: Option<i64>,
-    /// Connections reading the initial load's tables in parallel, all in
-    /// the slot's snapshot [default: 2].
-    #[arg(long, value_name = "N")]
-    load_connections: Option<i64>,
-    /// Expire snapshots older than this (2h, 7d), keeping the newest
-    /// --retain-snapshots however old [default: 1h].
-    #[arg(long, value_name = "DURATION")]
-    snapshot_retention: Option<String>,
-    /// Snapshots kept by the automatic expiry however old [default: 10].
-    #[arg(long, value_name = "N")]
-    retain_snapshots: Option<i64>,
-    /// Drain, commit, confirm and exit 0 once no change came for this long.
-    #[arg(long, value_name = "DURATION")]
-    exit_when_idle: Option<String>,
-    /// Serve Prometheus /metrics and /healthz here (127.0.0.1:9187).
-    #[arg(long, value_name = "ADDR")]
-    metrics_addr: Option<String>,
-    /// Log lines as text or json [default: text].
-    #[arg(long)]
-    log_format: Option<String>,
-    /// pgoutput protocol version, 1 or 2 [default: 2].
-    #[arg(long)]
-    proto_version: Option<i64>,
-    /// Stream large transactions before they commit (protocol 2).
-    #[arg(long)]
-    streaming: bool,
-    /// Emit a logical message this often so the slot advances on servers
-    /// where other databases make the WAL (30s) [default: off].
-    #[arg(long, value_name = "DURATION")]
-    heartbeat_interval: Option<String>,
-    /// Warn when the slot retains more WAL than this [default: 1073741824].
-    #[arg(long, value_name = "BYTES")]
-    retained_wal_warn_bytes: Option<i64>,
+    #[command(flatten)]
+    flags: Raw,
 }
 
 impl SettingsArgs {
     fn resolve(self) -> Result<Settings, Error> {
-        let flags = Raw {
-            source: self.source,
-            tables: self.tables,
-            slot: self.slot,
-            publication: self.publication,
-            lake: self.lake,
-            catalog: self.catalog,
-            warehouse: self.warehouse,
-            namespace: self.namespace,
-            table_names: None,
-            flush_interval: self.flush_interval,
-            max_batch_rows: self.max_batch_rows,
-            max_batch_bytes: self.max_batch_bytes,
-            compact_after_files: self.compact_after_files,
-            load_connections: self.load_connections,
-            snapshot_retention: self.snapshot_retention,
-            retain_snapshots: self.retain_snapshots,
-            exit_when_idle: self.exit_when_idle,
-            metrics_addr: self.metrics_addr,
-            log_format: self.log_format,
-            proto_version: self.proto_version,
-            streaming: self.streaming.then_some(true),
-            heartbeat_interval: self.heartbeat_interval,
-            retained_wal_warn_bytes: self.retained_wal_warn_bytes,
-        };
-        Settings::resolve(self.config.as_deref(), std::env::vars(), flags)
+        Settings::resolve(self.config.as_deref(), std::env::vars(), self.flags)
     }
 }
 

@@ -35,7 +35,7 @@ async fn each_commands_help_shows_the_flags_it_reads_and_the_others_are_still_ac
     let flags = |help: &str| -> Vec<String> {
         help.lines()
             .filter_map(|l| l.trim_start().strip_prefix("--"))
-            .map(|l| l.split([' ', '<']).next().unwrap().to_owned())
+            .map(|l| l.split([' ', '<', '[']).next().unwrap().to_owned())
             .collect()
     };
     let help = |command: &'static str| async move {

@@ -199,3 +199,75 @@ fn an_unknown_key_is_reported_at_its_own_line() {
         "{err}"
     );
 }
+
+/// The keys of the settings table of docs/configuration.md.
+fn documented_keys() -> std::collections::BTreeSet<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/configuration.md");
+    let text = std::fs::read_to_string(path).unwrap();
+    text.lines()
+        .skip_while(|l| !l.starts_with("| setting |"))
+        .skip(2)
+        .take_while(|l| l.starts_with("| `"))
+        .map(|l| l[3..].split('`').next().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn the_settings_the_docs_list_are_the_structs_flags_and_keys() {
+    use clap::Args;
+    let keys: std::collections::BTreeSet<String> =
+        KEYS.iter().map(|(k, _)| (*k).to_owned()).collect();
+    assert_eq!(
+        documented_keys(),
+        keys,
+        "docs/configuration.md against KEYS"
+    );
+    let flags: std::collections::BTreeSet<String> = Raw::augment_args(clap::Command::new("t"))
+        .get_arguments()
+        .map(|a| a.get_id().to_string())
+        .chain(["table_names".to_owned()])
+        .collect();
+    assert_eq!(
+        flags, keys,
+        "Raw's flags (and table_names, file only) against KEYS"
+    );
+    // Every key is one of Raw's: a file naming each is read.
+    let every: String = KEYS
+        .iter()
+        .map(|(key, kind)| {
+            let value = match kind {
+                Kind::Text => "\"x\"",
+                Kind::List => "[]",
+                Kind::Integer => "1",
+                Kind::Bool => "false",
+                Kind::Map => "{}",
+            };
+            format!("{key} = {value}\n")
+        })
+        .collect();
+    let read: Raw = toml::from_str(&every).unwrap();
+    assert_eq!(toml::Table::try_from(read).unwrap().len(), KEYS.len());
+}
+
+#[test]
+fn streaming_is_a_flag_that_may_say_false() {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        raw: Raw,
+    }
+    let parse = |args: &[&str]| Flags::try_parse_from([&["t"][..], args].concat()).map(|f| f.raw);
+    assert_eq!(parse(&["--streaming"]).unwrap().streaming, Some(true));
+    assert_eq!(
+        parse(&["--streaming=false"]).unwrap().streaming,
+        Some(false)
+    );
+    assert_eq!(parse(&[]).unwrap().streaming, None);
+    let tables = parse(&["--streaming", "--tables", "a.b,c.d"]).unwrap();
+    assert_eq!(
+        tables.tables,
+        Some(vec!["a.b".to_owned(), "c.d".to_owned()])
+    );
+    assert!(parse(&["--table-names", "x"]).is_err(), "a file-only key");
+}
