@@ -418,6 +418,59 @@ mod silver {
         silver.commit(lake, position).await.unwrap();
     }
 
+    /// A DELETE of most rows in one transaction, with the batch holding
+    /// at most 300 deletes in memory: they go to several delete files of
+    /// the one snapshot, which pyiceberg and DuckDB read as the source.
+    #[tokio::test]
+    async fn a_bulk_delete_goes_to_delete_files_as_it_grows() {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE accounts(id int PRIMARY KEY, plan text NOT NULL);
+             INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, 1000) g;",
+        )
+        .await;
+        let (load, mut stream) = open_fresh(&db, &db.options(&["accounts"])).await;
+        let relation = changes(&load)[0].relation.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open_embedded(dir.path()).await.unwrap();
+        let ident = TableIdent::new(namespace("shop"), "accounts".into());
+        let mut silver = SilverTable::open(&lake, ident, &relation).await.unwrap();
+        apply(&mut silver, &lake, &load).await;
+        silver.hold_deletes(300);
+        // One transaction (a multi-statement query is one).
+        db.exec("DELETE FROM accounts WHERE id % 10 <> 0; UPDATE accounts SET plan = 'kept'")
+            .await;
+        let events = read_commits(&mut stream, 1).await;
+        apply(&mut silver, &lake, &events).await;
+        stream.stop().await.unwrap();
+
+        let (snapshots, rows) = snapshots_and_rows(dir.path()).await;
+        assert_eq!(rows.last(), Some(&100), "{snapshots:?}");
+        let delete_files = snapshots.last().unwrap()["delete_files"].as_u64().unwrap();
+        assert!(
+            delete_files >= 3,
+            "1,000 deletes held 300 at a time: {delete_files} delete files"
+        );
+        let mut read = pyiceberg(dir.path(), "shop.accounts", "rows")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["id"].as_i64().unwrap(),
+                    r["plan"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect::<Vec<_>>();
+        read.sort();
+        let expected: Vec<(i64, String)> = (1..=100).map(|i| (i * 10, "kept".to_owned())).collect();
+        assert_eq!(read, expected);
+        let duck = duckdb(dir.path(), "shop.accounts").await;
+        assert_eq!(duck.as_array().unwrap().len(), 100, "{duck}");
+        assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
+    }
+
     #[tokio::test]
     async fn compaction_keeps_the_files_few_and_every_snapshot_readable() {
         compaction_run(120).await;

@@ -52,6 +52,10 @@ use crate::cdc::relation::RelationInfo;
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
+/// Position deletes an open batch holds in memory (about 24 bytes each)
+/// before it writes them to a delete file of the batch.
+pub const DELETES_HELD: usize = 1 << 20;
+
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
     Upsert(Arc<Change>),
@@ -71,9 +75,13 @@ pub struct SilverTable {
     pending: HashMap<Key, Pending, foldhash::fast::RandomState>,
     order: Vec<Key>,
     pending_bytes: usize,
-    /// The open batch's data files and the rows it deletes.
+    /// The open batch's data files, the rows it deletes not yet in a
+    /// position delete file, and those already written to one.
     written: Vec<DataFile>,
     deletes: Vec<(Arc<str>, i64)>,
+    delete_files: Vec<DataFile>,
+    /// The most deletes held in memory before they go to a delete file.
+    deletes_held: usize,
     /// The last data file read to fill unchanged TOAST values.
     cached_file: Option<(Arc<str>, Vec<RecordBatch>)>,
     files: FileCounts,
@@ -139,6 +147,8 @@ impl SilverTable {
             pending_bytes: 0,
             written: Vec::new(),
             deletes: Vec::new(),
+            delete_files: Vec::new(),
+            deletes_held: DELETES_HELD,
             cached_file: None,
             files: FileCounts::default(),
             load: None,
@@ -413,6 +423,7 @@ impl SilverTable {
         self.replace_all = true;
         self.written.clear();
         self.deletes.clear();
+        self.delete_files.clear();
         self.pending.clear();
         self.order.clear();
         self.pending_bytes = 0;
@@ -453,6 +464,24 @@ impl SilverTable {
         if self.pending.len() >= STAGE_ROWS || self.pending_bytes >= STAGE_BYTES {
             self.write_pending(lake).await?;
         }
+        self.write_deletes_when_full(lake).await
+    }
+
+    /// Sets the most position deletes the open batch holds in memory
+    /// (default [`DELETES_HELD`]); past it they go to a delete file of the
+    /// batch, so a bulk DELETE takes memory of its batch, not of its size.
+    pub fn hold_deletes(&mut self, rows: usize) {
+        self.deletes_held = rows.max(1);
+    }
+
+    async fn write_deletes_when_full(&mut self, lake: &Lake) -> Result<()> {
+        if self.deletes.len() < self.deletes_held {
+            return Ok(());
+        }
+        let table = self.table(lake).await?;
+        let deletes = std::mem::take(&mut self.deletes);
+        self.delete_files
+            .push(write_position_deletes(&table, deletes).await?);
         Ok(())
     }
 
@@ -547,7 +576,7 @@ impl SilverTable {
         if file.is_full() {
             self.finish_load_file().await?;
         }
-        Ok(())
+        self.write_deletes_when_full(lake).await
     }
 
     /// Closes the load's data file, which the index already knows.
@@ -617,24 +646,24 @@ impl SilverTable {
         if replace_all {
             self.files = FileCounts::default();
         }
+        if !self.deletes.is_empty() {
+            let table = self.table(lake).await?;
+            let deletes = std::mem::take(&mut self.deletes);
+            self.delete_files
+                .push(write_position_deletes(&table, deletes).await?);
+        }
         self.files.data += self.written.len();
+        self.files.deletes += self.delete_files.len();
         self.files.commits +=
-            usize::from(replace_all || !self.written.is_empty() || !self.deletes.is_empty());
-        let mut delta = RowDelta {
+            usize::from(replace_all || !self.written.is_empty() || !self.delete_files.is_empty());
+        let delta = RowDelta {
             data_files: std::mem::take(&mut self.written),
+            delete_files: std::mem::take(&mut self.delete_files),
             properties: position.summary(),
             schema: std::mem::take(&mut self.schema_changes),
             replace_all,
             ..RowDelta::default()
         };
-        if !self.deletes.is_empty() {
-            let table = self.table(lake).await?;
-            let deletes = std::mem::take(&mut self.deletes);
-            delta
-                .delete_files
-                .push(write_position_deletes(&table, deletes).await?);
-            self.files.deletes += 1;
-        }
         commit_row_delta(lake, &self.ident, &delta).await?;
         Ok(())
     }
