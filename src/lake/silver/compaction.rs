@@ -51,6 +51,8 @@ pub const MAX_MERGED_ROWS: u64 = 1 << 19;
 struct Layout {
     /// Path, rows, bytes.
     data: Vec<(String, u64, u64)>,
+    /// The delete files that apply to each data file, by its path.
+    applying: HashMap<String, Vec<String>>,
     /// Path, bytes.
     deletes: HashMap<String, u64>,
 }
@@ -166,9 +168,23 @@ impl SilverTable {
             .map(|(p, _, _)| p.as_str())
             .filter(|p| !removed_data.contains(*p))
             .collect();
+        // Only the delete files merged or applying to a rewritten file are
+        // read, and of the rest only the positions of rewritten files held:
+        // memory of what this compaction rewrites, not of the table.
+        let needed: HashSet<&str> = removed_data
+            .iter()
+            .filter_map(|p| layout.applying.get(p))
+            .flatten()
+            .map(String::as_str)
+            .chain(merging.iter().map(String::as_str))
+            .collect();
         let mut still = Vec::new();
         let mut merged_positions = 0;
-        for delete in layout.deletes.keys() {
+        for delete in layout
+            .deletes
+            .keys()
+            .filter(|d| needed.contains(d.as_str()))
+        {
             for (file, pos) in read_position_deletes(&table, delete).await? {
                 if merging.contains(delete) {
                     merged_positions += 1;
@@ -176,7 +192,9 @@ impl SilverTable {
                         still.push((file.clone(), pos));
                     }
                 }
-                deleted.entry(file).or_default().insert(pos);
+                if removed_data.contains(&*file) {
+                    deleted.entry(file).or_default().insert(pos);
+                }
             }
         }
         still.sort();
@@ -306,14 +324,23 @@ async fn layout(table: &Table) -> Result<Layout> {
         .await?
         .into_iter()
         .collect();
+    let mut applying = HashMap::new();
     for task in planned_files(table).await? {
+        applying.insert(
+            task.data_file_path.clone(),
+            task.deletes.iter().map(|d| d.file_path.clone()).collect(),
+        );
         data.push((
             task.data_file_path,
             task.record_count.unwrap_or(0),
             task.file_size_in_bytes,
         ));
     }
-    Ok(Layout { data, deletes })
+    Ok(Layout {
+        data,
+        applying,
+        deletes,
+    })
 }
 
 fn arrow_error(e: arrow_schema::ArrowError, path: &str, ident: &iceberg::TableIdent) -> Error {
