@@ -243,6 +243,50 @@ async fn unchanged_toast_under_default_is_filled_from_the_current_row() {
     }
 }
 
+/// A fill reads the row group that holds the row, not the whole file:
+/// rows in the first and in a later row group (128 Ki rows each) of the
+/// load's data file get their bodies back.
+#[tokio::test]
+async fn unchanged_toast_is_filled_from_the_row_group_that_holds_the_row() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE docs(id int PRIMARY KEY, n int NOT NULL, body text NOT NULL);
+         ALTER TABLE docs ALTER COLUMN body SET STORAGE EXTERNAL;
+         INSERT INTO docs SELECT i, 0,
+           CASE WHEN i IN (5, 135000, 139999) THEN repeat(md5(i::text), 200) ELSE '' END
+         FROM generate_series(1, 140000) i;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = options_for(&db, &["docs"], &unique("groups"), dir.path());
+    run(&db.config, &opts).await.unwrap();
+    db.exec("UPDATE docs SET n = 1 WHERE id IN (5, 135000, 139999)")
+        .await;
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, 3);
+    let silver = db
+        .client
+        .query("SELECT id FROM docs WHERE n = 1", &[])
+        .await
+        .unwrap();
+    assert_eq!(silver.len(), 3);
+    let bronze = pyiceberg(dir.path(), "shop.docs_changes", "rows").await;
+    let updated: Vec<(i64, usize)> = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["_cdc_op"] == json!("u"))
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["body"].as_str().map_or(0, str::len),
+            )
+        })
+        .collect();
+    assert_eq!(updated, [(5, 6400), (135000, 6400), (139999, 6400)]);
+    assert_reconciled(&db, "docs", dir.path(), "shop.docs").await;
+}
+
 #[tokio::test]
 async fn tables_the_lake_lacks_are_loaded_from_a_new_snapshot_while_the_others_stream() {
     let db = TestDb::new().await;

@@ -45,7 +45,7 @@ use super::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
 use super::staged_schema::StagedSchema;
 use super::writer::{
     LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
-    write_data_files,
+    read_row_group, write_data_files,
 };
 use crate::cdc::event::{Change, ColumnFinder, Datum, Op, TxInfo};
 use crate::cdc::relation::RelationInfo;
@@ -82,8 +82,9 @@ pub struct SilverTable {
     delete_files: Vec<DataFile>,
     /// The most deletes held in memory before they go to a delete file.
     deletes_held: usize,
-    /// The last data file read to fill unchanged TOAST values.
-    cached_file: Option<(Arc<str>, Vec<RecordBatch>)>,
+    /// The last row group read to fill unchanged TOAST values: its file,
+    /// its first row's position there, and its rows.
+    cached_group: Option<(Arc<str>, usize, Vec<RecordBatch>)>,
     files: FileCounts,
     /// The initial load staged, while it is.
     load: Option<Load>,
@@ -149,7 +150,7 @@ impl SilverTable {
             deletes: Vec::new(),
             delete_files: Vec::new(),
             deletes_held: DELETES_HELD,
-            cached_file: None,
+            cached_group: None,
             files: FileCounts::default(),
             load: None,
             schema_changes: StagedSchema::default(),
@@ -189,7 +190,7 @@ impl SilverTable {
             .map(|&i| self.schema.field(i))
             .collect();
         self.codec = KeyCodec::new(&fields).map_err(|e| e.with_context("table", &self.ident))?;
-        self.cached_file = None;
+        self.cached_group = None;
         Ok(())
     }
 
@@ -371,8 +372,9 @@ impl SilverTable {
         let Some((file, pos)) = self.index.get(key)? else {
             return Err(change.unfilled(name));
         };
-        let mut row = usize::try_from(pos).unwrap_or(usize::MAX);
-        for batch in self.file_rows(lake, &file).await? {
+        let pos = usize::try_from(pos).unwrap_or(usize::MAX);
+        let (batches, mut row) = self.group_rows(lake, &file, pos).await?;
+        for batch in batches {
             if row < batch.num_rows() {
                 let Some(array) = batch.column_by_name(name) else {
                     return Err(change.unfilled(name));
@@ -399,18 +401,37 @@ impl SilverTable {
         .with_context("file", &file))
     }
 
-    /// The rows of a data file, read once and kept while the same file is
-    /// asked for again.
-    async fn file_rows(&mut self, lake: &Lake, path: &Arc<str>) -> Result<&[RecordBatch]> {
-        if self.cached_file.as_ref().is_none_or(|(p, _)| p != path) {
+    /// The rows of the row group that holds row `pos` of a data file, in
+    /// the table's schema, and `pos` within them: read once and kept while
+    /// the same group is asked for again, so a fill reads a row group,
+    /// never a whole file.
+    async fn group_rows(
+        &mut self,
+        lake: &Lake,
+        path: &Arc<str>,
+        pos: usize,
+    ) -> Result<(&[RecordBatch], usize)> {
+        let held = self
+            .cached_group
+            .as_ref()
+            .is_some_and(|(p, first, batches)| {
+                let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+                p == path && (*first..first + rows).contains(&pos)
+            });
+        if !held {
+            self.cached_group = None;
             let table = self.table(lake).await?;
-            let batches = read_parquet(&table, path, "cannot read a silver data file")
-                .await?
-                .map(|batch| align(&batch?, &self.schema, path))
+            let (first, batches) = read_row_group(&table, path, pos).await?;
+            let batches = batches
+                .iter()
+                .map(|batch| align(batch, &self.schema, path))
                 .collect::<Result<Vec<_>>>()?;
-            self.cached_file = Some((path.clone(), batches));
+            self.cached_group = Some((path.clone(), first, batches));
         }
-        Ok(self.cached_file.as_ref().map_or(&[], |(_, b)| b.as_slice()))
+        Ok(self
+            .cached_group
+            .as_ref()
+            .map_or((&[], 0), |(_, first, b)| (b.as_slice(), pos - first)))
     }
 
     /// Stages the removal of every row, committed and staged, as a

@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
+use futures_util::TryStreamExt;
 use iceberg::TableIdent;
+use iceberg::arrow::ArrowFileReader;
 use iceberg::spec::{DataContentType, DataFile, DataFileFormat, Snapshot};
 use iceberg::table::Table;
 use iceberg::writer::base_writer::data_file_writer::{DataFileWriter, DataFileWriterBuilder};
@@ -20,6 +22,7 @@ use iceberg::writer::file_writer::location_generator::{
 use iceberg::writer::file_writer::rolling_writer::RollingFileWriterBuilder;
 use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterBuilder};
 use iceberg::writer::{IcebergWriter, IcebergWriterBuilder};
+use parquet::arrow::ParquetRecordBatchStreamBuilder;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
@@ -380,6 +383,66 @@ pub async fn read_parquet(
         .map_err(|e| bad(e.into()))?;
     Ok(std::iter::from_fn(move || blocking(|| reader.next()))
         .map(move |batch| batch.map_err(|e| bad(e.into()))))
+}
+
+/// The rows of one row group of a Parquet file of the table: the one
+/// that holds row `row` of the file, read by range (its column chunks
+/// and the footer, not the whole file). Its first row's position in the
+/// file, and its batches as they are decoded.
+pub async fn read_row_group(
+    table: &Table,
+    path: &str,
+    row: usize,
+) -> Result<(usize, Vec<RecordBatch>)> {
+    let bad = |what: &str, e: Box<dyn std::error::Error + Send + Sync>| {
+        Error::new(
+            ErrorKind::Lake,
+            format!("cannot read a data file's row group: {what}"),
+        )
+        .with_context("table", table.identifier())
+        .with_context("file", path)
+        .with_source(e)
+    };
+    let input = table
+        .file_io()
+        .new_input(path)
+        .map_err(|e| iceberg_error(e, "cannot open a table file").with_context("file", path))?;
+    let metadata = input
+        .metadata()
+        .await
+        .map_err(|e| iceberg_error(e, "cannot open a table file").with_context("file", path))?;
+    let reader = input
+        .reader()
+        .await
+        .map_err(|e| iceberg_error(e, "cannot open a table file").with_context("file", path))?;
+    let builder =
+        ParquetRecordBatchStreamBuilder::new(ArrowFileReader::new(metadata, Box::new(reader)))
+            .await
+            .map_err(|e| bad("its footer", e.into()))?;
+    let mut first = 0;
+    let mut group = None;
+    for (i, g) in builder.metadata().row_groups().iter().enumerate() {
+        let rows = usize::try_from(g.num_rows()).unwrap_or(0);
+        if row < first + rows {
+            group = Some(i);
+            break;
+        }
+        first += rows;
+    }
+    let Some(group) = group else {
+        return Err(bad(
+            "the row is past its end",
+            "no row group holds it".into(),
+        ));
+    };
+    let stream = builder
+        .with_row_groups(vec![group])
+        .build()
+        .map_err(|e| bad("its rows", e.into()))?;
+    let batches = blocking_await(stream.try_collect::<Vec<_>>())
+        .await
+        .map_err(|e| bad("its rows", e.into()))?;
+    Ok((first, batches))
 }
 
 /// The Arrow schema of the table's current schema, with field ids.
