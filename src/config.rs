@@ -57,6 +57,10 @@ pub struct Raw {
     /// Iceberg namespace [default: the source database's name].
     #[arg(long)]
     pub namespace: Option<String>,
+    /// Local folder for what a run keeps between starts: the silver key
+    /// indexes [default: <lake>/state].
+    #[arg(long, value_name = "FOLDER")]
+    pub state_dir: Option<PathBuf>,
     /// Iceberg names for source tables (a file or variable only).
     #[arg(skip)]
     pub table_names: Option<BTreeMap<String, String>>,
@@ -127,6 +131,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("catalog", Kind::Text),
     ("warehouse", Kind::Text),
     ("namespace", Kind::Text),
+    ("state_dir", Kind::Text),
     ("table_names", Kind::Map),
     ("flush_interval", Kind::Text),
     ("max_batch_rows", Kind::Integer),
@@ -174,6 +179,8 @@ pub struct Settings {
     /// The SQL catalog's SQLite file and the warehouse folder.
     pub lake: LakeLocation,
     pub namespace: Option<String>,
+    /// Where a run keeps the silver key indexes between starts.
+    pub state_dir: PathBuf,
     /// Iceberg names chosen for source tables, instead of the default.
     pub table_names: BTreeMap<TableName, String>,
     pub flush_interval: Duration,
@@ -442,6 +449,17 @@ impl Merged {
                 ));
             }
         };
+        let lake = {
+            let folder = raw.lake.clone().unwrap_or_else(|| PathBuf::from("./lake"));
+            let mut lake = LakeLocation::in_folder(&folder);
+            if let Some(catalog) = &raw.catalog {
+                lake.catalog = catalog.clone();
+            }
+            if let Some(warehouse) = &raw.warehouse {
+                lake.warehouse = warehouse.clone();
+            }
+            lake
+        };
         Ok(Settings {
             source,
             tables,
@@ -451,18 +469,12 @@ impl Merged {
                 .publication
                 .clone()
                 .unwrap_or_else(|| DEFAULT_PUBLICATION.to_owned()),
-            lake: {
-                let folder = raw.lake.clone().unwrap_or_else(|| PathBuf::from("./lake"));
-                let mut lake = LakeLocation::in_folder(&folder);
-                if let Some(catalog) = &raw.catalog {
-                    lake.catalog = catalog.clone();
-                }
-                if let Some(warehouse) = &raw.warehouse {
-                    lake.warehouse = warehouse.clone();
-                }
-                lake
-            },
+            lake: lake.clone(),
             namespace: raw.namespace.clone(),
+            state_dir: raw
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| lake.default_state_dir()),
             table_names,
             flush_interval: self
                 .duration("flush_interval", raw.flush_interval.as_ref())?

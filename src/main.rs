@@ -396,6 +396,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 exit_when_idle: settings.exit_when_idle,
                 heartbeat_interval: settings.heartbeat_interval,
                 retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
+                state_dir: settings.state_dir.clone(),
                 shutdown: Shutdown::on_signals()?,
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };

@@ -287,6 +287,107 @@ async fn unchanged_toast_is_filled_from_the_row_group_that_holds_the_row() {
     assert_reconciled(&db, "docs", dir.path(), "shop.docs").await;
 }
 
+/// A clean stop persists silver's key index under the state directory;
+/// the next start restores it, and only when silver is still at the
+/// snapshot it was persisted at: another writer's snapshot, or a killed
+/// run, make the next start rebuild it, and the rows stay right.
+#[tokio::test]
+async fn the_key_index_persisted_at_a_clean_stop_is_restored_only_at_its_snapshot() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE accounts(id int PRIMARY KEY, plan text NOT NULL);
+         INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, 2000) g;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().display().to_string();
+    let slot = unique("state");
+    let url = db.config_url();
+    let args = [
+        "run",
+        "--source",
+        &url,
+        "--slot",
+        &slot,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--tables",
+        "public.accounts",
+    ];
+    let command = || {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"));
+        command
+            .args(args)
+            .env("RUST_LOG", "wal2iceberg=info")
+            .kill_on_drop(true);
+        command
+    };
+    let run_once = || async {
+        let out = command()
+            .args(["--exit-when-idle", "1s"])
+            .output()
+            .await
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    let folder = dir.path().join("state/shop/accounts");
+    let first = run_once().await;
+    assert!(folder.join("index.json").exists(), "persisted: {first}");
+
+    db.exec(
+        "UPDATE accounts SET plan = 'pro' WHERE id % 7 = 0;
+         DELETE FROM accounts WHERE id % 11 = 0;
+         INSERT INTO accounts VALUES (5000, 'new');",
+    )
+    .await;
+    let second = run_once().await;
+    assert!(
+        second.contains("silver key index restored") && !second.contains("key index rebuilt"),
+        "{second}"
+    );
+    assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
+
+    // Another writer's snapshot: the index persisted is not of it.
+    tamper(
+        dir.path(),
+        "shop.accounts",
+        &["rewrite", "14", "plan", "pro"],
+    )
+    .await;
+    db.exec("UPDATE accounts SET plan = 'team' WHERE id IN (14, 15)")
+        .await;
+    let third = run_once().await;
+    assert!(
+        third.contains("silver key index rebuilt") && !third.contains("index restored"),
+        "{third}"
+    );
+    assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
+
+    // A killed run persisted nothing, and took the index it restored.
+    let mut running = command().spawn().unwrap();
+    db.wait_until_streaming(&slot).await;
+    db.exec("UPDATE accounts SET plan = 'killed' WHERE id = 16")
+        .await;
+    running.kill().await.unwrap();
+    running.wait().await.unwrap();
+    assert!(!folder.join("index.json").exists());
+    let fourth = run_once().await;
+    assert!(fourth.contains("silver key index rebuilt"), "{fourth}");
+    assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
+    let left: Vec<_> = std::fs::read_dir(&folder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        left.len() <= 2,
+        "the index and its one run, no more: {left:?}"
+    );
+}
+
 #[tokio::test]
 async fn tables_the_lake_lacks_are_loaded_from_a_new_snapshot_while_the_others_stream() {
     let db = TestDb::new().await;

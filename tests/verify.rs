@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use tokio::process::Command;
-
 use crate::support::oracle::{NAMESPACE, Oracle};
 use crate::support::*;
 
@@ -43,17 +41,8 @@ async fn at_oracle(oracle: &Oracle, args: &[&str]) -> std::process::Output {
     cli(&all).await
 }
 
-async fn tamper(oracle: &Oracle, args: &[&str]) {
-    let script = format!("{}/tests/support/tamper.py", env!("CARGO_MANIFEST_DIR"));
-    let out = Command::new(crate::support::python())
-        .arg(script)
-        .arg(oracle.lake.path())
-        .arg(format!("{NAMESPACE}.accounts"))
-        .args(args)
-        .output()
-        .await
-        .unwrap();
-    assert_success(&out);
+async fn tamper_accounts(oracle: &Oracle, args: &[&str]) {
+    tamper(oracle.lake.path(), &format!("{NAMESPACE}.accounts"), args).await;
 }
 
 #[tokio::test]
@@ -112,8 +101,8 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
 
     // Silver changed behind the tool's back, each change hidden under the
     // position silver had: bronze and the source still agree, silver not.
-    tamper(&oracle, &["delete", &gone.to_string()]).await;
-    tamper(
+    tamper_accounts(&oracle, &["delete", &gone.to_string()]).await;
+    tamper_accounts(
         &oracle,
         &["rewrite", &changed.to_string(), "owner", "tampered"],
     )
@@ -146,8 +135,8 @@ async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_
     oracle.add_other_table().await;
     oracle.drain().await;
     // Silver wrong behind the tool's back: one row gone, one changed.
-    tamper(&oracle, &["delete", "7"]).await;
-    tamper(&oracle, &["rewrite", "8", "owner", "tampered"]).await;
+    tamper_accounts(&oracle, &["delete", "7"]).await;
+    tamper_accounts(&oracle, &["rewrite", "8", "owner", "tampered"]).await;
     let (code, report, _) = verify(&oracle).await;
     assert_eq!(code, 1, "{report}");
 

@@ -58,6 +58,9 @@ pub struct RunOptions {
     pub capture: CaptureOptions,
     /// The embedded lake: its catalog file and warehouse.
     pub lake: LakeLocation,
+    /// Where the silver key indexes are kept between starts, a folder per
+    /// namespace and table.
+    pub state_dir: std::path::PathBuf,
     /// Iceberg namespace; the source database's name when unset.
     pub namespace: Option<String>,
     /// Iceberg names chosen for source tables instead of [`iceberg_name`].
@@ -94,9 +97,11 @@ impl RunOptions {
     /// The defaults: namespace from the database, flush every second or
     /// at the batch limits, run until stopped.
     pub fn new(capture: CaptureOptions, lake: impl Into<LakeLocation>) -> RunOptions {
+        let lake = lake.into();
         RunOptions {
             capture,
-            lake: lake.into(),
+            state_dir: lake.default_state_dir(),
+            lake,
             namespace: None,
             table_names: BTreeMap::new(),
             flush_interval: DEFAULT_FLUSH_INTERVAL,

@@ -50,6 +50,9 @@ pub(crate) struct Pipeline<'r> {
     /// `RunOptions::compact_after_files` and `retention`.
     pub(super) compact_after_files: usize,
     pub(super) retention: Retention,
+    /// `RunOptions::state_dir`: each silver's key index keeps its runs in
+    /// `<state_dir>/<namespace>/<table>`.
+    pub(super) state_dir: std::path::PathBuf,
     /// The tables this start resyncs ([`resync`]), by request.
     pub(super) resyncing: HashMap<TableName, String>,
     /// Whether this run asked for a resync itself (a new column with a
@@ -88,9 +91,29 @@ impl<'r> Pipeline<'r> {
             batch_end: None,
             compact_after_files: options.compact_after_files,
             retention: options.retention,
+            state_dir: options.state_dir.clone(),
             resyncing: HashMap::new(),
             resync_asked: false,
             report,
+        }
+    }
+
+    /// Persists each silver table's key index that holds exactly its last
+    /// commit (nothing staged), for the next start: call once the stream
+    /// ended cleanly and the batch was committed. A failure is a warning:
+    /// the next start rebuilds that index.
+    pub(crate) async fn persist_indexes(&mut self) {
+        for (table, sink) in &mut self.sinks {
+            let Some(silver) = sink.silver.as_mut() else {
+                continue;
+            };
+            match silver.persist_index(&self.lake).await {
+                Ok(true) => tracing::debug!(table = %table, "silver key index persisted"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(table = %table, error = %e, "cannot persist the silver key index; the next start rebuilds it")
+                }
+            }
         }
     }
 
@@ -365,6 +388,10 @@ impl Pipeline<'_> {
         }
         let (bronze, silver) = self.idents(&relation.name);
         let resync = self.resyncing.get(&relation.name).cloned();
+        let state = self
+            .state_dir
+            .join(silver.namespace().to_url_string())
+            .join(silver.name());
         let sink = TableSink::open(
             &self.lake,
             (bronze, silver),
@@ -372,6 +399,7 @@ impl Pipeline<'_> {
             &self.slot,
             resync,
             self.compact_after_files,
+            state,
         )
         .await?;
         self.sinks.insert(relation.name.clone(), sink);

@@ -62,6 +62,7 @@ impl TableSink {
         slot: &str,
         resync: Option<String>,
         compact_after_files: usize,
+        state: std::path::PathBuf,
     ) -> Result<TableSink> {
         // A table without a primary key keeps its history only, which its
         // bronze says once made.
@@ -91,7 +92,9 @@ impl TableSink {
             ),
         };
         let mut silver = match &silver_table {
-            Some(_) => Some(SilverTable::open(lake, silver_ident, relation).await?),
+            Some(_) => {
+                Some(SilverTable::open_with_state(lake, silver_ident, relation, state).await?)
+            }
             None => None,
         };
         // A resync's load replaces every row silver holds.

@@ -37,6 +37,15 @@ impl LakeLocation {
             warehouse: root.join("warehouse"),
         }
     }
+
+    /// The default state directory: `state/` beside the catalog file
+    /// (`<lake>/state`).
+    pub fn default_state_dir(&self) -> PathBuf {
+        self.catalog
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join("state")
+    }
 }
 
 impl From<PathBuf> for LakeLocation {

@@ -133,7 +133,7 @@ pub async fn merge_small_files(
             .unwrap_or_default(),
         ..RowDelta::default()
     };
-    if !commit_rewrite(lake, &table, &delta).await? {
+    if commit_rewrite(lake, &table, &delta).await?.is_none() {
         tracing::warn!(table = %ident, "another writer committed during the merge; it is left for later");
         return Ok(None);
     }

@@ -20,13 +20,23 @@
 //! hide: a file loses its last live row only once every key pointing at it
 //! was removed or moved.
 //!
-//! The runs live in a temporary directory under `TMPDIR`, removed with the
-//! index: the index is rebuilt from the table at every start.
+//! The runs live in a folder of the state directory (or, for maintenance
+//! outside a run, a temporary one under `TMPDIR`). At a clean end the
+//! index is persisted there ([`KeyIndex::persist`]): memory written to a
+//! run and a manifest naming the runs, the file numbers and what the
+//! index is of (its owner's words: a table, its snapshot, its key). The
+//! next start restores it when the owner says the same words
+//! ([`KeyIndex::restore`]), removing the manifest before it changes
+//! anything, so an index a crash left half-changed is never taken again;
+//! otherwise the folder is emptied ([`KeyIndex::clean`]) and the owner
+//! rebuilds the index from its table.
 
 use std::collections::HashMap;
-use std::io;
-use std::path::Path;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
 
 use super::key::Key;
 use super::sorted_run::{Location, Run, Slot};
@@ -50,7 +60,7 @@ pub struct KeyIndex {
     memory_limit: usize,
     /// Oldest first, each with its tier; tiers never grow toward the newest.
     runs: Vec<(Run, u32)>,
-    dir: Option<tempfile::TempDir>,
+    dir: RunsDir,
     runs_written: u64,
     /// Entries written to runs, by spills and merges.
     entries_written: u64,
@@ -82,7 +92,7 @@ impl KeyIndex {
             memory: HashMap::default(),
             memory_limit: entries.max(1),
             runs: Vec::new(),
-            dir: None,
+            dir: RunsDir::Temporary(None),
             runs_written: 0,
             entries_written: 0,
             live: 0,
@@ -418,16 +428,19 @@ impl KeyIndex {
     }
 
     fn next_path(&mut self) -> io::Result<std::path::PathBuf> {
-        let dir = match &self.dir {
-            Some(dir) => dir.path(),
-            None => self
-                .dir
+        let dir = match &mut self.dir {
+            RunsDir::Temporary(Some(dir)) => dir.path(),
+            RunsDir::Temporary(dir) => dir
                 .insert(
                     tempfile::Builder::new()
                         .prefix("wal2iceberg-keys-")
                         .tempdir()?,
                 )
                 .path(),
+            RunsDir::Kept(dir) => {
+                std::fs::create_dir_all(&*dir)?;
+                dir
+            }
         };
         self.runs_written += 1;
         Ok(dir.join(format!("{:08}.run", self.runs_written)))
@@ -443,9 +456,12 @@ impl KeyIndex {
     }
 
     fn io_error(&self, e: io::Error) -> Error {
-        let dir = self.dir.as_ref().map(|d| d.path().to_owned());
+        let dir = match &self.dir {
+            RunsDir::Temporary(dir) => dir.as_ref().map(|d| d.path()),
+            RunsDir::Kept(dir) => Some(dir.as_path()),
+        };
         Error::new(ErrorKind::Io, "the key index cannot use its local files")
-            .with_context("dir", dir.as_deref().unwrap_or(Path::new("")).display())
+            .with_context("dir", dir.unwrap_or(Path::new("")).display())
             .with_source(e)
     }
 
@@ -460,6 +476,144 @@ impl KeyIndex {
     fn free_slot(&mut self, file: u32) {
         self.files[file as usize].path = Arc::from("");
         self.free.push(file);
+    }
+}
+
+/// Where an index writes its runs.
+enum RunsDir {
+    /// A temporary directory under `TMPDIR`, made at the first spill and
+    /// removed with the index.
+    Temporary(Option<tempfile::TempDir>),
+    /// A folder of the state directory, where the index can be persisted.
+    Kept(PathBuf),
+}
+
+/// The file naming a persisted index's parts.
+const MANIFEST: &str = "index.json";
+const MANIFEST_VERSION: u32 = 1;
+
+/// A persisted index, as [`MANIFEST`] records it.
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    version: u32,
+    /// What the index is of, in its owner's words.
+    of: String,
+    live: usize,
+    runs_written: u64,
+    /// Run file names with their tiers, oldest first.
+    runs: Vec<(String, u32)>,
+    /// Each file number's path and live rows ("" and 0 when free).
+    files: Vec<(String, u32)>,
+    free: Vec<u32>,
+}
+
+impl KeyIndex {
+    /// An empty index whose runs go to `dir`, where it can be persisted.
+    pub fn in_folder(dir: PathBuf, entries: usize) -> KeyIndex {
+        KeyIndex {
+            dir: RunsDir::Kept(dir),
+            ..KeyIndex::with_memory_limit(entries)
+        }
+    }
+
+    /// Writes the index to its folder (memory to a run, then the manifest,
+    /// each synced before the next step) as the index of `of`, and leaves
+    /// its files there. An index in a temporary directory is not kept.
+    pub fn persist(mut self, of: &str) -> Result<()> {
+        let RunsDir::Kept(dir) = &self.dir else {
+            return Ok(());
+        };
+        let dir = dir.clone();
+        self.settle()?;
+        if !self.memory.is_empty() {
+            self.spill().map_err(|e| self.io_error(e))?;
+        }
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            of: of.to_owned(),
+            live: self.live,
+            runs_written: self.runs_written,
+            runs: self
+                .runs
+                .iter()
+                .map(|(run, tier)| (run.file_name().unwrap_or_default().to_owned(), *tier))
+                .collect(),
+            files: self
+                .files
+                .iter()
+                .map(|f| (f.path.to_string(), f.live))
+                .collect(),
+            free: self.free.clone(),
+        };
+        let written = blocking(|| {
+            std::fs::create_dir_all(&dir)?;
+            for (run, _) in &self.runs {
+                run.sync()?;
+            }
+            let text = serde_json::to_vec(&manifest).map_err(io::Error::other)?;
+            let staged = dir.join(format!("{MANIFEST}.new"));
+            let mut file = std::fs::File::create(&staged)?;
+            file.write_all(&text)?;
+            file.sync_all()?;
+            std::fs::rename(&staged, dir.join(MANIFEST))?;
+            std::fs::File::open(&dir)?.sync_all()
+        });
+        written.map_err(|e| self.io_error(e))?;
+        for (run, _) in &mut self.runs {
+            run.keep();
+        }
+        Ok(())
+    }
+
+    /// The index persisted in `dir` as the index of `of`, if one is and
+    /// reads whole; its manifest is removed first, so that it is taken at
+    /// most once. `None` leaves the folder for [`Self::clean`].
+    pub fn restore(dir: &Path, of: &str, entries: usize) -> Option<KeyIndex> {
+        let text = std::fs::read(dir.join(MANIFEST)).ok()?;
+        let manifest: Manifest = serde_json::from_slice(&text).ok()?;
+        if manifest.version != MANIFEST_VERSION || manifest.of != of {
+            return None;
+        }
+        std::fs::remove_file(dir.join(MANIFEST)).ok()?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).ok()?;
+        let runs = blocking(|| {
+            manifest
+                .runs
+                .iter()
+                .map(|(name, tier)| Ok((Run::open(dir.join(name))?, *tier)))
+                .collect::<io::Result<Vec<_>>>()
+        })
+        .ok()?;
+        Some(KeyIndex {
+            runs,
+            runs_written: manifest.runs_written,
+            live: manifest.live,
+            files: manifest
+                .files
+                .into_iter()
+                .map(|(path, live)| FileSlot {
+                    path: path.into(),
+                    live,
+                })
+                .collect(),
+            free: manifest.free,
+            ..KeyIndex::in_folder(dir.to_owned(), entries)
+        })
+    }
+
+    /// Empties `dir` of what an earlier index left: a persisted one not
+    /// taken, or the runs of one that ended without persisting.
+    pub fn clean(dir: &Path) -> Result<()> {
+        let cleaned = blocking(|| match std::fs::read_dir(dir) {
+            Ok(mut entries) => entries.try_for_each(|entry| std::fs::remove_file(entry?.path())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        });
+        cleaned.map_err(|e| {
+            Error::new(ErrorKind::Io, "cannot empty the key index's folder")
+                .with_context("dir", dir.display())
+                .with_source(e)
+        })
     }
 }
 
@@ -650,6 +804,60 @@ mod tests {
         );
         assert_eq!(index.runs.len(), 1, "{} runs", index.runs.len());
         assert_eq!(index.get(&key(17)).unwrap(), Some(("f17".into(), 0)));
+    }
+
+    #[test]
+    fn a_persisted_index_is_restored_once_and_only_as_what_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("keys");
+        let mut index = KeyIndex::in_folder(folder.clone(), 4);
+        for k in 0..50 {
+            index
+                .add_file(format!("f{k}").into(), [(0, key(k))])
+                .unwrap();
+        }
+        index.remove(&key(7)).unwrap();
+        index.persist("t/1").unwrap();
+        assert!(folder.join(MANIFEST).exists());
+
+        assert!(
+            KeyIndex::restore(&folder, "t/2", 4).is_none(),
+            "another snapshot"
+        );
+        let mut restored = KeyIndex::restore(&folder, "t/1", 4).expect("restored");
+        assert!(!folder.join(MANIFEST).exists(), "taken once");
+        assert_eq!(restored.live_rows(), 49);
+        assert_eq!(restored.get(&key(7)).unwrap(), None);
+        assert_eq!(restored.get(&key(8)).unwrap(), Some(("f8".into(), 0)));
+        restored
+            .add_file("g".into(), [(1, key(8)), (2, key(99))])
+            .unwrap();
+        assert_eq!(restored.get(&key(8)).unwrap(), Some(("g".into(), 1)));
+        assert_eq!(restored.live_rows(), 50);
+        drop(restored);
+        assert!(
+            KeyIndex::restore(&folder, "t/1", 4).is_none(),
+            "the manifest is gone"
+        );
+
+        // A torn run: not restored, and the folder is emptied.
+        let mut index = KeyIndex::in_folder(folder.clone(), 2);
+        for k in 0..9 {
+            index
+                .add_file(format!("f{k}").into(), [(0, key(k))])
+                .unwrap();
+        }
+        index.persist("t/3").unwrap();
+        let run = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "run"))
+            .unwrap();
+        let bytes = std::fs::read(&run).unwrap();
+        std::fs::write(&run, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(KeyIndex::restore(&folder, "t/3", 2).is_none());
+        KeyIndex::clean(&folder).unwrap();
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
     }
 
     #[derive(Debug, Clone)]

@@ -186,14 +186,15 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
 }
 
 /// Commits a rewrite (`delta.removed` not empty) on `base`, the table as it
-/// was when the rewrite chose what to remove and what to keep; false, and
-/// nothing committed, when another commit came after `base`. It is never
-/// retried on a newer table: what it removes might have changed there.
-pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<bool> {
+/// was when the rewrite chose what to remove and what to keep: the table
+/// as committed, or `None`, and nothing committed, when another commit
+/// came after `base`. It is never retried on a newer table: what it
+/// removes might have changed there.
+pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Option<Table>> {
     crate::failpoint::stall("compaction").await;
     let started = std::time::Instant::now();
-    let committed = try_commit(lake, base, delta).await?.is_some();
-    if committed {
+    let committed = try_commit(lake, base, delta).await?;
+    if committed.is_some() {
         let metrics = crate::metrics::metrics();
         metrics.observe_commit_duration(started.elapsed());
         metrics.iceberg_commits.inc();

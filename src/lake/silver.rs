@@ -3,8 +3,10 @@
 //! unlike equality deletes) and new data files.
 //!
 //! A primary-key index maps every live row's key to its (data file,
-//! position). It is rebuilt from the table at start: each live data file's
-//! key columns, less the positions its delete files name.
+//! position). At start it is restored from the state directory when it
+//! was persisted there at the table's current snapshot, and otherwise
+//! rebuilt from the table: each live data file's key columns, less the
+//! positions its delete files name.
 //!
 //! Changes are staged into an open batch, which collapses them to the last
 //! change per key in commit order: a key with a live row gets a positional
@@ -19,6 +21,7 @@
 mod compaction;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
@@ -39,7 +42,7 @@ use super::arrow::{
 };
 use super::catalog::{Lake, iceberg_error};
 use super::key::{Key, KeyCodec};
-use super::key_index::{KeyIndex, NewFile};
+use super::key_index::{KeyIndex, MEMORY_ENTRIES, NewFile};
 use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
 use super::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
 use super::staged_schema::StagedSchema;
@@ -70,6 +73,14 @@ pub struct SilverTable {
     codec: KeyCodec,
     /// Every live row in a file, committed or written for the open batch.
     index: KeyIndex,
+    /// The snapshot the index holds exactly but for what is staged since
+    /// (`staged`): the one opened, or the last this process committed on
+    /// it with no other writer's commit between. `None` when unknown.
+    exact_at: Option<i64>,
+    staged: bool,
+    /// The folder of the state directory the index keeps its runs in and
+    /// is persisted to; a temporary one when `None`.
+    state: Option<PathBuf>,
     /// The open batch: the last change per key not yet in a file, keys in
     /// first-seen order.
     pending: HashMap<Key, Pending, foldhash::fast::RandomState>,
@@ -123,16 +134,29 @@ impl SilverTable {
         relation: &RelationInfo,
     ) -> Result<SilverTable> {
         let table = lake.ensure_table(&ident, silver_schema(relation)?).await?;
-        SilverTable::over(ident, table).await
+        SilverTable::over(ident, table, None).await
+    }
+
+    /// As [`Self::open`], the key index kept in `state`: restored from
+    /// there when it was persisted at the table's current snapshot
+    /// ([`Self::persist_index`]), else rebuilt there.
+    pub async fn open_with_state(
+        lake: &Lake,
+        ident: TableIdent,
+        relation: &RelationInfo,
+        state: PathBuf,
+    ) -> Result<SilverTable> {
+        let table = lake.ensure_table(&ident, silver_schema(relation)?).await?;
+        SilverTable::over(ident, table, Some(state)).await
     }
 
     /// An existing silver table, for maintenance outside a run.
     pub async fn open_existing(lake: &Lake, ident: TableIdent) -> Result<SilverTable> {
         let table = lake.catalog_table(&ident).await?;
-        SilverTable::over(ident, table).await
+        SilverTable::over(ident, table, None).await
     }
 
-    async fn over(ident: TableIdent, table: Table) -> Result<SilverTable> {
+    async fn over(ident: TableIdent, table: Table, state: Option<PathBuf>) -> Result<SilverTable> {
         let schema = arrow_schema(&table)?;
         let key_fields = key_fields(&table, &schema)?;
         let fields: Vec<&Field> = key_fields.iter().map(|&i| schema.field(i)).collect();
@@ -143,6 +167,9 @@ impl SilverTable {
             key_fields,
             codec,
             index: KeyIndex::default(),
+            exact_at: table.metadata().current_snapshot_id(),
+            staged: false,
+            state: None,
             pending: HashMap::default(),
             order: Vec::new(),
             pending_bytes: 0,
@@ -156,8 +183,65 @@ impl SilverTable {
             schema_changes: StagedSchema::default(),
             replace_all: false,
         };
-        silver.rebuild_index(&table).await?;
+        let Some(state) = state else {
+            silver.rebuild_index(&table).await?;
+            return Ok(silver);
+        };
+        let restored = match silver.index_of(&table) {
+            Some(of) => KeyIndex::restore(&state, &of, MEMORY_ENTRIES),
+            None => None,
+        };
+        match restored {
+            Some(index) => {
+                silver.index = index;
+                silver.count_files(&table).await?;
+                tracing::info!(table = %silver.ident, rows = silver.index.live_rows(), "silver key index restored");
+            }
+            None => {
+                KeyIndex::clean(&state)?;
+                silver.index = KeyIndex::in_folder(state.clone(), MEMORY_ENTRIES);
+                silver.rebuild_index(&table).await?;
+            }
+        }
+        silver.state = Some(state);
         Ok(silver)
+    }
+
+    /// What the key index is of when it holds exactly `table`'s current
+    /// snapshot: the table, the snapshot and the key's field ids and types
+    /// (which its encoding follows).
+    fn index_of(&self, table: &Table) -> Option<String> {
+        let snapshot = table.metadata().current_snapshot_id()?;
+        Some(self.index_words(table.metadata().uuid(), snapshot))
+    }
+
+    fn index_words(&self, uuid: uuid::Uuid, snapshot: i64) -> String {
+        let key: Vec<String> = self
+            .key_fields
+            .iter()
+            .map(|&i| {
+                let field = self.schema.field(i);
+                format!("{:?}:{}", field_id(field), field.data_type())
+            })
+            .collect();
+        format!("{uuid}/{snapshot}/{}", key.join(","))
+    }
+
+    /// Persists the key index in its state folder, when it holds exactly
+    /// the table's last snapshot this process committed or opened (nothing
+    /// staged since); the next start on that snapshot restores it instead
+    /// of reading every key. The table is of no more use after it.
+    pub async fn persist_index(&mut self, lake: &Lake) -> Result<bool> {
+        let (Some(snapshot), Some(_), false) = (self.exact_at, &self.state, self.staged) else {
+            return Ok(false);
+        };
+        let table = lake.catalog_table(&self.ident).await?;
+        let of = self.index_words(table.metadata().uuid(), snapshot);
+        std::mem::take(&mut self.index)
+            .persist(&of)
+            .map_err(|e| e.with_context("table", &self.ident))?;
+        self.exact_at = None;
+        Ok(true)
     }
 
     pub fn ident(&self) -> &TableIdent {
@@ -204,6 +288,21 @@ impl SilverTable {
         self.index.live_rows()
     }
 
+    /// The live data and delete files, as [`Self::file_counts`] tells them.
+    async fn count_files(&mut self, table: &Table) -> Result<()> {
+        let tasks = planned_files(table).await?;
+        let deletes: std::collections::HashSet<&str> = tasks
+            .iter()
+            .flat_map(|t| t.deletes.iter().map(|d| d.file_path.as_str()))
+            .collect();
+        self.files = FileCounts {
+            data: tasks.len(),
+            deletes: deletes.len(),
+            commits: 0,
+        };
+        Ok(())
+    }
+
     async fn rebuild_index(&mut self, table: &Table) -> Result<()> {
         let tasks = planned_files(table).await?;
         let mut deletes_by_file: HashMap<Arc<str>, Vec<i64>> = HashMap::new();
@@ -223,11 +322,7 @@ impl SilverTable {
                 }
             }
         }
-        self.files = FileCounts {
-            data: tasks.len(),
-            deletes: delete_files_read.len(),
-            commits: 0,
-        };
+        self.count_files(table).await?;
         for task in tasks {
             let deleted: std::collections::HashSet<i64> = deletes_by_file
                 .remove(task.data_file_path.as_str())
@@ -440,7 +535,12 @@ impl SilverTable {
     /// came after. The batch's files written before are left out of it,
     /// for the orphan sweep (docs/tables.md, Snapshot expiry).
     pub fn delete_all(&mut self) {
-        self.index = KeyIndex::default();
+        self.staged = true;
+        self.exact_at = None;
+        self.index = match &self.state {
+            Some(state) => KeyIndex::in_folder(state.clone(), MEMORY_ENTRIES),
+            None => KeyIndex::default(),
+        };
         self.replace_all = true;
         self.written.clear();
         self.deletes.clear();
@@ -455,6 +555,7 @@ impl SilverTable {
     /// batch is written to data files as it grows; nothing is visible until
     /// [`Self::commit`].
     pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
+        self.staged = true;
         self.finish_load_file().await?;
         match change.op {
             Op::Truncate => self.delete_all(),
@@ -534,6 +635,7 @@ impl SilverTable {
         columns: &[ArrayRef],
         verbatim: &Verbatim,
     ) -> Result<()> {
+        self.staged = true;
         let rows = columns.first().map_or(0, |c| c.len());
         let mut out: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
         for field in self.schema.fields() {
@@ -685,7 +787,9 @@ impl SilverTable {
             replace_all,
             ..RowDelta::default()
         };
-        commit_row_delta(lake, &self.ident, &delta).await?;
+        let committed = commit_row_delta(lake, &self.ident, &delta).await?;
+        self.exact_at = follows(self.exact_at, &committed);
+        self.staged = false;
         Ok(())
     }
 
@@ -781,6 +885,14 @@ fn key_projection(file: &SchemaDescriptor, keys: &ArrowSchema) -> ProjectionMask
         })
     });
     ProjectionMask::leaves(file, leaves.map(|(i, _)| i))
+}
+
+/// The snapshot `committed` made, when it builds on `before` (no other
+/// writer's commit between): what an index exact at `before` is exact at
+/// once it took the commit's changes.
+fn follows(before: Option<i64>, committed: &Table) -> Option<i64> {
+    let snapshot = committed.metadata().current_snapshot()?;
+    (snapshot.parent_snapshot_id() == before).then_some(snapshot.snapshot_id())
 }
 
 fn missing_image(change: &Change) -> Error {

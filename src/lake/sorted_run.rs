@@ -42,6 +42,8 @@ pub enum Slot {
 pub struct Run {
     file: File,
     path: PathBuf,
+    /// Kept on disk when dropped: part of a persisted index.
+    kept: bool,
     /// First key and byte range of every block, in key order.
     blocks: Vec<(Key, u64, u32)>,
     bloom: Bloom,
@@ -84,9 +86,65 @@ impl Run {
         Ok(Run {
             file,
             path,
+            kept: false,
             blocks,
             bloom,
         })
+    }
+
+    /// Opens a run written before, by another process perhaps: its block
+    /// index and Bloom filter rebuilt from one sequential read (blocks are
+    /// cut as [`Self::write`] cuts them). A run opened is kept on disk
+    /// only when [`Self::keep`] says so again.
+    pub fn open(path: PathBuf) -> io::Result<Run> {
+        let file = File::options().read(true).open(&path)?;
+        // One pass counts the keys (to size the filter), one builds.
+        let mut keys = 0;
+        each_key(&file, |_| keys += 1)?;
+        let mut bloom = Bloom::new(keys);
+        let mut blocks: Vec<(Key, u64, u32)> = Vec::new();
+        let mut block_len = 0usize;
+        let mut offset = 0u64;
+        each_key(&file, |key| {
+            let size = ENTRY_FIXED + key.len();
+            if block_len > 0 && block_len + size > BLOCK {
+                if let Some(last) = blocks.last_mut() {
+                    last.2 = block_len as u32;
+                }
+                offset += block_len as u64;
+                block_len = 0;
+            }
+            if block_len == 0 {
+                blocks.push((Key::from_slice(key), offset, 0));
+            }
+            block_len += size;
+            bloom.insert(key);
+        })?;
+        if let Some(last) = blocks.last_mut() {
+            last.2 = block_len as u32;
+        }
+        Ok(Run {
+            file,
+            path,
+            kept: false,
+            blocks,
+            bloom,
+        })
+    }
+
+    /// Leaves the file on disk when the run is dropped.
+    pub fn keep(&mut self) {
+        self.kept = true;
+    }
+
+    /// Syncs the file to disk.
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_all()
+    }
+
+    /// The file's name in its folder.
+    pub fn file_name(&self) -> Option<&str> {
+        self.path.file_name()?.to_str()
     }
 
     /// What this run says of `key`, if anything.
@@ -136,8 +194,10 @@ impl Run {
 
 impl Drop for Run {
     fn drop(&mut self) {
-        // The index is rebuilt at every start: a run is never needed again.
-        let _ = std::fs::remove_file(&self.path);
+        // Unless persisted, a run is never needed again.
+        if !self.kept {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
 
@@ -172,6 +232,31 @@ impl Iterator for RunIter<'_> {
             self.block += 1;
             self.at = 0;
         }
+    }
+}
+
+/// Calls `f` with each entry's key of a run file, in order, reading it
+/// sequentially.
+fn each_key(mut file: &File, mut f: impl FnMut(&[u8])) -> io::Result<()> {
+    io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
+    let mut reader = io::BufReader::with_capacity(1 << 16, file);
+    let mut entry = Vec::with_capacity(BLOCK);
+    loop {
+        let mut len = [0u8; 4];
+        match io::Read::read_exact(&mut reader, &mut len) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let key_len = u32::from_le_bytes(len) as usize;
+        entry.clear();
+        entry.extend_from_slice(&len);
+        entry.resize(ENTRY_FIXED + key_len, 0);
+        io::Read::read_exact(&mut reader, &mut entry[4..])?;
+        let (key, _) = Entries { rest: &entry }
+            .next_entry()?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a corrupt key index run"))?;
+        f(key);
     }
 }
 
@@ -321,6 +406,32 @@ mod tests {
         let path = dir.path().join("r");
         drop(run);
         assert!(!path.exists(), "a dropped run removes its file");
+    }
+
+    #[test]
+    fn a_run_opened_again_finds_what_it_was_written_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut entries: Vec<(Key, Slot)> = (0..3_000u64)
+            .map(|i| (key(3 * i), if i % 4 == 0 { Slot::Gone } else { live(i) }))
+            .collect();
+        entries.push((Key::from_slice(&[0xff; 6000]), live(2)));
+        let path = dir.path().join("r");
+        let mut written = Run::write(path.clone(), 1, entries.iter().cloned().map(Ok)).unwrap();
+        let places = |run: &Run| -> Vec<(Key, u64, u32)> { run.blocks.clone() };
+        let blocks = places(&written);
+        written.keep();
+        drop(written);
+        let opened = Run::open(path.clone()).unwrap();
+        assert!(places(&opened) == blocks, "the blocks are cut as they were");
+        let mut buf = Vec::new();
+        for (k, slot) in &entries {
+            assert_eq!(opened.get(k, &mut buf).unwrap(), Some(*slot));
+        }
+        assert_eq!(opened.get(&key(1), &mut buf).unwrap(), None);
+        drop(opened);
+        assert!(!path.exists(), "opened and dropped without keep: removed");
+        std::fs::write(&path, b"\x05\0\0\0ab").unwrap();
+        assert!(Run::open(path).is_err(), "a torn run is an error");
     }
 
     #[test]

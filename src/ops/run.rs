@@ -216,5 +216,6 @@ async fn run_once(
     // Keepalives may have moved the slot past the last batch while idle.
     pipeline.confirmed(stream.confirmed());
     stream.stop().await?;
+    pipeline.persist_indexes().await;
     Ok(end)
 }

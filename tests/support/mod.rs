@@ -26,7 +26,7 @@ pub mod readers;
 pub mod reconcile;
 
 pub use python::python;
-pub use readers::{bronze_ops, duckdb, id_plan_pairs, id_plan_rows, pyiceberg};
+pub use readers::{bronze_ops, duckdb, id_plan_pairs, id_plan_rows, pyiceberg, tamper};
 pub use reconcile::assert_reconciled;
 
 /// Users with a password, one per authentication method.

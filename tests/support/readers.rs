@@ -25,6 +25,14 @@ pub async fn pyiceberg(lake: &std::path::Path, table: &str, mode: &str) -> Value
     read_with("read_lake.py", &[&lake.display().to_string(), table, mode]).await
 }
 
+/// Changes a silver table behind wal2iceberg's back through pyiceberg
+/// (tests/support/tamper.py: `delete <id>`, `rewrite <id> <column>
+/// <text>`); how many rows of the key it holds after.
+pub async fn tamper(lake: &std::path::Path, table: &str, args: &[&str]) -> Value {
+    let lake = lake.display().to_string();
+    read_with("tamper.py", &[&[lake.as_str(), table][..], args].concat()).await
+}
+
 /// The `_cdc_op` of each row of a bronze table through pyiceberg, in the
 /// order it gives them (commit LSN, then seq): `rrud`.
 pub async fn bronze_ops(lake: &std::path::Path, table: &str) -> String {

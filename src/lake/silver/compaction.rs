@@ -18,7 +18,9 @@ use arrow_select::filter::filter_record_batch;
 use iceberg::spec::ManifestContentType;
 use iceberg::table::Table;
 
-use super::{Key, SilverTable, lake_error, planned_files, read_parquet, read_position_deletes};
+use super::{
+    Key, SilverTable, follows, lake_error, planned_files, read_parquet, read_position_deletes,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::align::align;
@@ -254,18 +256,19 @@ impl SilverTable {
                 .unwrap_or_default(),
             ..RowDelta::default()
         };
-        if !commit_rewrite(lake, &table, &delta).await? {
+        let Some(committed) = commit_rewrite(lake, &table, &delta).await? else {
             // Another writer committed since the table was read: nothing
             // changed, and the next compaction waits for more files.
             tracing::warn!(table = %self.ident, "another writer committed during the compaction; it is left for later");
             self.files.commits = 0;
             return Ok(None);
-        }
+        };
         // The rows moved: the index follows only once that is committed.
         let old: Vec<&str> = removed_data.iter().map(String::as_str).collect();
         self.index
             .move_files(&old, moves)
             .map_err(|e| e.with_context("table", &self.ident))?;
+        self.exact_at = follows(self.exact_at, &committed);
         self.files.data = layout.data.len() - done.data_files_removed + done.data_files_added;
         self.files.deletes =
             layout.deletes.len() - done.delete_files_removed + done.delete_files_added;
