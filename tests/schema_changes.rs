@@ -415,6 +415,71 @@ async fn a_resync_ahead_of_a_retype_keeps_the_retyped_columns_values_in_bronze()
     assert_verified(&db, &opts.capture.slot, dir.path()).await;
 }
 
+/// Columns narrowed at the source keep their wider fields; a resync's
+/// reload then widens its values into them (it stopped the run before).
+#[tokio::test]
+async fn a_resync_after_a_narrowing_widens_the_reloads_values_into_the_wider_fields() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, qty bigint, ratio float8, price numeric(12,4));
+         INSERT INTO orders SELECT i, i, i / 4.0, i * 1.25 FROM generate_series(1, 20) i;",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "narrow").await;
+    db.exec(
+        "ALTER TABLE orders ALTER qty TYPE int, ALTER ratio TYPE float4,
+                            ALTER price TYPE numeric(10,4);
+         UPDATE orders SET qty = 70 WHERE id = 7;",
+    )
+    .await;
+    let lake = dir.path().display().to_string();
+    let url = db.config_url();
+    for step in ["stream", "resync"] {
+        if step == "resync" {
+            let asked = cli(&[
+                "resync",
+                "--table",
+                "public.orders",
+                "--namespace",
+                "shop",
+                "--lake",
+                &lake,
+                "--source",
+                &url,
+            ])
+            .await;
+            assert!(
+                asked.status.success(),
+                "{}",
+                String::from_utf8_lossy(&asked.stderr)
+            );
+        }
+        let ran = cli(&binary_run(&db, &opts, dir.path())).await;
+        assert!(
+            ran.status.success(),
+            "{step}: {}",
+            String::from_utf8_lossy(&ran.stderr)
+        );
+        assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    }
+    let bronze = schema(dir.path(), BRONZE).await;
+    assert_eq!(bronze["types"]["qty"], json!("long"), "{bronze}");
+    assert_eq!(bronze["types"]["ratio"], json!("double"));
+    assert_eq!(bronze["types"]["price"], json!("decimal(12, 4)"));
+    let reloaded: Vec<Value> = pyiceberg(dir.path(), BRONZE, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["_cdc_op"] == "r" && r["id"] == json!(7))
+        .cloned()
+        .collect();
+    assert_eq!(reloaded.len(), 2, "the load and the reload");
+    assert_eq!(reloaded[1]["qty"], json!(70));
+    assert_eq!(reloaded[1]["ratio"], json!(1.75));
+    assert_verified(&db, &opts.capture.slot, dir.path()).await;
+}
+
 #[tokio::test]
 async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stream_carries() {
     let db = TestDb::new().await;

@@ -610,6 +610,22 @@ fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
     if array.data_type() == to {
         return Ok(array.clone());
     }
+    // A column narrowed at the source keeps its wider field (lake/evolve):
+    // its values widen into it, exactly.
+    let widens = match (array.data_type(), to) {
+        (DataType::Int32, DataType::Int64) | (DataType::Float32, DataType::Float64) => true,
+        (DataType::Decimal128(p, s), DataType::Decimal128(q, t)) => s == t && q >= p,
+        _ => false,
+    };
+    if widens {
+        return arrow_cast::cast(array, to).map_err(|e| {
+            Error::new(
+                ErrorKind::Lake,
+                format!("cannot widen a {} array to {to}", array.data_type()),
+            )
+            .with_source(e)
+        });
+    }
     match (array.as_list_opt::<i32>(), to) {
         (Some(list), DataType::List(element)) => Ok(Arc::new(
             ListArray::try_new(
@@ -941,7 +957,45 @@ mod tests {
         );
     }
 
-    /// `_cdc_verbatim` as silver's schema maps it to Arrow.
+    #[test]
+    fn a_narrowed_columns_values_widen_into_its_field_and_nothing_else_converts() {
+        use arrow_array::{Float32Array, Int32Array, Int64Array};
+        let column = |name: &str, t: DataType| Arc::new(Field::new(name, t, true));
+        let source = vec![
+            column("b", DataType::Int32),
+            column("f", DataType::Float32),
+            column("d", DataType::Decimal128(10, 4)),
+        ];
+        let arrays: Vec<ArrayRef> = vec![
+            Arc::new(Int32Array::from(vec![Some(7), None])),
+            Arc::new(Float32Array::from(vec![1.5, -2.25])),
+            Arc::new(
+                Decimal128Array::from(vec![12_345, -1])
+                    .with_precision_and_scale(10, 4)
+                    .unwrap(),
+            ),
+        ];
+        let wide = |name: &str, t: DataType| {
+            load_source_column(&Field::new(name, t, true), &source, &arrays, 2).unwrap()
+        };
+        let b = wide("b", DataType::Int64);
+        let b = b.as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!((b.value(0), b.is_null(1)), (7, true));
+        assert_eq!(
+            wide("f", DataType::Float64)
+                .as_primitive::<Float64Type>()
+                .value(1),
+            -2.25
+        );
+        let d = wide("d", DataType::Decimal128(12, 4));
+        assert_eq!(d.as_primitive::<Decimal128Type>().value(0), 12_345);
+        let narrower = Field::new("b", DataType::Int16, true);
+        assert!(load_source_column(&narrower, &source, &arrays, 2).is_err());
+        let rescaled = Field::new("d", DataType::Decimal128(12, 2), true);
+        assert!(load_source_column(&rescaled, &source, &arrays, 2).is_err());
+    }
+
+    /// `_cdc_verbatim` as silver's schema maps it to Arrow.    /// `_cdc_verbatim` as silver's schema maps it to Arrow.
     fn verbatim_field() -> FieldRef {
         use crate::cdc::relation::fixtures::{column, relation};
         use crate::cdc::value::PgType;

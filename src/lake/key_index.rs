@@ -62,8 +62,9 @@ pub struct KeyIndex {
     runs: Vec<(Run, u32)>,
     dir: RunsDir,
     runs_written: u64,
-    /// Entries written to runs, by spills and merges.
+    /// Entries written to runs, by spills and merges, and their bytes.
     entries_written: u64,
+    bytes_written: u64,
     live: usize,
     files: Vec<FileSlot>,
     free: Vec<u32>,
@@ -95,6 +96,7 @@ impl KeyIndex {
             dir: RunsDir::Temporary(None),
             runs_written: 0,
             entries_written: 0,
+            bytes_written: 0,
             live: 0,
             files: Vec::new(),
             free: Vec::new(),
@@ -388,6 +390,7 @@ impl KeyIndex {
         let path = self.next_path()?;
         self.entries_written += entries.len() as u64;
         let run = Run::write(path, entries.len(), entries.into_iter().map(Ok))?;
+        self.bytes_written += run.bytes();
         self.runs.push((run, 0));
         while let Some(tier) = self.full_tier() {
             let from = self.runs.len() - FANOUT;
@@ -405,6 +408,7 @@ impl KeyIndex {
                     .inspect(|_| written += 1),
             )?;
             self.entries_written += written;
+            self.bytes_written += merged.bytes();
             self.runs.truncate(from);
             self.runs.push((merged, tier + 1));
         }
@@ -425,6 +429,11 @@ impl KeyIndex {
     /// entries spilled, how many times each was written.
     pub fn entries_written(&self) -> u64 {
         self.entries_written
+    }
+
+    /// Bytes written to runs so far, by spills and merges.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
     }
 
     fn next_path(&mut self) -> io::Result<std::path::PathBuf> {

@@ -137,6 +137,13 @@ impl Run {
         self.kept = true;
     }
 
+    /// The file's size in bytes.
+    pub fn bytes(&self) -> u64 {
+        self.blocks
+            .last()
+            .map_or(0, |(_, offset, len)| offset + u64::from(*len))
+    }
+
     /// Syncs the file to disk.
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_all()
