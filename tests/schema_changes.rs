@@ -480,6 +480,71 @@ async fn a_resync_after_a_narrowing_widens_the_reloads_values_into_the_wider_fie
     assert_verified(&db, &opts.capture.slot, dir.path()).await;
 }
 
+/// An update that leaves a TOAST value unchanged, right after a change
+/// that makes silver wait for a reload (a retype Iceberg cannot promote, a
+/// changed key), in the same transaction or the next: the run streams it
+/// again after the resync and fills it from bronze's history (it stopped
+/// the run before).
+#[tokio::test]
+async fn an_unchanged_toast_value_after_a_change_that_reloads_silver_keeps_the_run_going() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, c int, big text NOT NULL);
+         ALTER TABLE orders ALTER COLUMN big SET STORAGE EXTERNAL;
+         INSERT INTO orders SELECT i, i, repeat(md5(i::text), 300) FROM generate_series(1, 5) i;",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "toast").await;
+    let slot = opts.capture.slot.clone();
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 5).await;
+    db.exec(
+        "BEGIN;
+         ALTER TABLE orders ALTER c TYPE text;
+         UPDATE orders SET c = 'retyped' WHERE id = 2;
+         COMMIT;
+         UPDATE orders SET c = 'next' WHERE id = 3;",
+    )
+    .await;
+    applied(&db, &slot).await;
+    db.exec(
+        "ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (id, c);
+         UPDATE orders SET c = 'rekeyed' WHERE id = 4;",
+    )
+    .await;
+    applied(&db, &slot).await;
+    running
+        .await
+        .unwrap()
+        .expect("the run keeps running through the change");
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let source: std::collections::HashMap<i32, String> = db
+        .client
+        .query("SELECT id, big FROM orders", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let updates: Vec<Value> = pyiceberg(dir.path(), BRONZE, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["_cdc_op"] == "u")
+        .cloned()
+        .collect();
+    assert_eq!(updates.len(), 3, "{updates:?}");
+    for row in updates {
+        let id = row["id"].as_i64().unwrap() as i32;
+        assert_eq!(
+            row["big"].as_str(),
+            Some(source[&id].as_str()),
+            "the value of {id}"
+        );
+    }
+    assert_verified(&db, &slot, dir.path()).await;
+}
+
 #[tokio::test]
 async fn renames_followed_by_more_ddl_are_told_exactly_from_the_numbers_the_stream_carries() {
     let db = TestDb::new().await;

@@ -58,6 +58,11 @@ pub(crate) struct Pipeline<'r> {
     /// Whether this run asked for a resync itself (a new column with a
     /// default), to be done at the next transaction boundary.
     pub(super) resync_asked: bool,
+    /// A change met while its silver waits for a reload carries an
+    /// unchanged TOAST value no before image holds: the open batch is
+    /// abandoned for the resync, whose start fills it from bronze's
+    /// history as it streams the change again.
+    pub(super) replay_after_resync: bool,
     /// What all runs of this process did so far.
     pub(super) report: &'r mut RunReport,
 }
@@ -94,6 +99,7 @@ impl<'r> Pipeline<'r> {
             state_dir: options.state_dir.clone(),
             resyncing: HashMap::new(),
             resync_asked: false,
+            replay_after_resync: false,
             report,
         }
     }
@@ -162,6 +168,13 @@ impl Pipeline<'_> {
                     settled &= !matches!(event, Event::Change(_));
                     policy.saw(&event, now);
                     self.take(event).await?;
+                    if self.replay_after_resync {
+                        tracing::info!(
+                            changes = self.batch_changes,
+                            "an unchanged TOAST value while silver waits for its reload: the open batch is streamed again after the resync"
+                        );
+                        return Ok(StreamEnd::Resync);
+                    }
                     policy.after_event(
                         now,
                         self.batch_end.is_some(),
@@ -288,7 +301,13 @@ impl Pipeline<'_> {
                     // Silver, about to be reloaded, may be keyed otherwise
                     // than the change: what a before image holds, else the
                     // values stay marked not sent.
-                    Some(_) if sink.reloading => change.fill_unchanged_from_before_image(),
+                    Some(_) if sink.reloading => {
+                        change.fill_unchanged_from_before_image();
+                        if change.has_unchanged_toast() {
+                            self.replay_after_resync = true;
+                            return Ok(0);
+                        }
+                    }
                     Some(silver) if to_bronze => {
                         sink.gap
                             .fill_unchanged(&self.lake, &sink.bronze, silver, &mut change)

@@ -165,6 +165,14 @@ impl Change {
         }
     }
 
+    /// Whether the after image holds an unchanged TOAST value not filled.
+    pub fn has_unchanged_toast(&self) -> bool {
+        self.after
+            .iter()
+            .flatten()
+            .any(|d| matches!(d, Datum::UnchangedToast))
+    }
+
     /// The error for an unchanged TOAST value whose current value is not
     /// known: never write a placeholder or a guess in its place.
     pub fn unfilled(&self, column: &str) -> Error {
