@@ -523,13 +523,30 @@ async fn a_lost_slot_is_never_replaced_under_a_loaded_lake() {
     let slot = unique("lost");
     let opts = options(&db, &slot, dir.path());
     run(&db.config, &opts).await.unwrap();
-    db.exec(&format!("SELECT pg_drop_replication_slot('{slot}')"))
-        .await;
+    // As teardown leaves the source: slot and publication gone.
+    db.exec(&format!(
+        "SELECT pg_drop_replication_slot('{slot}'); DROP PUBLICATION {};",
+        opts.capture.publication
+    ))
+    .await;
     db.exec("UPDATE customers SET plan = 'pro'").await;
     let err = run(&db.config, &opts).await.unwrap_err().to_string();
     assert!(
         err.contains("does not exist") && err.contains("gap") && err.contains("public.customers"),
         "{err}"
+    );
+    let publications: i64 = db
+        .client
+        .query_one(
+            "SELECT count(*) FROM pg_publication WHERE pubname = $1",
+            &[&opts.capture.publication],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        publications, 0,
+        "refused before it made the publication again"
     );
     assert_eq!(
         db.confirmed_flush(&slot).await,

@@ -207,6 +207,22 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }
+    // Before anything is created: a lake that holds tables from a slot
+    // that is gone cannot go on from a new one.
+    let existing = source::slot_info(&client, &options.slot).await?;
+    let held = options.held_tables.as_deref();
+    if let (None, Some(table)) = (&existing, held.and_then(|h| h.first())) {
+        return Err(Error::new(
+            ErrorKind::Slot,
+            format!(
+                "replication slot {:?} does not exist, but the lake already holds {table}: a new \
+                 slot would start after a gap in its history. If the slot was dropped on purpose, \
+                 remove the lake's tables (or choose another lake or namespace) and run again to \
+                 load from a new snapshot",
+                options.slot
+            ),
+        ));
+    }
     if options.manage_publication {
         source::ensure_publication(&client, &options.publication, &options.tables).await?;
         source::ensure_partition_rows(&client, &options.tables).await?;
@@ -230,7 +246,6 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             ));
         }
     }
-    let existing = source::slot_info(&client, &options.slot).await?;
     let catalog = Catalog::new(client);
     let mut connection = ReplicationConnection::connect(config).await?;
     let identity = connection.identify_system().await?;
@@ -248,7 +263,6 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         messages: options.messages,
         streaming: options.streaming,
     };
-    let held = options.held_tables.as_deref();
     if let Some(info) = existing {
         tracing::info!(
             slot = %options.slot,
@@ -285,18 +299,6 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
                 tables: options.tables.clone(),
             },
         });
-    }
-    if let Some(table) = held.and_then(|h| h.first()) {
-        return Err(Error::new(
-            ErrorKind::Slot,
-            format!(
-                "replication slot {:?} does not exist, but the lake already holds {table}: a new \
-                 slot would start after a gap in its history. If the slot was dropped on purpose, \
-                 remove the lake's tables (or choose another lake or namespace) and run again to \
-                 load from a new snapshot",
-                options.slot
-            ),
-        ));
     }
     let created = connection
         .create_slot(&options.slot, options.temporary_slot)
