@@ -1181,6 +1181,37 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
         "header, two loads, an update, a delete: {bronze}"
     );
 
+    // Schema changes since: a snapshot before them shows the columns of
+    // its time, under their names then.
+    db.exec(
+        "ALTER TABLE customers ADD COLUMN note text;
+         ALTER TABLE customers RENAME COLUMN plan TO tier;
+         UPDATE customers SET note = 'n', tier = 'gold' WHERE id = 1;",
+    )
+    .await;
+    let (code, _, stderr) = run(&args).await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, then_again, stderr) = show(&["--as-of", &loaded_at, "--format", "json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(serde_json::from_str::<Value>(&then_again).unwrap(), then);
+    let (code, history, stderr) = run(&[
+        "show",
+        "customers_changes",
+        "--lake",
+        &lake_path,
+        "--as-of",
+        &loaded_at,
+        "--format",
+        "csv",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        history.lines().count(),
+        3,
+        "header and the two loads: {history}"
+    );
+
     let (code, _, stderr) = show(&["--as-of", "0/1"]).await;
     assert_ne!(code, 0);
     assert!(stderr.contains("no snapshot as of"), "{stderr}");

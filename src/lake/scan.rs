@@ -12,8 +12,10 @@ use futures_util::{StreamExt, TryStreamExt};
 use iceberg::scan::FileScanTask;
 use iceberg::table::Table;
 
+use std::sync::Arc;
+
 use arrow_array::RecordBatch;
-use arrow_schema::DataType;
+use arrow_schema::{DataType, Schema as ArrowSchema};
 
 use super::align::align;
 use super::catalog::iceberg_error;
@@ -23,8 +25,29 @@ use crate::error::{Error, ErrorKind, Result};
 /// Batches of rows, in no particular order.
 pub type Rows = BoxStream<'static, Result<RecordBatch>>;
 
+/// The Arrow schema of the table as `snapshot` has it (the current one
+/// when `None`): the columns of that time, under their names then.
+pub fn schema_at(table: &Table, snapshot: Option<i64>) -> Result<Arc<ArrowSchema>> {
+    let Some(id) = snapshot else {
+        return arrow_schema(table);
+    };
+    let metadata = table.metadata();
+    let schema = metadata
+        .snapshot_by_id(id)
+        .and_then(|s| s.schema_id())
+        .and_then(|schema| metadata.schema_by_id(schema))
+        .unwrap_or_else(|| metadata.current_schema());
+    iceberg::arrow::schema_to_arrow_schema(schema)
+        .map(Arc::new)
+        .map_err(|e| {
+            iceberg_error(e, "cannot convert the table schema to Arrow")
+                .with_context("table", table.identifier())
+        })
+}
+
 /// The `columns` of the table's rows at `snapshot` (the current one when
-/// `None`), positional deletes applied.
+/// `None`; the columns as that snapshot's schema names them), positional
+/// deletes applied.
 pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> Result<Rows> {
     let ident = table.identifier().clone();
     let context = move |e: iceberg::Error| {
@@ -35,7 +58,7 @@ pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> R
         builder = builder.snapshot_id(id);
     }
     let scan = builder.build().map_err(context.clone())?;
-    let schema = arrow_schema(table)?;
+    let schema = schema_at(table, snapshot)?;
     let indices = columns
         .iter()
         .map(|c| schema.index_of(c))
@@ -45,7 +68,7 @@ pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> R
                 .with_context("table", table.identifier())
                 .with_source(e)
         })?;
-    let target = std::sync::Arc::new(schema.project(&indices).map_err(|e| {
+    let target = Arc::new(schema.project(&indices).map_err(|e| {
         Error::new(ErrorKind::Lake, "cannot project the table's schema").with_source(e)
     })?);
     if !target

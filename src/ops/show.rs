@@ -25,9 +25,9 @@ use iceberg::table::Table;
 use crate::cdc::temporal::{MICROS_PER_DAY, PG_EPOCH_DAYS, format_date, format_pg_timestamp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
-use crate::lake::scan::scan;
+use crate::lake::scan::{scan, schema_at};
 use crate::lake::schema::{COMMIT_LSN, LSN, SEQ};
-use crate::lake::writer::{SUMMARY_COMMIT_LSN, arrow_schema};
+use crate::lake::writer::SUMMARY_COMMIT_LSN;
 use crate::pg::lsn::Lsn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,16 +77,17 @@ impl Default for ShowOptions {
 /// The table's rows printed as `options` say.
 pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Result<String> {
     let table = lake.catalog_table(ident).await?;
-    let full = arrow_schema(&table)?;
+    let snapshot = options
+        .as_of
+        .map(|lsn| snapshot_as_of(&table, lsn))
+        .transpose()?;
+    // The columns of that time, under their names then.
+    let full = schema_at(&table, snapshot)?;
     let columns: Vec<&str> = if options.columns.is_empty() {
         full.fields().iter().map(|f| f.name().as_str()).collect()
     } else {
         options.columns.iter().map(String::as_str).collect()
     };
-    let snapshot = options
-        .as_of
-        .map(|lsn| snapshot_as_of(&table, lsn))
-        .transpose()?;
     let selected: Vec<String> = columns.iter().map(|c| (*c).to_owned()).collect();
     let batches: Vec<RecordBatch> = scan(&table, snapshot, &selected)
         .await?
