@@ -117,26 +117,45 @@ impl Metrics {
             lake_table_bytes: Family::default(),
         };
         let r = &mut m.registry;
-        r.register(
-            "wal2iceberg_replication_lag_bytes",
-            "WAL written by the source and not yet confirmed by the slot",
-            m.replication_lag_bytes.clone(),
-        );
-        r.register(
-            "wal2iceberg_retained_wal_bytes",
-            "WAL the slot keeps on the source's disk (current LSN - restart_lsn)",
-            m.retained_wal_bytes.clone(),
-        );
-        r.register(
-            "wal2iceberg_retained_wal_over_threshold",
-            "1 while the retained WAL is above retained_wal_warn_bytes",
-            m.retained_wal_over_threshold.clone(),
-        );
-        r.register(
-            "wal2iceberg_seconds_behind",
-            "age of the oldest source commit received and not yet visible in the lake; 0 when none",
-            m.seconds_behind.clone(),
-        );
+        for (name, help, gauge) in [
+            (
+                "wal2iceberg_replication_lag_bytes",
+                "WAL written by the source and not yet confirmed by the slot",
+                &m.replication_lag_bytes,
+            ),
+            (
+                "wal2iceberg_retained_wal_bytes",
+                "WAL the slot keeps on the source's disk (current LSN - restart_lsn)",
+                &m.retained_wal_bytes,
+            ),
+            (
+                "wal2iceberg_retained_wal_over_threshold",
+                "1 while the retained WAL is above retained_wal_warn_bytes",
+                &m.retained_wal_over_threshold,
+            ),
+        ] {
+            r.register(name, help, gauge.clone());
+        }
+        for (name, help, seconds) in [
+            (
+                "wal2iceberg_seconds_behind",
+                "age of the oldest source commit received and not yet visible in the lake; 0 \
+                 when none",
+                &m.seconds_behind,
+            ),
+            (
+                "wal2iceberg_last_compaction_timestamp_seconds",
+                "when the last compaction committed (0: none yet)",
+                &m.last_compaction,
+            ),
+            (
+                "wal2iceberg_last_expiry_timestamp_seconds",
+                "when the automatic snapshot expiry last ran (0: not yet)",
+                &m.last_expiry,
+            ),
+        ] {
+            r.register(name, help, seconds.clone());
+        }
         // Before anything is in the lake there is no last commit: no sample.
         r.register(
             "wal2iceberg_last_source_commit_age_seconds",
@@ -183,16 +202,6 @@ impl Metrics {
         ] {
             r.register(name, help, counter.clone());
         }
-        r.register(
-            "wal2iceberg_last_compaction_timestamp_seconds",
-            "when the last compaction committed (0: none yet)",
-            m.last_compaction.clone(),
-        );
-        r.register(
-            "wal2iceberg_last_expiry_timestamp_seconds",
-            "when the automatic snapshot expiry last ran (0: not yet)",
-            m.last_expiry.clone(),
-        );
         r.register(
             "wal2iceberg_silver_files",
             "live files of each silver table, by source table and content",

@@ -451,18 +451,7 @@ mod silver {
             delete_files >= 3,
             "1,000 deletes held 300 at a time: {delete_files} delete files"
         );
-        let mut read = pyiceberg(dir.path(), "shop.accounts", "rows")
-            .await
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| {
-                (
-                    r["id"].as_i64().unwrap(),
-                    r["plan"].as_str().unwrap().to_owned(),
-                )
-            })
-            .collect::<Vec<_>>();
+        let mut read = id_plan_rows(dir.path(), "shop.accounts").await;
         read.sort();
         let expected: Vec<(i64, String)> = (1..=100).map(|i| (i * 10, "kept".to_owned())).collect();
         assert_eq!(read, expected);

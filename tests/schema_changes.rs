@@ -51,6 +51,39 @@ async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
     );
 }
 
+/// The reads (`r` rows: loads and reloads) of `id` among bronze's `rows`.
+fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["_cdc_op"] == "r" && r["id"] == json!(id))
+        .cloned()
+        .collect()
+}
+
+/// `wal2iceberg resync --table public.orders` on the lake at `lake`.
+async fn request_resync(db: &TestDb, lake: &std::path::Path) {
+    let lake = lake.display().to_string();
+    let url = db.config_url();
+    let asked = cli(&[
+        "resync",
+        "--table",
+        "public.orders",
+        "--namespace",
+        "shop",
+        "--lake",
+        &lake,
+        "--source",
+        &url,
+    ])
+    .await;
+    assert!(
+        asked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&asked.stderr)
+    );
+}
+
 /// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
 /// publication, into the lake at `lake`, ending when idle.
 fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<String> {
@@ -350,25 +383,7 @@ async fn a_resync_ahead_of_a_retype_keeps_the_retyped_columns_values_in_bronze()
          ALTER TABLE orders ADD COLUMN flag int DEFAULT 5;",
     )
     .await;
-    let lake = dir.path().display().to_string();
-    let url = db.config_url();
-    let asked = cli(&[
-        "resync",
-        "--table",
-        "public.orders",
-        "--namespace",
-        "shop",
-        "--lake",
-        &lake,
-        "--source",
-        &url,
-    ])
-    .await;
-    assert!(
-        asked.status.success(),
-        "{}",
-        String::from_utf8_lossy(&asked.stderr)
-    );
+    request_resync(&db, dir.path()).await;
     let ran = cli(&binary_run(&db, &opts, dir.path())).await;
     assert!(
         ran.status.success(),
@@ -396,16 +411,8 @@ async fn a_resync_ahead_of_a_retype_keeps_the_retyped_columns_values_in_bronze()
         pyiceberg(dir.path(), BRONZE, "rows").await,
         duckdb(dir.path(), BRONZE).await,
     ] {
-        let reads_of = |id: i64| -> Vec<Value> {
-            rows.as_array()
-                .unwrap()
-                .iter()
-                .filter(|r| r["_cdc_op"] == "r" && r["id"] == json!(id))
-                .cloned()
-                .collect()
-        };
         for (id, qty) in [(1, "101 pcs"), (2, "many"), (7, "7 pcs")] {
-            let reads = reads_of(id);
+            let reads = reads_of(&rows, id);
             assert_eq!(reads.len(), 2, "the load and the reload of {id}");
             assert_eq!(reads[0][&retired], json!(id), "the load of {id}");
             assert_eq!(reads[1]["qty"], json!(qty), "the reload of {id}: {rows}");
@@ -432,27 +439,9 @@ async fn a_resync_after_a_narrowing_widens_the_reloads_values_into_the_wider_fie
          UPDATE orders SET qty = 70 WHERE id = 7;",
     )
     .await;
-    let lake = dir.path().display().to_string();
-    let url = db.config_url();
     for step in ["stream", "resync"] {
         if step == "resync" {
-            let asked = cli(&[
-                "resync",
-                "--table",
-                "public.orders",
-                "--namespace",
-                "shop",
-                "--lake",
-                &lake,
-                "--source",
-                &url,
-            ])
-            .await;
-            assert!(
-                asked.status.success(),
-                "{}",
-                String::from_utf8_lossy(&asked.stderr)
-            );
+            request_resync(&db, dir.path()).await;
         }
         let ran = cli(&binary_run(&db, &opts, dir.path())).await;
         assert!(
@@ -466,14 +455,7 @@ async fn a_resync_after_a_narrowing_widens_the_reloads_values_into_the_wider_fie
     assert_eq!(bronze["types"]["qty"], json!("long"), "{bronze}");
     assert_eq!(bronze["types"]["ratio"], json!("double"));
     assert_eq!(bronze["types"]["price"], json!("decimal(12, 4)"));
-    let reloaded: Vec<Value> = pyiceberg(dir.path(), BRONZE, "rows")
-        .await
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|r| r["_cdc_op"] == "r" && r["id"] == json!(7))
-        .cloned()
-        .collect();
+    let reloaded = reads_of(&pyiceberg(dir.path(), BRONZE, "rows").await, 7);
     assert_eq!(reloaded.len(), 2, "the load and the reload");
     assert_eq!(reloaded[1]["qty"], json!(70));
     assert_eq!(reloaded[1]["ratio"], json!(1.75));

@@ -65,29 +65,25 @@ impl Run {
             .open(&path)?;
         let mut out = BufWriter::with_capacity(1 << 16, &file);
         let mut bloom = Bloom::new(expected);
-        let mut blocks: Vec<(Key, u64, u32)> = Vec::new();
+        let mut blocks = Blocks::default();
         let mut block = Vec::with_capacity(BLOCK);
-        let mut offset = 0u64;
         for entry in entries {
             let (key, slot) = entry?;
-            let size = ENTRY_FIXED + key.len();
-            if !block.is_empty() && block.len() + size > BLOCK {
-                offset = flush_block(&mut out, &mut block, &mut blocks, offset)?;
-            }
-            if block.is_empty() {
-                blocks.push((key.clone(), offset, 0));
+            if blocks.place(&key) {
+                out.write_all(&block)?;
+                block.clear();
             }
             bloom.insert(&key);
             encode(&mut block, &key, slot)?;
         }
-        flush_block(&mut out, &mut block, &mut blocks, offset)?;
+        out.write_all(&block)?;
         out.flush()?;
         drop(out);
         Ok(Run {
             file,
             path,
             kept: false,
-            blocks,
+            blocks: blocks.finish(),
             bloom,
         })
     }
@@ -102,32 +98,16 @@ impl Run {
         let mut keys = 0;
         each_key(&file, |_| keys += 1)?;
         let mut bloom = Bloom::new(keys);
-        let mut blocks: Vec<(Key, u64, u32)> = Vec::new();
-        let mut block_len = 0usize;
-        let mut offset = 0u64;
+        let mut blocks = Blocks::default();
         each_key(&file, |key| {
-            let size = ENTRY_FIXED + key.len();
-            if block_len > 0 && block_len + size > BLOCK {
-                if let Some(last) = blocks.last_mut() {
-                    last.2 = block_len as u32;
-                }
-                offset += block_len as u64;
-                block_len = 0;
-            }
-            if block_len == 0 {
-                blocks.push((Key::from_slice(key), offset, 0));
-            }
-            block_len += size;
+            blocks.place(key);
             bloom.insert(key);
         })?;
-        if let Some(last) = blocks.last_mut() {
-            last.2 = block_len as u32;
-        }
         Ok(Run {
             file,
             path,
             kept: false,
-            blocks,
+            blocks: blocks.finish(),
             bloom,
         })
     }
@@ -267,22 +247,45 @@ fn each_key(mut file: &File, mut f: impl FnMut(&[u8])) -> io::Result<()> {
     }
 }
 
-fn flush_block(
-    out: &mut impl Write,
-    block: &mut Vec<u8>,
-    blocks: &mut [(Key, u64, u32)],
+/// Where a run's blocks begin and end: an entry goes to the current block
+/// unless it would overflow it, and never straddles two.
+#[derive(Default)]
+struct Blocks {
+    /// First key, offset and length of each block.
+    index: Vec<(Key, u64, u32)>,
+    /// The current block's length so far, and where it begins.
+    len: usize,
     offset: u64,
-) -> io::Result<u64> {
-    if block.is_empty() {
-        return Ok(offset);
+}
+
+impl Blocks {
+    /// Places an entry of `key`; true when it begins a new block, the one
+    /// before being complete.
+    fn place(&mut self, key: &[u8]) -> bool {
+        let size = ENTRY_FIXED + key.len();
+        let new = self.len > 0 && self.len + size > BLOCK;
+        if new {
+            self.close();
+        }
+        if self.len == 0 {
+            self.index.push((Key::from_slice(key), self.offset, 0));
+        }
+        self.len += size;
+        new
     }
-    out.write_all(block)?;
-    if let Some(last) = blocks.last_mut() {
-        last.2 = block.len() as u32;
+
+    fn close(&mut self) {
+        if let Some(last) = self.index.last_mut() {
+            last.2 = self.len as u32;
+        }
+        self.offset += self.len as u64;
+        self.len = 0;
     }
-    let next = offset + block.len() as u64;
-    block.clear();
-    Ok(next)
+
+    fn finish(mut self) -> Vec<(Key, u64, u32)> {
+        self.close();
+        self.index
+    }
 }
 
 fn encode(out: &mut Vec<u8>, key: &[u8], slot: Slot) -> io::Result<()> {
