@@ -411,9 +411,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Check { settings: args } => {
             let settings = settings(args)?;
-            let mut options = capture_options(&settings).await?;
-            // What `run` checks: its tables go to the lake.
-            options.to_lake = true;
+            // What `run` checks, on the tables it would take: those the
+            // lake holds from the slot too, under their Iceberg names.
+            let run_options = RunOptions {
+                namespace: settings.namespace.clone(),
+                table_names: settings.table_names.clone(),
+                ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
+            };
+            let (_, _, options) =
+                wal2iceberg::ops::run::settle(&settings.source, &run_options).await?;
             let failures = capture::check(&settings.source, &options).await?;
             if failures.is_empty() {
                 outln!("all checks passed: {}", settings.source);

@@ -302,6 +302,19 @@ async fn check_lists_failures_with_fixes_and_exits_non_zero() {
     db.exec("ALTER TABLE nokey REPLICA IDENTITY FULL").await;
     let (code, stdout, _) = run(&["check", "--source", &url, "--tables", "nokey"]).await;
     assert_eq!(code, 0, "{stdout}");
+
+    // What run refuses before its preflight, check refuses too: two
+    // tables of one Iceberg name.
+    db.exec(
+        "CREATE SCHEMA sales; CREATE TABLE sales.x(id int PRIMARY KEY);
+         CREATE TABLE public.sales__x(id int PRIMARY KEY);",
+    )
+    .await;
+    let tables = "sales.x,public.sales__x";
+    let (code, _, stderr) = run(&["check", "--source", &url, "--tables", tables]).await;
+    let (run_code, _, run_stderr) = run(&["run", "--source", &url, "--tables", tables]).await;
+    assert_eq!((code, run_code), (2, 2), "{stderr}\n{run_stderr}");
+    assert!(stderr.contains("would both use"), "{stderr}");
 }
 
 #[tokio::test]

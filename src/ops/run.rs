@@ -5,21 +5,23 @@
 //! the capture, loads what needs a load, and streams; a lost connection
 //! or a resync starts it over.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use iceberg::NamespaceIdent;
 use tokio::time::Instant;
 
 use crate::apply::monitor::{self, MonitorOptions};
 use crate::apply::naming::names;
 use crate::apply::table_set;
 use crate::apply::{Pipeline, StreamEnd};
-use crate::cdc::capture::{self, Capture, preflight_error};
+use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
 use crate::cdc::snapshot::SnapshotLoad;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::lock::WriterLock;
 use crate::pg::config::PgConfig;
-use crate::pg::source::{self, SourceClient};
+use crate::pg::source::{self, SourceClient, TableName};
 
 pub use crate::apply::naming::{iceberg_name, idents};
 pub use crate::apply::{
@@ -114,14 +116,16 @@ async fn wait_for_slot_release(config: &PgConfig, slot: &str) {
     }
 }
 
-/// One connection's worth of the pipeline; `started` is set once the
-/// stream runs, and `total` gathers what was applied.
-async fn run_once(
+/// The tables a run takes, settled before anything is created: those
+/// named and every table the lake holds from the slot (under its name at
+/// the source now), with their Iceberg names; the lake's namespace and the
+/// capture's options for them. Refused here: two tables of one Iceberg
+/// name, a renamed table named by an old name another table has now, a
+/// held table dropped and created again. `check` settles them the same way.
+pub async fn settle(
     config: &PgConfig,
     options: &RunOptions,
-    started: &mut bool,
-    total: &mut RunReport,
-) -> Result<StreamEnd> {
+) -> Result<(NamespaceIdent, HashMap<TableName, String>, CaptureOptions)> {
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
     // Every table the lake holds from this slot, named or not: the slot's
     // position is shared, and confirming past a table's changes loses them.
@@ -168,13 +172,25 @@ async fn run_once(
         chosen.insert(held.table, held.iceberg);
     }
     let names = names(&tables, &chosen)?;
+    let mut capture_options = options.capture.clone();
+    capture_options.to_lake = true;
+    capture_options.tables = tables;
+    Ok((namespace, names, capture_options))
+}
+
+/// One connection's worth of the pipeline; `started` is set once the
+/// stream runs, and `total` gathers what was applied.
+async fn run_once(
+    config: &PgConfig,
+    options: &RunOptions,
+    started: &mut bool,
+    total: &mut RunReport,
+) -> Result<StreamEnd> {
+    let (namespace, names, mut capture_options) = settle(config, options).await?;
     // Every check before anything is created or changed at the source or
     // in the lake: a run refused here leaves no slot, publication, lake
     // folder or table behind; `check` gives the same answer. A second run
     // on the same slot and lake is told about the lake too.
-    let mut capture_options = options.capture.clone();
-    capture_options.to_lake = true;
-    capture_options.tables = tables;
     let failures = capture::check(config, &capture_options).await?;
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
