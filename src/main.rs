@@ -12,6 +12,7 @@ use wal2iceberg::lake::catalog::{Lake, LakeLocation};
 use wal2iceberg::lake::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
+use wal2iceberg::lake::lock::WriterLock;
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
@@ -535,6 +536,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             }
             let lake = lake_args.open().await?;
             let idents = lake_args.idents(&lake, &tables).await?;
+            // Beside a run its commits would win every race, for nothing:
+            // a run expires its tables itself.
+            let _locks = WriterLock::acquire_all(&lake_args.location(), &idents)?;
             let retention = Retention {
                 older_than,
                 retain_last,

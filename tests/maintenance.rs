@@ -64,6 +64,24 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
         "{stderr}"
     );
     assert!(run.try_wait().unwrap().is_none(), "the run goes on");
+    // So is a manual expiry, at once, rather than losing every race to
+    // the run's commits.
+    let lake = oracle.lake.path().display().to_string();
+    let expire = cli(&[
+        "expire-snapshots",
+        "--older-than",
+        "1s",
+        "--lake",
+        &lake,
+        "--namespace",
+        NAMESPACE,
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&expire.stderr);
+    assert!(
+        !expire.status.success() && stderr.contains("another wal2iceberg process"),
+        "{stderr}"
+    );
 
     oracle.stop_workload().await;
     run.kill().await.unwrap();

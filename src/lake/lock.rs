@@ -1,4 +1,4 @@
-//! One writer per namespace of a lake. `run` and `compact` hold an
+//! One writer per namespace of a lake. `run`, `compact` and `expire-snapshots` hold an
 //! exclusive lock on a file beside the catalog (`<catalog>.<namespace>.lock`)
 //! while they write: a compaction must never move rows under a running
 //! pipeline's key index, and two runs (on two slots) must never write the
@@ -8,7 +8,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::PathBuf;
 
-use iceberg::NamespaceIdent;
+use iceberg::{NamespaceIdent, TableIdent};
 
 use super::catalog::LakeLocation;
 use crate::error::{Error, ErrorKind, Result};
@@ -23,6 +23,19 @@ impl WriterLock {
     /// Takes the lock of `namespace`, or fails at once naming what holds it.
     /// The catalog's folder is created when missing (a new lake), so the
     /// lock can be taken before the lake is opened.
+    /// The locks of every namespace of `tables`, for maintenance that
+    /// writes them.
+    pub fn acquire_all(lake: &LakeLocation, tables: &[TableIdent]) -> Result<Vec<WriterLock>> {
+        let mut namespaces: Vec<&NamespaceIdent> =
+            tables.iter().map(TableIdent::namespace).collect();
+        namespaces.sort_by_key(|n| n.join("."));
+        namespaces.dedup();
+        namespaces
+            .into_iter()
+            .map(|namespace| WriterLock::acquire(lake, namespace))
+            .collect()
+    }
+
     pub fn acquire(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<WriterLock> {
         let path = lock_path(lake, namespace);
         let io = |e: std::io::Error| {
@@ -43,8 +56,9 @@ impl WriterLock {
             Ok(()) => Ok(WriterLock { _file: file }),
             Err(TryLockError::WouldBlock) => Err(Error::new(
                 ErrorKind::Lake,
-                "another wal2iceberg process (a run or a compact) writes this namespace of the \
-                 lake: a run compacts its tables itself; stop the other process first",
+                "another wal2iceberg process (a run, compact or expire-snapshots) writes this \
+                 namespace of the lake: a run compacts its tables and expires their snapshots \
+                 itself; stop the other process first",
             )
             .with_context("namespace", namespace.join("."))
             .with_context("lock", path.display())),

@@ -4,8 +4,6 @@
 //! in rounds until nothing is left to merge. It holds the lake's writer lock, so it never runs beside
 //! a run on the same namespace.
 
-use std::collections::HashMap;
-
 use iceberg::TableIdent;
 
 use crate::error::Result;
@@ -25,13 +23,7 @@ pub async fn compact(
     location: &LakeLocation,
     idents: &[TableIdent],
 ) -> Result<Vec<(TableIdent, Compacted)>> {
-    let mut locks = HashMap::new();
-    for ident in idents {
-        if !locks.contains_key(ident.namespace()) {
-            let lock = WriterLock::acquire(location, ident.namespace())?;
-            locks.insert(ident.namespace().clone(), lock);
-        }
-    }
+    let _locks = WriterLock::acquire_all(location, idents)?;
     let mut done = Vec::new();
     for ident in idents {
         let table = lake.catalog_table(ident).await?;
