@@ -378,6 +378,28 @@ async fn the_key_index_persisted_at_a_clean_stop_is_restored_only_at_its_snapsho
     let fourth = run_once().await;
     assert!(fourth.contains("silver key index rebuilt"), "{fourth}");
     assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
+
+    // A resync's reload replaces every row: its index is exact, and kept.
+    let asked = cli(&[
+        "resync",
+        "--table",
+        "public.accounts",
+        "--namespace",
+        "shop",
+        "--lake",
+        &lake,
+        "--source",
+        &url,
+    ])
+    .await;
+    assert_success(&asked);
+    run_once().await;
+    let after_resync = run_once().await;
+    assert!(
+        after_resync.contains("silver key index restored"),
+        "{after_resync}"
+    );
+    assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
     let left: Vec<_> = std::fs::read_dir(&folder)
         .unwrap()
         .map(|e| e.unwrap().file_name())

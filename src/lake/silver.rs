@@ -788,7 +788,12 @@ impl SilverTable {
             ..RowDelta::default()
         };
         let committed = commit_row_delta(lake, &self.ident, &delta).await?;
-        self.exact_at = follows(self.exact_at, &committed);
+        // A snapshot that replaces every row holds exactly the index's,
+        // whatever it builds on.
+        self.exact_at = match replace_all {
+            true => committed.metadata().current_snapshot_id(),
+            false => follows(self.exact_at, &committed),
+        };
         self.staged = false;
         Ok(())
     }
