@@ -570,6 +570,30 @@ async fn a_lost_slot_is_never_replaced_under_a_loaded_lake() {
         publications, 0,
         "refused before it made the publication again"
     );
+    // check says so too, where it said all was well.
+    let lake = dir.path().display().to_string();
+    let url = db.config_url();
+    let checked = cli(&[
+        "check",
+        "--source",
+        &url,
+        "--slot",
+        &slot,
+        "--publication",
+        &opts.capture.publication,
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--tables",
+        "public.customers",
+    ])
+    .await;
+    let said = String::from_utf8_lossy(&checked.stdout);
+    assert!(
+        checked.status.code() == Some(1) && said.contains("[slot_lost]"),
+        "{said}"
+    );
     assert_eq!(
         db.confirmed_flush(&slot).await,
         None,

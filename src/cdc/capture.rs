@@ -200,6 +200,38 @@ async fn preflight(client: &SourceClient, options: &CaptureOptions) -> Result<Ve
     .await
 }
 
+/// What to do about a lost slot under a loaded lake.
+const LOST_SLOT_FIX: &str = "If the slot was dropped on purpose, remove the lake's tables (or \
+     choose another lake or namespace) and run again to load from a new snapshot";
+
+fn lost_slot_problem(slot: &str, table: &TableName) -> String {
+    format!(
+        "replication slot {slot:?} does not exist, but the lake already holds {table}: a new \
+         slot would start after a gap in its history."
+    )
+}
+
+/// `check`'s word on the slot a lake's `held` tables came from: a failure
+/// when it is gone, as [`open`] refuses then.
+pub async fn lost_slot(
+    config: &PgConfig,
+    slot: &str,
+    held: &[TableName],
+) -> Result<Option<CheckFailure>> {
+    let Some(table) = held.first() else {
+        return Ok(None);
+    };
+    let client = SourceClient::connect(config).await?;
+    if source::slot_info(&client, slot).await?.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(CheckFailure {
+        check: "slot_lost",
+        problem: lost_slot_problem(slot, table),
+        fix: LOST_SLOT_FIX.to_owned(),
+    }))
+}
+
 pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture> {
     options.validate()?;
     let client = Arc::new(SourceClient::connect(config).await?);
@@ -215,11 +247,8 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         return Err(Error::new(
             ErrorKind::Slot,
             format!(
-                "replication slot {:?} does not exist, but the lake already holds {table}: a new \
-                 slot would start after a gap in its history. If the slot was dropped on purpose, \
-                 remove the lake's tables (or choose another lake or namespace) and run again to \
-                 load from a new snapshot",
-                options.slot
+                "{} {LOST_SLOT_FIX}",
+                lost_slot_problem(&options.slot, table)
             ),
         ));
     }

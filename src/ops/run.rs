@@ -122,10 +122,7 @@ async fn wait_for_slot_release(config: &PgConfig, slot: &str) {
 /// capture's options for them. Refused here: two tables of one Iceberg
 /// name, a renamed table named by an old name another table has now, a
 /// held table dropped and created again. `check` settles them the same way.
-pub async fn settle(
-    config: &PgConfig,
-    options: &RunOptions,
-) -> Result<(NamespaceIdent, HashMap<TableName, String>, CaptureOptions)> {
+pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> {
     let namespace = namespace(options.namespace.as_deref().unwrap_or(&config.dbname));
     // Every table the lake holds from this slot, named or not: the slot's
     // position is shared, and confirming past a table's changes loses them.
@@ -157,6 +154,7 @@ pub async fn settle(
         tables.retain(|t| t != old);
         chosen.remove(old);
     }
+    let held_tables = held.iter().map(|h| h.table.clone()).collect();
     for held in held {
         if !tables.contains(&held.table) {
             if held.renamed_from.is_none() {
@@ -172,10 +170,26 @@ pub async fn settle(
         chosen.insert(held.table, held.iceberg);
     }
     let names = names(&tables, &chosen)?;
-    let mut capture_options = options.capture.clone();
-    capture_options.to_lake = true;
-    capture_options.tables = tables;
-    Ok((namespace, names, capture_options))
+    let mut capture = options.capture.clone();
+    capture.to_lake = true;
+    capture.tables = tables;
+    Ok(Settled {
+        namespace,
+        names,
+        capture,
+        held: held_tables,
+    })
+}
+
+/// What [`settle`] settled.
+pub struct Settled {
+    pub namespace: NamespaceIdent,
+    /// The Iceberg name of each table.
+    pub names: HashMap<TableName, String>,
+    /// The capture's options for the tables.
+    pub capture: CaptureOptions,
+    /// The tables the lake holds from the slot.
+    pub held: Vec<TableName>,
 }
 
 /// One connection's worth of the pipeline; `started` is set once the
@@ -186,7 +200,12 @@ async fn run_once(
     started: &mut bool,
     total: &mut RunReport,
 ) -> Result<StreamEnd> {
-    let (namespace, names, mut capture_options) = settle(config, options).await?;
+    let Settled {
+        namespace,
+        names,
+        capture: mut capture_options,
+        ..
+    } = settle(config, options).await?;
     // Every check before anything is created or changed at the source or
     // in the lake: a run refused here leaves no slot, publication, lake
     // folder or table behind; `check` gives the same answer. A second run
