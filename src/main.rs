@@ -658,7 +658,11 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
     let options = wal2iceberg::ops::teardown::TeardownOptions {
         slot: slot.clone(),
         publication: publication.clone(),
-        drop_tables: drop_tables.then_some((settings.lake.clone(), lake_namespace)),
+        drop_tables: drop_tables.then_some((
+            settings.lake.clone(),
+            lake_namespace,
+            settings.state_dir.clone(),
+        )),
     };
     let report = wal2iceberg::ops::teardown::teardown(config, &options).await?;
     outln!(
@@ -741,6 +745,7 @@ async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCo
         namespace: settings.lake_namespace(),
         lake: settings.lake.clone(),
         publication: settings.publication.clone(),
+        state_dir: settings.state_dir.clone(),
         table,
     };
     let report = wal2iceberg::ops::drop_table::drop_table(&settings.source, &options).await?;

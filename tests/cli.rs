@@ -1876,9 +1876,16 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
     assert!(stderr.contains("lock"), "{stderr}");
     shutdown.request();
     pipeline.await.unwrap().unwrap();
+    let kept = dir.path().join("state/shop/orders");
+    assert!(
+        kept.join("index.json").exists(),
+        "the clean stop kept the key index"
+    );
 
     let (code, stdout, stderr) = run(&drop).await;
     assert_eq!(code, 0, "{stderr}");
+    assert!(!kept.exists(), "the key index goes with the table");
+    assert!(dir.path().join("state/shop/customers").exists());
     assert!(
         stdout.contains("table shop.orders_changes: dropped")
             && stdout.contains("table shop.orders: dropped")

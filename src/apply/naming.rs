@@ -18,6 +18,32 @@ pub fn iceberg_name(table: &TableName) -> String {
     }
 }
 
+/// The folder of the state directory where a silver table's key index is
+/// kept between runs: `<state_dir>/<namespace>/<table>`; the namespace's
+/// when `silver` is `None`.
+pub fn state_folder(
+    state_dir: &std::path::Path,
+    namespace: &iceberg::NamespaceIdent,
+    silver: Option<&str>,
+) -> std::path::PathBuf {
+    let folder = state_dir.join(namespace.to_url_string());
+    match silver {
+        Some(table) => folder.join(table),
+        None => folder,
+    }
+}
+
+/// Removes a state folder of [`state_folder`] and all in it, if it exists.
+pub fn remove_state_folder(folder: &std::path::Path) -> Result<()> {
+    match std::fs::remove_dir_all(folder) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::new(ErrorKind::Io, "cannot delete the state folder")
+            .with_context("folder", folder.display())
+            .with_source(e)),
+    }
+}
+
 /// Bronze and silver of `table`, named as `names` (from `names`) says.
 pub fn idents(
     namespace: &iceberg::NamespaceIdent,

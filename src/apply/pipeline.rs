@@ -9,7 +9,7 @@ use std::time::Duration;
 use iceberg::TableIdent;
 use tokio::time::Instant;
 
-use super::naming::idents;
+use super::naming::{idents, state_folder};
 use super::policy::{FlushPolicy, IDLE_COMPACTION_FLUSHES, Step};
 use super::resync;
 use super::sink::{TableSink, wants};
@@ -407,10 +407,7 @@ impl Pipeline<'_> {
         }
         let (bronze, silver) = self.idents(&relation.name);
         let resync = self.resyncing.get(&relation.name).cloned();
-        let state = self
-            .state_dir
-            .join(silver.namespace().to_url_string())
-            .join(silver.name());
+        let state = state_folder(&self.state_dir, silver.namespace(), Some(silver.name()));
         let sink = TableSink::open(
             &self.lake,
             (bronze, silver),

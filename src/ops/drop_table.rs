@@ -7,6 +7,7 @@
 use iceberg::NamespaceIdent;
 
 use super::teardown::drop_with_files;
+use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::apply::table_set;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
@@ -22,6 +23,8 @@ pub struct DropTableOptions {
     pub lake: LakeLocation,
     pub namespace: NamespaceIdent,
     pub publication: String,
+    /// The state directory, where its silver's key index is kept.
+    pub state_dir: std::path::PathBuf,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -59,13 +62,18 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
         None => table_set::recorded_name(&lake, &options.namespace, &options.table, None).await?,
     };
     let mut report = DropTableReport::default();
-    for ident in [format!("{name}_changes"), name] {
+    for ident in [format!("{name}_changes"), name.clone()] {
         let ident = iceberg::TableIdent::new(options.namespace.clone(), ident);
         if lake.table_if_exists(&ident).await?.is_some() {
             drop_with_files(&lake, &ident).await?;
             report.dropped.push(ident.to_string());
         }
     }
+    remove_state_folder(&state_folder(
+        &options.state_dir,
+        &options.namespace,
+        Some(&name),
+    ))?;
     let client = SourceClient::connect(config).await?;
     report.publication = leave_publication(&client, &options.publication, &options.table).await?;
     Ok(report)

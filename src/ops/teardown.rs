@@ -7,6 +7,7 @@
 
 use iceberg::{Catalog, NamespaceIdent, TableIdent};
 
+use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::pg::config::PgConfig;
@@ -17,7 +18,9 @@ pub struct TeardownOptions {
     pub slot: String,
     pub publication: String,
     /// Also drop every table of this lake namespace, files included.
-    pub drop_tables: Option<(LakeLocation, NamespaceIdent)>,
+    /// The lake, the namespace and the state directory, whose folder of
+    /// the namespace goes too.
+    pub drop_tables: Option<(LakeLocation, NamespaceIdent, std::path::PathBuf)>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -108,8 +111,9 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
             }
         };
     }
-    if let Some((lake, namespace)) = &options.drop_tables {
+    if let Some((lake, namespace, state_dir)) = &options.drop_tables {
         report.tables_dropped = drop_tables(lake, namespace).await?;
+        remove_state_folder(&state_folder(state_dir, namespace, None))?;
     }
     Ok(report)
 }
