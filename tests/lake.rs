@@ -396,6 +396,28 @@ mod silver {
         rows.iter().map(|(i, p)| (*i, (*p).to_owned())).collect()
     }
 
+    /// Silver of `public.<table>` in a new lake, loaded from a fresh slot's
+    /// initial load; the lake's folder, the lake, silver and the stream
+    /// after the load.
+    async fn loaded_silver(
+        db: &TestDb,
+        table: &str,
+    ) -> (
+        tempfile::TempDir,
+        Lake,
+        SilverTable,
+        wal2iceberg::cdc::stream::ChangeStream,
+    ) {
+        let (load, stream) = open_fresh(db, &db.options(&[table])).await;
+        let relation = changes(&load)[0].relation.clone();
+        let dir = tempfile::tempdir().unwrap();
+        let lake = Lake::open_embedded(dir.path()).await.unwrap();
+        let ident = TableIdent::new(namespace("shop"), table.into());
+        let mut silver = SilverTable::open(&lake, ident, &relation).await.unwrap();
+        apply(&mut silver, &lake, &load).await;
+        (dir, lake, silver, stream)
+    }
+
     async fn apply(silver: &mut SilverTable, lake: &Lake, events: &[Event]) {
         for change in changes(events) {
             let mut change = change.clone();
@@ -429,13 +451,7 @@ mod silver {
              INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, 1000) g;",
         )
         .await;
-        let (load, mut stream) = open_fresh(&db, &db.options(&["accounts"])).await;
-        let relation = changes(&load)[0].relation.clone();
-        let dir = tempfile::tempdir().unwrap();
-        let lake = Lake::open_embedded(dir.path()).await.unwrap();
-        let ident = TableIdent::new(namespace("shop"), "accounts".into());
-        let mut silver = SilverTable::open(&lake, ident, &relation).await.unwrap();
-        apply(&mut silver, &lake, &load).await;
+        let (dir, lake, mut silver, mut stream) = loaded_silver(&db, "accounts").await;
         silver.hold_deletes(300);
         // One transaction (a multi-statement query is one).
         db.exec("DELETE FROM accounts WHERE id % 10 <> 0; UPDATE accounts SET plan = 'kept'")
@@ -842,13 +858,7 @@ mod silver {
         let db = TestDb::new().await;
         db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text NOT NULL); INSERT INTO customers VALUES (1,'free');")
             .await;
-        let (load, mut stream) = open_fresh(&db, &db.options(&["customers"])).await;
-        let relation = changes(&load)[0].relation.clone();
-        let dir = tempfile::tempdir().unwrap();
-        let lake = Lake::open_embedded(dir.path()).await.unwrap();
-        let ident = TableIdent::new(namespace("shop"), "customers".into());
-        let mut silver = SilverTable::open(&lake, ident, &relation).await.unwrap();
-        apply(&mut silver, &lake, &load).await;
+        let (dir, lake, mut silver, mut stream) = loaded_silver(&db, "customers").await;
 
         db.exec("INSERT INTO customers VALUES (7,'trial')").await;
         db.exec("UPDATE customers SET plan='pro' WHERE id=7").await;

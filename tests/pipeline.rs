@@ -380,19 +380,7 @@ async fn the_key_index_persisted_at_a_clean_stop_is_restored_only_at_its_snapsho
     assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
 
     // A resync's reload replaces every row: its index is exact, and kept.
-    let asked = cli(&[
-        "resync",
-        "--table",
-        "public.accounts",
-        "--namespace",
-        "shop",
-        "--lake",
-        &lake,
-        "--source",
-        &url,
-    ])
-    .await;
-    assert_success(&asked);
+    request_resync(&db, dir.path(), "public.accounts").await;
     run_once().await;
     let after_resync = run_once().await;
     assert!(

@@ -61,29 +61,6 @@ fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
         .collect()
 }
 
-/// `wal2iceberg resync --table public.orders` on the lake at `lake`.
-async fn request_resync(db: &TestDb, lake: &std::path::Path) {
-    let lake = lake.display().to_string();
-    let url = db.config_url();
-    let asked = cli(&[
-        "resync",
-        "--table",
-        "public.orders",
-        "--namespace",
-        "shop",
-        "--lake",
-        &lake,
-        "--source",
-        &url,
-    ])
-    .await;
-    assert!(
-        asked.status.success(),
-        "{}",
-        String::from_utf8_lossy(&asked.stderr)
-    );
-}
-
 /// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
 /// publication, into the lake at `lake`, ending when idle.
 fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<String> {
@@ -383,7 +360,7 @@ async fn a_resync_ahead_of_a_retype_keeps_the_retyped_columns_values_in_bronze()
          ALTER TABLE orders ADD COLUMN flag int DEFAULT 5;",
     )
     .await;
-    request_resync(&db, dir.path()).await;
+    request_resync(&db, dir.path(), "public.orders").await;
     let ran = cli(&binary_run(&db, &opts, dir.path())).await;
     assert!(
         ran.status.success(),
@@ -441,7 +418,7 @@ async fn a_resync_after_a_narrowing_widens_the_reloads_values_into_the_wider_fie
     .await;
     for step in ["stream", "resync"] {
         if step == "resync" {
-            request_resync(&db, dir.path()).await;
+            request_resync(&db, dir.path(), "public.orders").await;
         }
         let ran = cli(&binary_run(&db, &opts, dir.path())).await;
         assert!(

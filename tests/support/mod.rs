@@ -343,6 +343,25 @@ pub fn run_options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::P
     }
 }
 
+/// `wal2iceberg resync --table <table>` on the lake in `lake`, namespace
+/// `shop`; it must be accepted.
+pub async fn request_resync(db: &TestDb, lake: &std::path::Path, table: &str) {
+    let lake = lake.display().to_string();
+    let asked = cli(&[
+        "resync",
+        "--table",
+        table,
+        "--namespace",
+        "shop",
+        "--lake",
+        &lake,
+        "--source",
+        &db.config_url(),
+    ])
+    .await;
+    assert_success(&asked);
+}
+
 /// `wal2iceberg verify` of `tables` (`public.a,public.b`) on the lake in
 /// `lake`, namespace `shop`, whose run uses `slot`.
 pub async fn verify_lake(
