@@ -51,14 +51,18 @@ async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
     );
 }
 
-/// The reads (`r` rows: loads and reloads) of `id` among bronze's `rows`.
+/// The reads (`r` rows: loads and reloads) of `id` among bronze's `rows`,
+/// oldest first (DuckDB gives rows in no particular order).
 fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
-    rows.as_array()
+    let mut reads: Vec<Value> = rows
+        .as_array()
         .unwrap()
         .iter()
         .filter(|r| r["_cdc_op"] == "r" && r["id"] == json!(id))
         .cloned()
-        .collect()
+        .collect();
+    reads.sort_by_key(|r| r["_cdc_commit_lsn"].as_i64());
+    reads
 }
 
 /// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
