@@ -194,7 +194,7 @@ impl SilverTable {
         match restored {
             Some(index) => {
                 silver.index = index;
-                silver.count_files(&table).await?;
+                silver.count_files(&planned_files(&table).await?);
                 tracing::info!(table = %silver.ident, rows = silver.index.live_rows(), "silver key index restored");
             }
             None => {
@@ -288,9 +288,9 @@ impl SilverTable {
         self.index.live_rows()
     }
 
-    /// The live data and delete files, as [`Self::file_counts`] tells them.
-    async fn count_files(&mut self, table: &Table) -> Result<()> {
-        let tasks = planned_files(table).await?;
+    /// The live data and delete files of the table's planned `tasks`, as
+    /// [`Self::file_counts`] tells them.
+    fn count_files(&mut self, tasks: &[FileScanTask]) {
         let deletes: std::collections::HashSet<&str> = tasks
             .iter()
             .flat_map(|t| t.deletes.iter().map(|d| d.file_path.as_str()))
@@ -300,7 +300,6 @@ impl SilverTable {
             deletes: deletes.len(),
             commits: 0,
         };
-        Ok(())
     }
 
     async fn rebuild_index(&mut self, table: &Table) -> Result<()> {
@@ -322,7 +321,7 @@ impl SilverTable {
                 }
             }
         }
-        self.count_files(table).await?;
+        self.count_files(&tasks);
         for task in tasks {
             let deleted: std::collections::HashSet<i64> = deletes_by_file
                 .remove(task.data_file_path.as_str())
