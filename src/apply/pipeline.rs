@@ -357,12 +357,23 @@ impl Pipeline<'_> {
                     commit_ts: tx.commit_ts,
                 });
             }
+            Event::Rewritten {
+                tx,
+                table,
+                relation,
+                ..
+            } => {
+                if let Some(relation) = relation {
+                    self.follow_in_bronze(&relation, tx.commit_lsn).await?;
+                }
+                self.rewritten(&table, tx.commit_lsn).await?
+            }
             Event::Begin(_) | Event::Message { .. } => {}
         }
         Ok(taken)
     }
 
-    fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {
+    pub(super) fn idents(&self, table: &TableName) -> (TableIdent, TableIdent) {
         idents(&self.namespace, &self.names, table)
     }
 

@@ -128,6 +128,7 @@ pub struct Assembler<D = Catalog> {
     spools: HashMap<u32, Spool>,
     replay: Option<Replay>,
     ready: VecDeque<Event>,
+    rewritten: Option<ddl::Rewritten>,
 }
 
 impl<D: Describe> Assembler<D> {
@@ -152,6 +153,7 @@ impl<D: Describe> Assembler<D> {
             spools: HashMap::new(),
             replay: None,
             ready: VecDeque::new(),
+            rewritten: None,
         }
     }
 
@@ -372,9 +374,24 @@ impl<D: Describe> Assembler<D> {
                 }
                 relation::COLUMNS if m.transactional => {
                     match relation::parse_columns(&m.content) {
-                        Ok((table, columns)) => self.catalog.note_columns(table, columns),
+                        Ok((table, columns)) => {
+                            self.catalog.note_columns(table.clone(), columns.clone());
+                            if let Some((tx, _)) = tx {
+                                self.retyped(&table, &columns, tx, m.lsn).await?;
+                            }
+                        }
                         Err(e) => {
                             tracing::warn!(%lsn, error = %e, "a column-numbers message is not ours: ignored")
+                        }
+                    }
+                    return Ok(());
+                }
+                relation::REWRITE if m.transactional => {
+                    match (relation::parse_rewrite(&m.content), tx) {
+                        (Ok(tables), Some((tx, _))) => self.rewrote(tables, tx, m.lsn),
+                        (Ok(_), None) => {}
+                        (Err(e), _) => {
+                            tracing::warn!(%lsn, error = %e, "a rewrite message is not ours: ignored")
                         }
                     }
                     return Ok(());
@@ -618,6 +635,7 @@ fn out_of_order(what: &str, lsn: Lsn) -> Error {
     Error::new(ErrorKind::Protocol, format!("the server sent {what}")).with_context("lsn", lsn)
 }
 
+mod ddl;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod script;
 #[cfg(test)]

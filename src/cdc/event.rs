@@ -16,6 +16,7 @@ use super::temporal;
 pub use super::value::Datum;
 use crate::error::{Error, ErrorKind};
 use crate::pg::lsn::Lsn;
+use crate::pg::source::TableName;
 
 /// The kind of change, with the codes of the bronze `_cdc_op` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -198,6 +199,17 @@ pub enum Event {
         prefix: String,
         content: Vec<u8>,
     },
+    /// DDL of transaction `tx` rewrote a captured table's rows in place
+    /// (ALTER COLUMN ... TYPE, ADD COLUMN with a volatile default): no
+    /// change comes for them, and their values may differ after
+    /// ([`super::relation::REWRITE`]). Sent where the rewrite starts, and
+    /// again with the table's `relation` where the DDL ends.
+    Rewritten {
+        tx: TxInfo,
+        lsn: Lsn,
+        table: TableName,
+        relation: Option<Arc<RelationInfo>>,
+    },
     Commit {
         tx: TxInfo,
         /// The position to confirm once this transaction is durable.
@@ -231,6 +243,18 @@ impl Event {
                 "lsn": lsn.to_string(),
                 "prefix": prefix,
                 "content": String::from_utf8_lossy(content),
+            }),
+            Event::Rewritten {
+                tx,
+                lsn,
+                table,
+                relation,
+            } => json!({
+                "event": "rewrite",
+                "xid": tx.xid,
+                "lsn": lsn.to_string(),
+                "table": table.to_string(),
+                "columns": relation.as_ref().map(|r| r.columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>()),
             }),
             Event::Change(c) => {
                 let mut out = Map::new();

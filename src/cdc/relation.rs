@@ -226,12 +226,17 @@ pub struct Catalog {
 pub const COLUMNS: &str = "wal2iceberg.columns";
 
 /// A column as a [`COLUMNS`] message gives it: `[name, attnum,
-/// has_default]`, the last as [`ColumnFacts::has_default`].
+/// has_default, type_oid, type_modifier]`, `has_default` as
+/// [`ColumnFacts::has_default`]; the type since migration 006.
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct NotedColumn {
     name: String,
     attnum: i16,
     has_default: bool,
+    #[serde(default)]
+    type_oid: Option<u32>,
+    #[serde(default)]
+    type_modifier: Option<i32>,
 }
 
 /// A table's columns as a [`COLUMNS`] message gives them.
@@ -250,6 +255,70 @@ pub fn parse_columns(content: &[u8]) -> Result<(TableName, Vec<NotedColumn>)> {
         name: noted.table,
     };
     Ok((table, noted.columns))
+}
+
+/// The prefix of the message migration 006's event trigger writes before
+/// DDL rewrites a table's rows: `{"tables": [[schema, name], ...],
+/// "reason": n}`, the table and its partition ancestors.
+pub const REWRITE: &str = "wal2iceberg.rewrite";
+
+/// The reason bit of a rewrite that keeps every value: a new access
+/// method (`AT_REWRITE_ACCESS_METHOD`).
+const REWRITE_ACCESS_METHOD: i32 = 8;
+
+/// The tables a [`REWRITE`] message names, with their OIDs, whose values
+/// the rewrite may have changed: any but a new access method alone.
+pub fn parse_rewrite(content: &[u8]) -> Result<Vec<(TableName, u32)>> {
+    #[derive(serde::Deserialize)]
+    struct Rewrite {
+        tables: Vec<(String, String, u32)>,
+        reason: i32,
+    }
+    let rewrite: Rewrite = serde_json::from_slice(content).map_err(|e| {
+        Error::new(ErrorKind::Protocol, "a rewrite message is not ours").with_source(e)
+    })?;
+    if rewrite.reason & !REWRITE_ACCESS_METHOD == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(rewrite
+        .tables
+        .into_iter()
+        .map(|(schema, name, oid)| (TableName { schema, name }, oid))
+        .collect())
+}
+
+/// `table`'s Relation as a [`COLUMNS`] message gives its columns at a DDL
+/// statement, the rest from `base`, the table as last described: `None`
+/// when the message has no types (migration 005 without 006).
+pub fn relation_at_ddl(
+    base: &RelationInfo,
+    table: &TableName,
+    columns: &[NotedColumn],
+) -> Option<pgoutput::Relation> {
+    let columns = columns
+        .iter()
+        .map(|c| {
+            let is_key = base
+                .columns
+                .iter()
+                .find(|b| b.attnum == Some(c.attnum))
+                .or_else(|| base.columns.iter().find(|b| b.name == c.name))
+                .is_some_and(|b| b.is_identity_key);
+            Some(pgoutput::RelationColumn {
+                is_key,
+                name: c.name.clone(),
+                type_oid: c.type_oid?,
+                type_modifier: c.type_modifier?,
+            })
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(pgoutput::Relation {
+        oid: base.oid,
+        namespace: table.schema.clone(),
+        name: table.name.clone(),
+        replica_identity: base.replica_identity,
+        columns,
+    })
 }
 
 /// Domains over domains over arrays...: a bound against a cyclic catalog.
@@ -532,5 +601,54 @@ pub(crate) mod fixtures {
             replica_identity: b'd',
             columns,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{column, relation};
+    use super::*;
+
+    #[test]
+    fn a_columns_message_reads_with_and_without_types() {
+        let old = br#"{"schema": "public", "table": "customers", "columns": [["id", 1, false]]}"#;
+        let (table, columns) = parse_columns(old).unwrap();
+        assert_eq!(table.to_string(), "public.customers");
+        let base = relation(vec![column("id", PgType::Int4, -1, true)]);
+        assert!(relation_at_ddl(&base, &table, &columns).is_none());
+
+        let typed = br#"{"schema": "public", "table": "customers",
+                         "columns": [["id", 1, false, 20, -1], ["n", 3, true, 1700, 655366]]}"#;
+        let (table, columns) = parse_columns(typed).unwrap();
+        let mut base = base;
+        base.columns[0].attnum = Some(1);
+        let rel = relation_at_ddl(&base, &table, &columns).unwrap();
+        let shape: Vec<_> = rel
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.is_key, c.type_oid, c.type_modifier))
+            .collect();
+        assert_eq!(shape, [("id", true, 20, -1), ("n", false, 1700, 655366)]);
+        assert_eq!((rel.oid, rel.replica_identity), (1, b'd'));
+    }
+
+    #[test]
+    fn a_rewrite_that_keeps_every_value_names_no_table() {
+        let of = |reason: i32| {
+            let content = format!(
+                r#"{{"tables": [["public", "p", 7], ["public", "p1", 8]], "reason": {reason}}}"#
+            );
+            parse_rewrite(content.as_bytes()).unwrap()
+        };
+        assert!(of(REWRITE_ACCESS_METHOD).is_empty());
+        let named: Vec<_> = of(4)
+            .into_iter()
+            .map(|(t, oid)| (t.to_string(), oid))
+            .collect();
+        assert_eq!(
+            named,
+            [("public.p".to_owned(), 7), ("public.p1".to_owned(), 8)]
+        );
+        assert!(parse_rewrite(b"{}").is_err());
     }
 }

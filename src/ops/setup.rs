@@ -31,7 +31,8 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
         include_str!("../../migrations/003_wal2iceberg_publish_via_root.sql"),
     ),
     (source::PARTITION_ROWS_MIGRATION, source::PARTITION_ROWS_SQL),
-    (source::COLUMN_NUMBERS_MIGRATION, source::COLUMN_NUMBERS_SQL),
+    (source::COLUMN_NUMBERS.migration, source::COLUMN_NUMBERS.sql),
+    (source::REWRITES.migration, source::REWRITES.sql),
 ];
 
 pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {

@@ -654,42 +654,78 @@ pub const PARTITION_ROWS_MIGRATION: &str = "004_wal2iceberg_partition_rows.sql";
 pub const PARTITION_ROWS_SQL: &str =
     include_str!("../../migrations/004_wal2iceberg_partition_rows.sql");
 
-/// The event trigger that sends each table's column numbers after an
-/// ALTER TABLE ([`crate::cdc::relation::COLUMNS`]), and its migration.
-pub const COLUMN_NUMBERS_TRIGGER: &str = "wal2iceberg_columns";
-pub const COLUMN_NUMBERS_MIGRATION: &str = "005_wal2iceberg_column_numbers.sql";
-pub const COLUMN_NUMBERS_SQL: &str =
-    include_str!("../../migrations/005_wal2iceberg_column_numbers.sql");
+/// An event trigger wal2iceberg installs where it can (a superuser), and
+/// the migration that holds it.
+pub struct DdlTrigger {
+    pub name: &'static str,
+    pub migration: &'static str,
+    pub sql: &'static str,
+    /// What a run without it cannot see.
+    pub without: &'static str,
+}
 
-/// Installs the event trigger of [`COLUMN_NUMBERS_TRIGGER`] when it is
-/// missing and the role is a superuser; without it, renames are told by
-/// the catalog alone (docs/tables.md, Schema changes).
-pub async fn ensure_column_numbers(client: &Client) -> Result<()> {
-    let installed: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D')",
-            &[&COLUMN_NUMBERS_TRIGGER],
-        )
-        .await
-        .map_err(|e| postgres(e, "cannot read pg_event_trigger"))?
-        .get(0);
-    if installed {
+/// The event trigger that sends each table's column numbers after an
+/// ALTER TABLE ([`crate::cdc::relation::COLUMNS`]).
+pub const COLUMN_NUMBERS: DdlTrigger = DdlTrigger {
+    name: "wal2iceberg_columns",
+    migration: "005_wal2iceberg_column_numbers.sql",
+    sql: include_str!("../../migrations/005_wal2iceberg_column_numbers.sql"),
+    without: "a rename the stream meets after later DDL of its table is followed as a drop and an add",
+};
+
+/// The event trigger that marks where DDL rewrote a table's rows
+/// ([`crate::cdc::relation::REWRITE`]).
+pub const REWRITES: DdlTrigger = DdlTrigger {
+    name: "wal2iceberg_rewrites",
+    migration: "006_wal2iceberg_rewrites.sql",
+    sql: include_str!("../../migrations/006_wal2iceberg_rewrites.sql"),
+    without: "a retype whose USING changes values, and no change to the table follows, \
+              leaves silver with the old values until a resync",
+};
+
+/// Installs [`COLUMN_NUMBERS`] and [`REWRITES`], in order, when either is
+/// missing (the later migration also brings the earlier one's function up
+/// to date) and the role is a superuser; says what is not seen without
+/// them otherwise (docs/tables.md, Schema changes).
+pub async fn ensure_ddl_triggers(client: &Client) -> Result<()> {
+    let triggers = [COLUMN_NUMBERS, REWRITES];
+    let mut missing = Vec::new();
+    for trigger in &triggers {
+        let installed: bool = client
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = $1 AND evtenabled <> 'D')",
+                &[&trigger.name],
+            )
+            .await
+            .map_err(|e| postgres(e, "cannot read pg_event_trigger"))?
+            .get(0);
+        if !installed {
+            missing.push(trigger);
+        }
+    }
+    if missing.is_empty() {
         return Ok(());
     }
     if !is_superuser(client).await? {
-        tracing::info!(
-            "the event trigger {COLUMN_NUMBERS_TRIGGER} is not installed: a rename the stream              meets after later DDL of its table is followed as a drop and an add. Install it              with wal2iceberg setup as a superuser (migrations/{COLUMN_NUMBERS_MIGRATION})"
-        );
+        for trigger in missing {
+            tracing::info!(
+                "the event trigger {} is not installed: {}. Install it with wal2iceberg setup \
+                 as a superuser (migrations/{})",
+                trigger.name,
+                trigger.without,
+                trigger.migration
+            );
+        }
         return Ok(());
     }
-    client
-        .batch_execute(COLUMN_NUMBERS_SQL)
-        .await
-        .map_err(|e| {
-            postgres(e, "cannot install the column-numbers event trigger")
-                .with_context("file", COLUMN_NUMBERS_MIGRATION)
+    for trigger in &triggers {
+        client.batch_execute(trigger.sql).await.map_err(|e| {
+            postgres(e, "cannot install an event trigger").with_context("file", trigger.migration)
         })?;
-    tracing::info!("installed the event trigger that sends column numbers after each ALTER TABLE");
+    }
+    tracing::info!(
+        "installed the event triggers that mark schema changes and rewrites in the stream"
+    );
     Ok(())
 }
 

@@ -45,6 +45,10 @@ enum Seen {
         xid: Option<u32>,
         lsn: u64,
     },
+    Rewritten {
+        xid: u32,
+        lsn: u64,
+    },
     Commit {
         xid: u32,
         end_lsn: u64,
@@ -63,6 +67,10 @@ fn seen(event: &Event) -> Seen {
         },
         Event::Message { tx, lsn, .. } => Seen::Message {
             xid: tx.map(|t| t.xid),
+            lsn: lsn.0,
+        },
+        Event::Rewritten { tx, lsn, .. } => Seen::Rewritten {
+            xid: tx.xid,
             lsn: lsn.0,
         },
         Event::Commit { tx, end_lsn } => Seen::Commit {
