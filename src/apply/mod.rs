@@ -9,8 +9,9 @@
 //! initial load (`load`) takes the same path in runs of rows. `naming`
 //! says which Iceberg tables a source table lands in, `table_set` which
 //! tables a lake replicates from its slot, `resync` the requests for a
-//! table's reload that a run takes up, and `monitor` watches the slot's
-//! lag and retained WAL while a run streams.
+//! table's reload that a run takes up (`rewrite` makes one for DDL that
+//! rewrote a table's rows), and `monitor` watches the slot's lag and
+//! retained WAL while a run streams.
 //!
 //! Exactly once: every snapshot records the highest source commit LSN it
 //! fully contains. At start each table's recorded LSN is read back, and a
@@ -36,6 +37,7 @@ pub mod naming;
 mod pipeline;
 mod policy;
 pub mod resync;
+mod rewrite;
 mod sink;
 pub mod table_set;
 
