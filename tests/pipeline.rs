@@ -1174,3 +1174,81 @@ async fn a_column_added_with_a_default_reaches_the_rows_before_it_in_silver_by_a
     pipeline.await.unwrap().unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
 }
+
+/// A stream lost while a batch is open: the batch is taken out of
+/// silver's key index and the index persisted, so the reconnect restores
+/// it instead of reading every key again; nothing is lost or repeated.
+#[tokio::test]
+async fn a_stream_lost_mid_batch_hands_silvers_key_index_to_the_reconnect() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE accounts(id int PRIMARY KEY, plan text NOT NULL);
+         INSERT INTO accounts SELECT g, 'free' FROM generate_series(1, 6000) g;",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let lake = dir.path().display().to_string();
+    let slot = unique("handed");
+    let url = db.config_url();
+    let running = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([
+            "run",
+            "--source",
+            &url,
+            "--slot",
+            &slot,
+            "--lake",
+            &lake,
+            "--namespace",
+            "shop",
+            "--tables",
+            "public.accounts",
+            "--exit-when-idle",
+            "3s",
+        ])
+        .env("RUST_LOG", "wal2iceberg=info")
+        .env("WAL2ICEBERG_STALL", "stage:1")
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    db.wait_until_streaming(&slot).await;
+    // A batch of its own before: the commit the index goes back to.
+    db.exec("UPDATE accounts SET plan = 'pro' WHERE id <= 10")
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // One transaction of 6,000 changes, staged at 1 ms each, while the
+    // stream buffers at most 4,096 messages: the walsender, terminated
+    // once part of it is staged, ends the stream mid-batch.
+    db.exec("UPDATE accounts SET plan = 'team' WHERE id > 5; DELETE FROM accounts WHERE id = 3")
+        .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let terminated: Option<bool> = db
+        .client
+        .query_one(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(terminated, Some(true), "the walsender was running");
+    let out = running.wait_with_output().await.unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    let after = &said[said.find("reconnecting").expect("the stream was lost")..];
+    assert!(
+        said.contains("the open batch was taken out of silver's key index")
+            && after.contains("silver key index restored")
+            && !after.contains("key index rebuilt"),
+        "{said}"
+    );
+    assert_reconciled(&db, "accounts", dir.path(), "shop.accounts").await;
+    let ops = bronze_ops(dir.path(), "shop.accounts_changes").await;
+    assert_eq!(
+        ops.matches('u').count(),
+        10 + 5995,
+        "each update once: {ops}"
+    );
+    assert_eq!(ops.matches('d').count(), 1);
+}

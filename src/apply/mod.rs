@@ -10,8 +10,9 @@
 //! says which Iceberg tables a source table lands in, `table_set` which
 //! tables a lake replicates from its slot, `resync` the requests for a
 //! table's reload that a run takes up (`rewrite` makes one for DDL that
-//! rewrote a table's rows), and `monitor` watches the slot's lag and
-//! retained WAL while a run streams.
+//! rewrote a table's rows), `keep` what outlives a connection (silver's
+//! key indexes), and `monitor` watches the slot's lag and retained WAL
+//! while a run streams.
 //!
 //! Exactly once: every snapshot records the highest source commit LSN it
 //! fully contains. At start each table's recorded LSN is read back, and a
@@ -31,6 +32,7 @@ use crate::pg::source::TableName;
 use crate::shutdown::Shutdown;
 
 mod housekeeping;
+mod keep;
 mod load;
 pub mod monitor;
 pub mod naming;

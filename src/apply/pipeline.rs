@@ -104,25 +104,6 @@ impl<'r> Pipeline<'r> {
         }
     }
 
-    /// Persists each silver table's key index that holds exactly its last
-    /// commit (nothing staged), for the next start: call once the stream
-    /// ended cleanly and the batch was committed. A failure is a warning:
-    /// the next start rebuilds that index.
-    pub(crate) async fn persist_indexes(&mut self) {
-        for (table, sink) in &mut self.sinks {
-            let Some(silver) = sink.silver.as_mut() else {
-                continue;
-            };
-            match silver.persist_index(&self.lake).await {
-                Ok(true) => tracing::debug!(table = %table, "silver key index persisted"),
-                Ok(false) => {}
-                Err(e) => {
-                    tracing::warn!(table = %table, error = %e, "cannot persist the silver key index; the next start rebuilds it")
-                }
-            }
-        }
-    }
-
     /// Opens the sink of every table `relations` describes, rebuilding
     /// silver's key index, and loads a silver that a crash left without
     /// its load from bronze's ([`TableSink::load_silver_from_bronze`]).
@@ -274,6 +255,7 @@ impl Pipeline<'_> {
         let mut taken = 0;
         match event {
             Event::Change(mut change) => {
+                failpoint::stall("stage").await;
                 self.ensure_sink(&change.relation).await?;
                 let sink = self
                     .sinks

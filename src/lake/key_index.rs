@@ -287,6 +287,40 @@ impl KeyIndex {
         Ok(Some(place))
     }
 
+    /// Puts rows back where they were, as (key, file, position), each key
+    /// not live now: what undoes their removal. A file that lost its last
+    /// live row since gets a number again.
+    pub fn put_back(&mut self, rows: Vec<(Key, Arc<str>, i64)>) -> Result<()> {
+        let mut numbers: HashMap<Arc<str>, u32> = self
+            .files
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.live > 0)
+            .map(|(id, f)| (f.path.clone(), id as u32))
+            .collect();
+        for (key, path, pos) in rows {
+            let file = match numbers.get(&path) {
+                Some(&file) => file,
+                None => {
+                    let file = self.slot_for(path.clone())?;
+                    numbers.insert(path, file);
+                    file
+                }
+            };
+            let pos = self.position(file, usize::try_from(pos).unwrap_or(usize::MAX))?;
+            if self.lookup(&key)?.is_some() {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    "a row put back in the key index has a live row already",
+                ));
+            }
+            self.files[file as usize].live += 1;
+            self.live += 1;
+            self.put(key, Slot::Live(Location { file, pos }))?;
+        }
+        Ok(())
+    }
+
     /// Forgets every live row and lists them with their files and
     /// positions (the tests' view of the whole index).
     #[cfg(test)]

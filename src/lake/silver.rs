@@ -19,6 +19,7 @@
 //! (`row_delta`) recording the source position it covers.
 
 mod compaction;
+mod undo;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -36,6 +37,7 @@ use parquet::arrow::ProjectionMask;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::schema::types::SchemaDescriptor;
 
+use self::undo::Undo;
 use super::align::{align, field_id};
 use super::arrow::{
     Verbatim, arrow_value, build_array_keeping, load_source_column, verbatim_entries, with_verbatim,
@@ -103,6 +105,9 @@ pub struct SilverTable {
     schema_changes: StagedSchema,
     /// The open batch replaces every row ([`Self::delete_all`]).
     replace_all: bool,
+    /// What undoes the open batch in the index ([`Self::abandon`]); `None`
+    /// once it did what the log does not undo.
+    undo: Option<Undo>,
 }
 
 /// An initial load being staged.
@@ -182,6 +187,7 @@ impl SilverTable {
             load: None,
             schema_changes: StagedSchema::default(),
             replace_all: false,
+            undo: Some(Undo::default()),
         };
         let Some(state) = state else {
             silver.rebuild_index(&table).await?;
@@ -541,6 +547,7 @@ impl SilverTable {
             None => KeyIndex::default(),
         };
         self.replace_all = true;
+        self.undo = None;
         self.written.clear();
         self.deletes.clear();
         self.delete_files.clear();
@@ -614,6 +621,7 @@ impl SilverTable {
             .remove(&key)
             .map_err(|e| e.with_context("table", &self.ident))?
         {
+            Undo::removed(&mut self.undo, &key, &location);
             self.deletes.push(location);
         }
         if self.pending.insert(key.clone(), op).is_none() {
@@ -635,6 +643,7 @@ impl SilverTable {
         verbatim: &Verbatim,
     ) -> Result<()> {
         self.staged = true;
+        self.undo = None;
         let rows = columns.first().map_or(0, |c| c.len());
         let mut out: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
         for field in self.schema.fields() {
@@ -746,8 +755,10 @@ impl SilverTable {
             if keyed.len() != rows {
                 return Err(lake_error("more rows written than given", &self.ident));
             }
+            let path: Arc<str> = file.file_path().into();
+            Undo::added(&mut self.undo, &path, keyed.iter().map(|(_, k)| k));
             self.index
-                .add_file(file.file_path().into(), keyed)
+                .add_file(path, keyed)
                 .map_err(|e| e.with_context("table", &self.ident))?;
         }
         if keys.next().is_some() {
@@ -794,6 +805,7 @@ impl SilverTable {
             false => follows(self.exact_at, &committed),
         };
         self.staged = false;
+        self.undo = Some(Undo::default());
         Ok(())
     }
 

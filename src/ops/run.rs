@@ -247,7 +247,13 @@ async fn run_once(
         stream.confirm(point).await?;
         pipeline.confirmed(point);
     }
-    let end = pipeline.stream(&mut stream, options).await?;
+    let end = match pipeline.stream(&mut stream, options).await {
+        Ok(end) => end,
+        Err(e) => {
+            pipeline.abandon().await;
+            return Err(e);
+        }
+    };
     // Keepalives may have moved the slot past the last batch while idle.
     pipeline.confirmed(stream.confirmed());
     stream.stop().await?;
