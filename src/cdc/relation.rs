@@ -47,7 +47,7 @@ pub struct RelationInfo {
 
 /// The table a Relation message names; pgoutput sends an empty namespace
 /// for pg_catalog.
-fn message_table(rel: &pgoutput::Relation) -> TableName {
+pub fn message_table(rel: &pgoutput::Relation) -> TableName {
     TableName {
         schema: match rel.namespace.as_str() {
             "" => "pg_catalog".to_owned(),

@@ -6,7 +6,8 @@
 //! gap's own earlier change of the row, or else from bronze's newest row of
 //! its key, which is the row as it was when the gap began. Exact, and slow
 //! where it reads bronze: each value not changed earlier in the gap reads
-//! bronze's key and value columns whole, once.
+//! bronze's key columns whole, and its value columns where the newest
+//! change of the row is.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,12 +17,14 @@ use arrow_array::types::Int64Type;
 use arrow_array::{BooleanArray, RecordBatch};
 use arrow_select::filter::filter_record_batch;
 use futures_util::TryStreamExt;
+use iceberg::expr::Reference;
+use iceberg::spec::Datum as IcebergDatum;
 
 use super::arrow::{arrow_value, verbatim_entries};
 use super::bronze::BronzeTable;
 use super::catalog::Lake;
 use super::key::{Key, KeyCodec};
-use super::scan::scan;
+use super::scan::{scan, scan_where};
 use super::schema::{COMMIT_LSN, OP, SEQ, VERBATIM, column_names};
 use super::silver::SilverTable;
 use crate::cdc::event::{Change, Datum, Op};
@@ -134,7 +137,9 @@ impl Gap {
 /// The values of the columns `wanted` in bronze's newest row of `key`
 /// (encoded by `codec` over the columns `key_names`), or `None` when that
 /// row's newest change deleted it, a truncate came after it, or bronze has
-/// none.
+/// none. Two reads: the key columns of every row find the newest change's
+/// place, and the wanted columns (TOAST values, large) are read only where
+/// the files' statistics of that place allow.
 async fn newest_values(
     lake: &Lake,
     bronze: &BronzeTable,
@@ -144,24 +149,23 @@ async fn newest_values(
     wanted: &[String],
 ) -> Result<Option<Vec<Value>>> {
     let table = bronze.table(lake).await?;
-    let present = column_names(&table);
-    let mut columns: Vec<String> = vec![OP.into(), COMMIT_LSN.into(), SEQ.into()];
-    for name in key_names.iter().chain(wanted) {
-        if !columns.contains(name) {
-            columns.push(name.clone());
-        }
-    }
-    if present.iter().any(|c| c == VERBATIM) {
-        columns.push(VERBATIM.into());
-    }
     let unreadable = || {
         Error::new(ErrorKind::Lake, "cannot read bronze's history of a row")
             .with_context("table", bronze.ident())
     };
-    // The newest truncate, and the key's newest change with its values
-    // when it left the row in place.
+    let with_keys = |first: &[&str], more: &[String]| {
+        let mut columns: Vec<String> = first.iter().map(|c| (*c).to_owned()).collect();
+        for name in key_names.iter().chain(more) {
+            if !columns.contains(name) {
+                columns.push(name.clone());
+            }
+        }
+        columns
+    };
+    // The newest truncate, and the key's newest change.
     let mut truncated = (i64::MIN, i64::MIN);
-    let mut newest: Option<(Place, Option<Vec<Value>>)> = None;
+    let mut newest: Option<(Place, bool)> = None;
+    let columns = with_keys(&[OP, COMMIT_LSN, SEQ], &[]);
     let mut rows = std::pin::pin!(scan(&table, None, &columns).await?);
     while let Some(batch) = rows.try_next().await? {
         let ops = batch
@@ -173,31 +177,63 @@ async fn newest_values(
             truncated = truncated.max(position(&batch, row).ok_or_else(unreadable)?);
         }
         let batch = filter_record_batch(&batch, &keyed).map_err(|e| unreadable().with_source(e))?;
-        let key_columns = key_names
-            .iter()
-            .map(|name| batch.column_by_name(name).cloned().ok_or_else(unreadable))
-            .collect::<Result<Vec<_>>>()?;
-        let keys = codec.encode_columns(&key_columns)?;
         let ops = batch
             .column_by_name(OP)
             .and_then(|c| c.as_string_opt::<i32>())
             .ok_or_else(unreadable)?;
-        for (row, _) in keys.iter().enumerate().filter(|(_, k)| k.as_slice() == key) {
+        for row in matching(&batch, key_names, codec, key)? {
             let at = position(&batch, row).ok_or_else(unreadable)?;
-            if newest.as_ref().is_some_and(|(n, _)| *n >= at) {
-                continue;
+            if newest.is_none_or(|(n, _)| at > n) {
+                newest = Some((at, ops.value(row) == Op::Delete.code()));
             }
-            let values = if ops.value(row) == Op::Delete.code() {
-                None
-            } else {
-                Some(row_values(&batch, row, wanted)?)
-            };
-            newest = Some((at, values));
         }
     }
-    Ok(newest
-        .filter(|(at, _)| *at > truncated)
-        .and_then(|(_, v)| v))
+    let Some((at, false)) = newest.filter(|(at, _)| *at > truncated) else {
+        return Ok(None);
+    };
+    let mut columns = with_keys(&[COMMIT_LSN, SEQ], wanted);
+    if column_names(&table).iter().any(|c| c == VERBATIM) {
+        columns.push(VERBATIM.into());
+    }
+    let place = Reference::new(COMMIT_LSN)
+        .equal_to(IcebergDatum::long(at.0))
+        .and(Reference::new(SEQ).equal_to(IcebergDatum::long(at.1)));
+    let mut rows = std::pin::pin!(scan_where(&table, None, &columns, Some(place)).await?);
+    while let Some(batch) = rows.try_next().await? {
+        for row in matching(&batch, key_names, codec, key)? {
+            if position(&batch, row) == Some(at) {
+                return row_values(&batch, row, wanted).map(Some);
+            }
+        }
+    }
+    Err(unreadable()
+        .with_context("commit_lsn", at.0)
+        .with_context("seq", at.1))
+}
+
+/// The rows of `batch` whose key is `key`.
+fn matching(
+    batch: &RecordBatch,
+    key_names: &[String],
+    codec: &KeyCodec,
+    key: &[u8],
+) -> Result<Vec<usize>> {
+    let key_columns = key_names
+        .iter()
+        .map(|name| {
+            batch.column_by_name(name).cloned().ok_or_else(|| {
+                Error::new(ErrorKind::Lake, "bronze lacks a column of its table")
+                    .with_context("column", name)
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let keys = codec.encode_columns(&key_columns)?;
+    Ok(keys
+        .iter()
+        .enumerate()
+        .filter(|(_, k)| k.as_slice() == key)
+        .map(|(row, _)| row)
+        .collect())
 }
 
 /// A bronze row's place in the stream: (commit LSN, seq).

@@ -9,6 +9,7 @@
 
 use futures_util::stream::{self, BoxStream};
 use futures_util::{StreamExt, TryStreamExt};
+use iceberg::expr::Predicate;
 use iceberg::scan::FileScanTask;
 use iceberg::table::Table;
 
@@ -49,13 +50,30 @@ pub fn schema_at(table: &Table, snapshot: Option<i64>) -> Result<Arc<ArrowSchema
 /// `None`; the columns as that snapshot's schema names them), positional
 /// deletes applied.
 pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> Result<Rows> {
+    scan_where(table, snapshot, columns, None).await
+}
+
+/// As [`scan`], only the rows `filter` holds for, which iceberg-rust reads
+/// by skipping the files, row groups and pages whose statistics rule them
+/// out. Top-level columns only: the files read here for a struct column
+/// are read whole.
+pub async fn scan_where(
+    table: &Table,
+    snapshot: Option<i64>,
+    columns: &[String],
+    filter: Option<Predicate>,
+) -> Result<Rows> {
     let ident = table.identifier().clone();
     let context = move |e: iceberg::Error| {
         iceberg_error(e, "cannot read the table").with_context("table", &ident)
     };
+    let filtered = filter.is_some();
     let mut builder = table.scan().select(columns.iter().map(String::as_str));
     if let Some(id) = snapshot {
         builder = builder.snapshot_id(id);
+    }
+    if let Some(filter) = filter {
+        builder = builder.with_filter(filter);
     }
     let scan = builder.build().map_err(context.clone())?;
     let schema = schema_at(table, snapshot)?;
@@ -78,6 +96,13 @@ pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> R
     {
         let rows = scan.to_arrow().await.map_err(context.clone())?;
         return Ok(rows.map_err(context).boxed());
+    }
+    if filtered {
+        return Err(Error::new(
+            ErrorKind::Lake,
+            "a filtered read of a struct column, which wal2iceberg never makes",
+        )
+        .with_context("table", table.identifier()));
     }
     let tasks: Vec<FileScanTask> = scan
         .plan_files()

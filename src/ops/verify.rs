@@ -45,7 +45,7 @@ use crate::apply::load_columns;
 use crate::apply::naming::names;
 use crate::apply::table_set;
 use crate::cdc::capture::read_now;
-use crate::cdc::relation::{Catalog, RelationInfo};
+use crate::cdc::relation::{Catalog, RelationInfo, message_table};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::align::align;
@@ -791,20 +791,33 @@ async fn unapplied_changes(
                 .with_context("slot", &options.capture.slot));
         }
     };
+    // The publication may publish more tables than those verified: a
+    // change counts when its relation, as the stream last described it,
+    // is one of them.
+    let mut captured: HashMap<u32, bool> = HashMap::new();
     let mut decoder = Decoder::new();
     let mut before = false;
     let mut count = 0;
     for row in rows {
         let data: Vec<u8> = row.get(0);
-        match decoder.decode(data.into()).map_err(Error::from)? {
-            Message::Begin(begin) => before = begin.final_lsn < position,
-            Message::Insert(..)
-            | Message::Update(..)
-            | Message::Delete(..)
-            | Message::Truncate(..) => {
-                count += u64::from(before);
+        let oids = match decoder.decode(data.into()).map_err(Error::from)? {
+            Message::Begin(begin) => {
+                before = begin.final_lsn < position;
+                continue;
             }
-            _ => {}
+            Message::Relation(_, rel) => {
+                let table = message_table(&rel);
+                captured.insert(rel.oid, options.capture.tables.contains(&table));
+                continue;
+            }
+            Message::Insert(_, m) => vec![m.relation_oid],
+            Message::Update(_, m) => vec![m.relation_oid],
+            Message::Delete(_, m) => vec![m.relation_oid],
+            Message::Truncate(_, m) => m.relation_oids,
+            _ => continue,
+        };
+        if before && oids.iter().any(|oid| captured.get(oid) == Some(&true)) {
+            count += 1;
         }
     }
     Ok(Some(count))
