@@ -10,10 +10,11 @@
 //! `pg_recvlogical` (protocol 1; protocol 2 with `streaming on`) as the
 //! streaming reference, then lets wal2iceberg apply the same WAL. Then a
 //! steady 1,000 transactions per second for the commit-to-visible latency,
-//! and a full scan of silver through pyiceberg.
+//! and a full scan of silver through pyiceberg. The restart phase times a
+//! start until streaming with the key index persisted and rebuilt.
 //!
 //! ```sh
-//! cargo bench --bench pipeline -- [--rows N] [--phases load,stream,latency,read]
+//! cargo bench --bench pipeline -- [--rows N] [--phases load,stream,restart,latency,read]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -52,7 +53,7 @@ struct Args {
 fn parse_args() -> BenchResult<Args> {
     let mut args = Args {
         rows: 1_000_000,
-        phases: ["load", "stream", "latency", "read"]
+        phases: ["load", "stream", "restart", "latency", "read"]
             .map(String::from)
             .to_vec(),
     };
@@ -454,6 +455,39 @@ impl Bench {
         Ok(())
     }
 
+    /// Starts on the loaded lake with nothing new to stream, until the
+    /// stream runs: with silver's key index persisted at the last clean
+    /// stop, and rebuilt from silver's files once the state folder is gone
+    /// (each start's wall time less the idle wait before it exits).
+    async fn restart(&mut self) -> BenchResult<()> {
+        println!("restart: until streaming, the key index persisted and rebuilt");
+        let idle = format!("{}ms", IDLE_EXIT.as_millis());
+        // A clean stop first, which persists the index.
+        timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
+        let keys: i64 = self
+            .client
+            .query_one("SELECT count(*) FROM orders", &[])
+            .await?
+            .get(0);
+        let restored = timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
+        std::fs::remove_dir_all(self.lake.path().join("state"))?;
+        let rebuilt = timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
+        let [restored, rebuilt] =
+            [restored.seconds, rebuilt.seconds].map(|s| s - IDLE_EXIT.as_secs_f64());
+        let r = &mut self.report;
+        r.check(
+            &format!("restart until streaming, key index persisted ({keys} keys)"),
+            format!("{restored:.1} s"),
+            "< 5 s".into(),
+            restored < 5.0,
+        );
+        r.figure(
+            "restart until streaming, key index rebuilt from silver",
+            format!("{rebuilt:.1} s"),
+        );
+        Ok(())
+    }
+
     /// A steady 1,000 single-row transactions per second while wal2iceberg
     /// runs; latency from its commit-to-visible histogram.
     async fn latency(&mut self) -> BenchResult<()> {
@@ -667,6 +701,7 @@ async fn main() -> BenchResult<()> {
         match phase.as_str() {
             "load" => bench.load().await?,
             "stream" => bench.stream().await?,
+            "restart" => bench.restart().await?,
             "latency" => bench.latency().await?,
             "read" => bench.read().await?,
             other => return Err(format!("unknown phase {other:?}").into()),
