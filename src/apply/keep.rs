@@ -9,12 +9,12 @@ impl Pipeline<'_> {
     /// commit (nothing staged), for the next connection or start: call
     /// once the stream ended and the batch was committed or abandoned. A
     /// failure is a warning: the next start rebuilds that index.
-    pub(crate) async fn persist_indexes(&mut self) {
+    pub(crate) fn persist_indexes(&mut self) {
         for (table, sink) in &mut self.sinks {
             let Some(silver) = sink.silver.as_mut() else {
                 continue;
             };
-            match silver.persist_index(&self.lake).await {
+            match silver.persist_index() {
                 Ok(true) => tracing::debug!(table = %table, "silver key index persisted"),
                 Ok(false) => {}
                 Err(e) => {
@@ -28,7 +28,7 @@ impl Pipeline<'_> {
     /// it is committed, and the slot streams it again. Each silver's key
     /// index is taken back to its last commit
     /// (`crate::lake::silver::SilverTable::abandon`) and persisted.
-    pub(crate) async fn abandon(&mut self) {
+    pub(crate) fn abandon(&mut self) {
         for (table, sink) in &mut self.sinks {
             let Some(silver) = sink.silver.as_mut() else {
                 continue;
@@ -47,6 +47,6 @@ impl Pipeline<'_> {
                 }
             }
         }
-        self.persist_indexes().await;
+        self.persist_indexes();
     }
 }

@@ -533,7 +533,7 @@ enum RunsDir {
 
 /// The file naming a persisted index's parts.
 const MANIFEST: &str = "index.json";
-const MANIFEST_VERSION: u32 = 1;
+const MANIFEST_VERSION: u32 = 2;
 
 /// A persisted index, as [`MANIFEST`] records it.
 #[derive(Serialize, Deserialize)]
@@ -543,8 +543,8 @@ struct Manifest {
     of: String,
     live: usize,
     runs_written: u64,
-    /// Run file names with their tiers, oldest first.
-    runs: Vec<(String, u32)>,
+    /// Run file names with their tiers and entries, oldest first.
+    runs: Vec<(String, u32, usize)>,
     /// Each file number's path and live rows ("" and 0 when free).
     files: Vec<(String, u32)>,
     free: Vec<u32>,
@@ -579,7 +579,10 @@ impl KeyIndex {
             runs: self
                 .runs
                 .iter()
-                .map(|(run, tier)| (run.file_name().unwrap_or_default().to_owned(), *tier))
+                .map(|(run, tier)| {
+                    let name = run.file_name().unwrap_or_default().to_owned();
+                    (name, *tier, run.keys())
+                })
                 .collect(),
             files: self
                 .files
@@ -623,7 +626,7 @@ impl KeyIndex {
             manifest
                 .runs
                 .iter()
-                .map(|(name, tier)| Ok((Run::open(dir.join(name))?, *tier)))
+                .map(|(name, tier, keys)| Ok((Run::open(dir.join(name), *keys)?, *tier)))
                 .collect::<io::Result<Vec<_>>>()
         })
         .ok()?;

@@ -69,6 +69,9 @@ enum Pending {
 
 pub struct SilverTable {
     ident: TableIdent,
+    /// The Iceberg table's UUID, which a table dropped and made again
+    /// under the same name does not share.
+    uuid: uuid::Uuid,
     schema: Arc<ArrowSchema>,
     /// Arrow schema indices of the primary-key columns, in key order.
     key_fields: Vec<usize>,
@@ -168,6 +171,7 @@ impl SilverTable {
         let codec = KeyCodec::new(&fields).map_err(|e| e.with_context("table", &ident))?;
         let mut silver = SilverTable {
             ident,
+            uuid: table.metadata().uuid(),
             schema,
             key_fields,
             codec,
@@ -218,7 +222,7 @@ impl SilverTable {
     /// (which its encoding follows).
     fn index_of(&self, table: &Table) -> Option<String> {
         let snapshot = table.metadata().current_snapshot_id()?;
-        Some(self.index_words(table.metadata().uuid(), snapshot))
+        Some(self.index_words(self.uuid, snapshot))
     }
 
     fn index_words(&self, uuid: uuid::Uuid, snapshot: i64) -> String {
@@ -237,12 +241,11 @@ impl SilverTable {
     /// the table's last snapshot this process committed or opened (nothing
     /// staged since); the next start on that snapshot restores it instead
     /// of reading every key. The table is of no more use after it.
-    pub async fn persist_index(&mut self, lake: &Lake) -> Result<bool> {
+    pub fn persist_index(&mut self) -> Result<bool> {
         let (Some(snapshot), Some(_), false) = (self.exact_at, &self.state, self.staged) else {
             return Ok(false);
         };
-        let table = lake.catalog_table(&self.ident).await?;
-        let of = self.index_words(table.metadata().uuid(), snapshot);
+        let of = self.index_words(self.uuid, snapshot);
         std::mem::take(&mut self.index)
             .persist(&of)
             .map_err(|e| e.with_context("table", &self.ident))?;

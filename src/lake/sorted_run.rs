@@ -47,6 +47,8 @@ pub struct Run {
     /// First key and byte range of every block, in key order.
     blocks: Vec<(Key, u64, u32)>,
     bloom: Bloom,
+    /// Entries in the file.
+    keys: usize,
 }
 
 impl Run {
@@ -67,8 +69,10 @@ impl Run {
         let mut bloom = Bloom::new(expected);
         let mut blocks = Blocks::default();
         let mut block = Vec::with_capacity(BLOCK);
+        let mut keys = 0;
         for entry in entries {
             let (key, slot) = entry?;
+            keys += 1;
             if blocks.place(&key) {
                 out.write_all(&block)?;
                 block.clear();
@@ -85,18 +89,16 @@ impl Run {
             kept: false,
             blocks: blocks.finish(),
             bloom,
+            keys,
         })
     }
 
-    /// Opens a run written before, by another process perhaps: its block
-    /// index and Bloom filter rebuilt from one sequential read (blocks are
-    /// cut as [`Self::write`] cuts them). A run opened is kept on disk
-    /// only when [`Self::keep`] says so again.
-    pub fn open(path: PathBuf) -> io::Result<Run> {
+    /// Opens a run of `keys` entries written before, by another process
+    /// perhaps: its block index and Bloom filter rebuilt from one
+    /// sequential read (blocks are cut as [`Self::write`] cuts them). A
+    /// run opened is kept on disk only when [`Self::keep`] says so again.
+    pub fn open(path: PathBuf, keys: usize) -> io::Result<Run> {
         let file = File::options().read(true).open(&path)?;
-        // One pass counts the keys (to size the filter), one builds.
-        let mut keys = 0;
-        each_key(&file, |_| keys += 1)?;
         let mut bloom = Bloom::new(keys);
         let mut blocks = Blocks::default();
         each_key(&file, |key| {
@@ -109,7 +111,13 @@ impl Run {
             kept: false,
             blocks: blocks.finish(),
             bloom,
+            keys,
         })
+    }
+
+    /// Entries in the file.
+    pub fn keys(&self) -> usize {
+        self.keys
     }
 
     /// Leaves the file on disk when the run is dropped.
@@ -431,7 +439,7 @@ mod tests {
         let blocks = places(&written);
         written.keep();
         drop(written);
-        let opened = Run::open(path.clone()).unwrap();
+        let opened = Run::open(path.clone(), entries.len()).unwrap();
         assert!(places(&opened) == blocks, "the blocks are cut as they were");
         let mut buf = Vec::new();
         for (k, slot) in &entries {
@@ -441,7 +449,7 @@ mod tests {
         drop(opened);
         assert!(!path.exists(), "opened and dropped without keep: removed");
         std::fs::write(&path, b"\x05\0\0\0ab").unwrap();
-        assert!(Run::open(path).is_err(), "a torn run is an error");
+        assert!(Run::open(path, 1).is_err(), "a torn run is an error");
     }
 
     #[test]

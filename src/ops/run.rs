@@ -250,13 +250,13 @@ async fn run_once(
     let end = match pipeline.stream(&mut stream, options).await {
         Ok(end) => end,
         Err(e) => {
-            pipeline.abandon().await;
+            pipeline.abandon();
             return Err(e);
         }
     };
     // Keepalives may have moved the slot past the last batch while idle.
     pipeline.confirmed(stream.confirmed());
     stream.stop().await?;
-    pipeline.persist_indexes().await;
+    pipeline.persist_indexes();
     Ok(end)
 }
