@@ -419,11 +419,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 table_names: settings.table_names.clone(),
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
-            let settled = wal2iceberg::ops::run::settle(&settings.source, &run_options).await?;
-            let mut failures = capture::check(&settings.source, &settled.capture).await?;
-            failures.extend(
-                capture::lost_slot(&settings.source, &settled.capture.slot, &settled.held).await?,
-            );
+            let mut settled = wal2iceberg::ops::run::settle(&settings.source, &run_options).await?;
+            settled.capture.held_tables = Some(settled.held);
+            let failures = capture::check(&settings.source, &settled.capture).await?;
             if failures.is_empty() {
                 outln!("all checks passed: {}", settings.source);
                 return Ok(ExitCode::SUCCESS);

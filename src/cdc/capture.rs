@@ -181,11 +181,23 @@ pub fn preflight_error(failures: &[CheckFailure]) -> Error {
     )
 }
 
-/// Runs the preflight checks; every failure is reported at once.
+/// Runs the preflight checks; every failure is reported at once. With
+/// `held_tables`, a slot that is gone is one ([`open`] refuses it).
 pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<CheckFailure>> {
     options.validate()?;
     let client = SourceClient::connect(config).await?;
-    preflight(&client, options).await
+    let mut failures = preflight(&client, options).await?;
+    // A lake's tables from a slot that is gone, as `open` refuses them.
+    if let Some(table) = options.held_tables.as_deref().and_then(<[_]>::first)
+        && source::slot_info(&client, &options.slot).await?.is_none()
+    {
+        failures.push(CheckFailure {
+            check: "slot_lost",
+            problem: lost_slot_problem(&options.slot, table),
+            fix: LOST_SLOT_FIX.to_owned(),
+        });
+    }
+    Ok(failures)
 }
 
 /// The preflight checks of `options`, on `client`.
@@ -209,27 +221,6 @@ fn lost_slot_problem(slot: &str, table: &TableName) -> String {
         "replication slot {slot:?} does not exist, but the lake already holds {table}: a new \
          slot would start after a gap in its history."
     )
-}
-
-/// `check`'s word on the slot a lake's `held` tables came from: a failure
-/// when it is gone, as [`open`] refuses then.
-pub async fn lost_slot(
-    config: &PgConfig,
-    slot: &str,
-    held: &[TableName],
-) -> Result<Option<CheckFailure>> {
-    let Some(table) = held.first() else {
-        return Ok(None);
-    };
-    let client = SourceClient::connect(config).await?;
-    if source::slot_info(&client, slot).await?.is_some() {
-        return Ok(None);
-    }
-    Ok(Some(CheckFailure {
-        check: "slot_lost",
-        problem: lost_slot_problem(slot, table),
-        fix: LOST_SLOT_FIX.to_owned(),
-    }))
 }
 
 pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture> {
