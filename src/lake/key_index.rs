@@ -533,7 +533,7 @@ enum RunsDir {
 
 /// The file naming a persisted index's parts.
 const MANIFEST: &str = "index.json";
-const MANIFEST_VERSION: u32 = 2;
+const MANIFEST_VERSION: u32 = 3;
 
 /// A persisted index, as [`MANIFEST`] records it.
 #[derive(Serialize, Deserialize)]

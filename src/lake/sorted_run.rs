@@ -8,9 +8,11 @@
 //! reads at most one block, and a key that is not in the run usually reads
 //! none.
 //!
-//! Entry layout: key length (u32 LE), key bytes, tag (0 gone, 1 live),
-//! file number (u32 LE), position (u32 LE). An entry never straddles a
-//! block; one larger than a block has a block of its own.
+//! Entry layout, each number a LEB128 varint: key length, key bytes, then
+//! 0 for a key gone, or the file number plus one and the position (an
+//! 8-byte key in a file numbered under 127, at a position under 2^21,
+//! takes 13 bytes). An entry never straddles a block; one larger than a
+//! block has a block of its own.
 
 use std::fs::File;
 use std::hash::BuildHasher;
@@ -21,7 +23,6 @@ use std::path::PathBuf;
 use super::key::Key;
 
 const BLOCK: usize = 4096;
-const ENTRY_FIXED: usize = 4 + 1 + 4 + 4;
 const BLOOM_BITS_PER_KEY: usize = 10;
 const BLOOM_HASHES: u64 = 7;
 
@@ -69,16 +70,19 @@ impl Run {
         let mut bloom = Bloom::new(expected);
         let mut blocks = Blocks::default();
         let mut block = Vec::with_capacity(BLOCK);
+        let mut entry = Vec::new();
         let mut keys = 0;
-        for entry in entries {
-            let (key, slot) = entry?;
+        for e in entries {
+            let (key, slot) = e?;
             keys += 1;
-            if blocks.place(&key) {
+            entry.clear();
+            encode(&mut entry, &key, slot);
+            if blocks.place(&key, entry.len()) {
                 out.write_all(&block)?;
                 block.clear();
             }
             bloom.insert(&key);
-            encode(&mut block, &key, slot)?;
+            block.extend_from_slice(&entry);
         }
         out.write_all(&block)?;
         out.flush()?;
@@ -101,8 +105,8 @@ impl Run {
         let file = File::options().read(true).open(&path)?;
         let mut bloom = Bloom::new(keys);
         let mut blocks = Blocks::default();
-        each_key(&file, |key| {
-            blocks.place(key);
+        each_key(&file, |key, size| {
+            blocks.place(key, size);
             bloom.insert(key);
         })?;
         Ok(Run {
@@ -230,29 +234,80 @@ impl Iterator for RunIter<'_> {
     }
 }
 
-/// Calls `f` with each entry's key of a run file, in order, reading it
-/// sequentially.
-fn each_key(mut file: &File, mut f: impl FnMut(&[u8])) -> io::Result<()> {
+/// Calls `f` with each entry's key and size of a run file, in order,
+/// reading it sequentially.
+fn each_key(mut file: &File, mut f: impl FnMut(&[u8], usize)) -> io::Result<()> {
     io::Seek::seek(&mut file, io::SeekFrom::Start(0))?;
     let mut reader = io::BufReader::with_capacity(1 << 16, file);
-    let mut entry = Vec::with_capacity(BLOCK);
+    let mut key = Vec::new();
     loop {
-        let mut len = [0u8; 4];
-        match io::Read::read_exact(&mut reader, &mut len) {
+        let mut size = 0;
+        let Some(len) = read_varint(&mut reader, &mut size)? else {
+            return Ok(());
+        };
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&len| len <= BLOCK_KEY_LIMIT)
+            .ok_or_else(corrupt)?;
+        key.resize(len, 0);
+        io::Read::read_exact(&mut reader, &mut key)?;
+        size += len;
+        match read_varint(&mut reader, &mut size)?.ok_or_else(corrupt)? {
+            0 => {}
+            _ => {
+                read_varint(&mut reader, &mut size)?.ok_or_else(corrupt)?;
+            }
+        }
+        f(&key, size);
+    }
+}
+
+/// Keys longer than this are corrupt: PostgreSQL's b-tree entries are at
+/// most a third of a page, and the key's encoding is near its size.
+const BLOCK_KEY_LIMIT: usize = 1 << 20;
+
+fn corrupt() -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, "a corrupt key index run")
+}
+
+/// A varint from `reader`, its bytes added to `size`; `None` at the end
+/// of the file before its first byte.
+fn read_varint(reader: &mut impl io::Read, size: &mut usize) -> io::Result<Option<u64>> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let mut byte = [0u8];
+        match reader.read_exact(&mut byte) {
             Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            Err(e) if i == 0 && e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
             Err(e) => return Err(e),
         }
-        let key_len = u32::from_le_bytes(len) as usize;
-        entry.clear();
-        entry.extend_from_slice(&len);
-        entry.resize(ENTRY_FIXED + key_len, 0);
-        io::Read::read_exact(&mut reader, &mut entry[4..])?;
-        let (key, _) = Entries { rest: &entry }
-            .next_entry()?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "a corrupt key index run"))?;
-        f(key);
+        *size += 1;
+        value |= u64::from(byte[0] & 0x7f) << (7 * i);
+        if byte[0] & 0x80 == 0 {
+            return Ok(Some(value));
+        }
     }
+    Err(corrupt())
+}
+
+fn put_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
+/// A varint at the start of `bytes`, and the bytes after it.
+fn take_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &byte) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some((value, &bytes[i + 1..]));
+        }
+    }
+    None
 }
 
 /// Where a run's blocks begin and end: an entry goes to the current block
@@ -267,10 +322,9 @@ struct Blocks {
 }
 
 impl Blocks {
-    /// Places an entry of `key`; true when it begins a new block, the one
-    /// before being complete.
-    fn place(&mut self, key: &[u8]) -> bool {
-        let size = ENTRY_FIXED + key.len();
+    /// Places an entry of `key`, `size` bytes; true when it begins a new
+    /// block, the one before being complete.
+    fn place(&mut self, key: &[u8], size: usize) -> bool {
         let new = self.len > 0 && self.len + size > BLOCK;
         if new {
             self.close();
@@ -296,19 +350,16 @@ impl Blocks {
     }
 }
 
-fn encode(out: &mut Vec<u8>, key: &[u8], slot: Slot) -> io::Result<()> {
-    let len = u32::try_from(key.len())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a key longer than 4 GiB"))?;
-    out.extend_from_slice(&len.to_le_bytes());
+fn encode(out: &mut Vec<u8>, key: &[u8], slot: Slot) {
+    put_varint(out, key.len() as u64);
     out.extend_from_slice(key);
-    let (tag, l) = match slot {
-        Slot::Live(l) => (1, l),
-        Slot::Gone => (0, Location { file: 0, pos: 0 }),
-    };
-    out.push(tag);
-    out.extend_from_slice(&l.file.to_le_bytes());
-    out.extend_from_slice(&l.pos.to_le_bytes());
-    Ok(())
+    match slot {
+        Slot::Live(l) => {
+            put_varint(out, u64::from(l.file) + 1);
+            put_varint(out, l.pos.into());
+        }
+        Slot::Gone => put_varint(out, 0),
+    }
 }
 
 /// Entries of one block, decoded in place.
@@ -321,25 +372,25 @@ impl<'a> Entries<'a> {
         if self.rest.is_empty() {
             return Ok(None);
         }
-        let corrupt = || io::Error::new(io::ErrorKind::InvalidData, "a corrupt key index run");
-        let (len, rest) = self.rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
-        let len = u32::from_le_bytes(*len) as usize;
-        if rest.len() < len + ENTRY_FIXED - 4 {
-            return Err(corrupt());
-        }
+        let (len, rest) = take_varint(self.rest).ok_or_else(corrupt)?;
+        let len = usize::try_from(len)
+            .ok()
+            .filter(|&len| len <= rest.len())
+            .ok_or_else(corrupt)?;
         let (key, rest) = rest.split_at(len);
-        let (tag, rest) = rest.split_first().ok_or_else(corrupt)?;
-        let (file, rest) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
-        let (pos, rest) = rest.split_first_chunk::<4>().ok_or_else(corrupt)?;
-        self.rest = rest;
-        let slot = match tag {
-            0 => Slot::Gone,
-            1 => Slot::Live(Location {
-                file: u32::from_le_bytes(*file),
-                pos: u32::from_le_bytes(*pos),
-            }),
-            _ => return Err(corrupt()),
+        let (file, rest) = take_varint(rest).ok_or_else(corrupt)?;
+        let (slot, rest) = match file {
+            0 => (Slot::Gone, rest),
+            file => {
+                let (pos, rest) = take_varint(rest).ok_or_else(corrupt)?;
+                let location = Location {
+                    file: u32::try_from(file - 1).map_err(|_| corrupt())?,
+                    pos: u32::try_from(pos).map_err(|_| corrupt())?,
+                };
+                (Slot::Live(location), rest)
+            }
         };
+        self.rest = rest;
         Ok(Some((key, slot)))
     }
 }
@@ -462,17 +513,36 @@ mod tests {
 
     #[test]
     fn truncated_blocks_are_errors_not_panics() {
-        for cut in 0..ENTRY_FIXED + 3 {
-            let mut block = Vec::new();
-            encode(&mut block, b"abc", live(3)).unwrap();
+        let mut whole = Vec::new();
+        encode(&mut whole, b"abc", live(300));
+        for cut in 0..whole.len() {
+            let mut block = whole.clone();
             block.truncate(cut);
             let mut entries = Entries { rest: &block };
             let result = entries.next_entry();
             assert!(cut == 0 || result.is_err(), "cut at {cut}");
         }
-        let mut block = Vec::new();
-        encode(&mut block, b"abc", live(3)).unwrap();
-        block[7] = 9;
-        assert!(Entries { rest: &block }.next_entry().is_err(), "bad tag");
+        let endless = [0xffu8; 12];
+        assert!(
+            Entries { rest: &endless }.next_entry().is_err(),
+            "a varint without end"
+        );
+        let mut wide = vec![3];
+        wide.extend_from_slice(b"abc");
+        put_varint(&mut wide, u64::from(u32::MAX) + 2);
+        put_varint(&mut wide, 1);
+        assert!(
+            Entries { rest: &wide }.next_entry().is_err(),
+            "a file number past u32"
+        );
+    }
+
+    #[test]
+    fn an_eight_byte_key_takes_thirteen_bytes() {
+        let mut entry = Vec::new();
+        encode(&mut entry, &7u64.to_be_bytes(), live(1 << 20));
+        assert_eq!(entry.len(), 1 + 8 + 1 + 3);
+        let decoded = Entries { rest: &entry }.next_entry().unwrap().unwrap();
+        assert_eq!(decoded, (&7u64.to_be_bytes()[..], live(1 << 20)));
     }
 }
