@@ -9,6 +9,7 @@
 //! - `copy`: binary COPY rows split out of the byte stream.
 //! - `source`: the ordinary connection: preflight, publication, catalog.
 //! - `lsn`: the `Lsn` newtype.
+//! - `wire`: the bounds-checked reader every decoder here reads through.
 
 pub mod config;
 pub mod conn;
