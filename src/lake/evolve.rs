@@ -561,6 +561,12 @@ fn holders<'a>(
         })
         .collect();
     let claimed: HashSet<i32> = by_number.iter().flatten().map(|f| f.id).collect();
+    // Fields the record gives a column number: a column of another number
+    // is not theirs, whatever its name.
+    let numbered: HashSet<i32> = recorded
+        .into_iter()
+        .flat_map(|r| r.values().copied())
+        .collect();
     relation
         .columns
         .iter()
@@ -568,10 +574,12 @@ fn holders<'a>(
         .map(|(c, held)| {
             held.or_else(|| {
                 // A field another column holds by number is that column's
-                // (renamed); a column dropped and added again under its
-                // name continues its field.
+                // (renamed); one recorded for a number no column has now
+                // is a dropped column's, which a column added again under
+                // its name does not continue. Without numbers, by name.
                 let field = schema.as_struct().field_by_name(&c.name)?;
-                (!claimed.contains(&field.id)).then_some(field)
+                let dropped = c.attnum.is_some() && numbered.contains(&field.id);
+                (!claimed.contains(&field.id) && !dropped).then_some(field)
             })
         })
         .collect()

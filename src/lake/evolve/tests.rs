@@ -307,21 +307,33 @@ fn added_columns_get_new_ids_and_dropped_ones_leave_silver_only() {
 }
 
 #[test]
-fn a_column_dropped_and_added_again_under_its_name_continues_its_field() {
+fn a_column_dropped_and_added_again_under_its_name_gets_a_new_field() {
+    // DROP COLUMN amount; ADD COLUMN amount numeric(12,2): another column
+    // number, so another column, whose rows before read null.
     let mut again = base();
     again.columns[2].attnum = Some(4);
     let (old, _) = made(Mode::Silver);
-    let evolution = next(Mode::Silver, &again).unwrap().unwrap();
-    assert!(evolution.changes.is_empty(), "{:?}", evolution.changes);
+    let old_amount = field(&old, "amount").id;
+    let silver = next(Mode::Silver, &again).unwrap().unwrap();
+    let new_amount = field(&silver.schema, "amount").id;
+    assert!(new_amount > old.highest_field_id(), "{:?}", silver.changes);
+    assert!(silver.attnums.contains(&format!("4:{new_amount}")));
+    assert!(!silver.attnums.contains(&format!(":{old_amount}")));
+    assert_eq!(silver.added, ["amount"]);
+    // Bronze keeps the dropped column's history under a retired name.
+    let (old_bronze, _) = made(Mode::Bronze);
+    let old_amount = field(&old_bronze, "amount").id;
+    let bronze = next(Mode::Bronze, &again).unwrap().unwrap().schema;
     assert_eq!(
-        field(&evolution.schema, "amount").id,
-        field(&old, "amount").id
+        field(&bronze, &format!("amount__{old_amount}")).id,
+        old_amount
     );
-    assert!(
-        evolution
-            .attnums
-            .contains(&format!("4:{}", field(&old, "amount").id))
-    );
+    assert!(field(&bronze, "amount").id > old_bronze.highest_field_id());
+    // Without column numbers, by name: the field continues.
+    let mut unnumbered = again.clone();
+    unnumbered.columns[2].attnum = None;
+    let by_name = next(Mode::Silver, &unnumbered).unwrap();
+    assert!(by_name.is_none_or(|e| field(&e.schema, "amount").id == field(&old, "amount").id));
     // A rename, then a new column under the old name: the field stays with
     // the renamed column.
     let mut reused = base();
