@@ -23,6 +23,9 @@ pub const SOURCE_TABLE: &str = "wal2iceberg.source-table";
 pub const SOURCE_SLOT: &str = "wal2iceberg.slot";
 /// The source table's OID (`pg_class.oid`), which a rename keeps.
 pub const SOURCE_OID: &str = "wal2iceberg.source-oid";
+/// The names the source table had before [`SOURCE_TABLE`]'s, a JSON
+/// array: `--tables` may still name it by any of them.
+pub const SOURCE_FORMER_NAMES: &str = "wal2iceberg.source-former-names";
 
 /// What a bronze table of the source table `table` (of OID `oid`)
 /// replicated from `slot` records.
@@ -41,10 +44,9 @@ pub struct Held {
     pub table: TableName,
     /// Its Iceberg name (bronze's without `_changes`).
     pub iceberg: String,
-    /// The name its bronze recorded, when the table was renamed since.
-    pub renamed_from: Option<TableName>,
-    /// Whether a table of that old name exists at the source now.
-    pub old_name_taken: bool,
+    /// The names it had before, each with whether a table of that name
+    /// exists at the source now.
+    pub old_names: Vec<(TableName, bool)>,
 }
 
 impl Held {
@@ -53,10 +55,20 @@ impl Held {
         Held {
             table,
             iceberg,
-            renamed_from: None,
-            old_name_taken: false,
+            old_names: Vec::new(),
         }
     }
+}
+
+/// The former names `properties` record ([`SOURCE_FORMER_NAMES`]).
+fn former_names(properties: &std::collections::HashMap<String, String>) -> Vec<TableName> {
+    properties
+        .get(SOURCE_FORMER_NAMES)
+        .and_then(|text| serde_json::from_str::<Vec<String>>(text).ok())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| TableName::parse(name).ok())
+        .collect()
 }
 
 /// The Iceberg name of `table` in `namespace`: that of the bronze table
@@ -122,6 +134,23 @@ pub async fn record_source(
     if properties.iter().all(|(k, v)| recorded.get(*k) == Some(v)) {
         return Ok(());
     }
+    let mut properties = properties.to_vec();
+    // Renamed: the name recorded before joins the former ones.
+    if let Some(before) = recorded
+        .get(SOURCE_TABLE)
+        .and_then(|t| TableName::parse(t).ok())
+        .filter(|before| before != table)
+    {
+        let mut former = former_names(recorded);
+        former.push(before);
+        former.retain(|name| name != table);
+        former.dedup();
+        let names: Vec<String> = former.iter().map(ToString::to_string).collect();
+        let text = serde_json::to_string(&names).map_err(|e| {
+            Error::new(ErrorKind::Lake, "cannot record the table's former names").with_source(e)
+        })?;
+        properties.push((SOURCE_FORMER_NAMES, text));
+    }
     lake.set_properties(bronze, &properties).await
 }
 
@@ -159,7 +188,8 @@ pub async fn held(
                 let oid = properties
                     .get(SOURCE_OID)
                     .and_then(|o| o.parse::<u32>().ok());
-                recorded.push((TableName::parse(table)?, oid, name.to_owned()));
+                let former = former_names(properties);
+                recorded.push((TableName::parse(table)?, oid, name.to_owned(), former));
             }
             (Some(_), Some(_)) => {}
             _ => unrecorded.push(name.to_owned()),
@@ -170,23 +200,30 @@ pub async fn held(
     }
     let client = SourceClient::connect(config).await?;
     let mut held = Vec::new();
-    for (table, oid, iceberg) in recorded {
+    for (table, oid, iceberg, former) in recorded {
         let Some(oid) = oid else {
             held.push(Held::same(table, iceberg));
             continue;
         };
+        let mut old_names = Vec::new();
         match source::table_of_oid(&client, oid).await? {
-            Some(now) if now == table => held.push(Held::same(table, iceberg)),
             Some(now) => {
-                tracing::warn!(
-                    from = %table, to = %now, oid,
-                    "the source table was renamed: followed under its new name; its Iceberg tables keep theirs (docs/tables.md, Schema changes)"
-                );
+                if now != table {
+                    tracing::warn!(
+                        from = %table, to = %now, oid,
+                        "the source table was renamed: followed under its new name; its Iceberg tables keep theirs (docs/tables.md, Schema changes)"
+                    );
+                }
+                for old in former.into_iter().chain(Some(table)) {
+                    if old != now && !old_names.iter().any(|(o, _)| *o == old) {
+                        let taken = source::table_exists(&client, &old).await?;
+                        old_names.push((old, taken));
+                    }
+                }
                 held.push(Held {
                     table: now,
                     iceberg,
-                    old_name_taken: source::table_exists(&client, &table).await?,
-                    renamed_from: Some(table),
+                    old_names,
                 });
             }
             None if source::table_exists(&client, &table).await? => {

@@ -136,14 +136,19 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         &options.capture.publication,
     )
     .await?;
-    // A table renamed since is the same table under its new name, whatever
-    // `--tables` calls it; its old name, if another table has it now, is
-    // not that one (names may have been swapped among held tables).
-    for (old, taken) in held
+    // A table renamed is the same table under its new name, whatever
+    // `--tables` calls it; an old name another table has now is not that
+    // one (names may have been swapped among held tables), and naming it
+    // is refused unless `table_names` gives it Iceberg tables of its own.
+    let mut named_by_old_name = Vec::new();
+    for (h, (old, taken)) in held
         .iter()
-        .filter_map(|h| Some((h.renamed_from.as_ref()?, h.old_name_taken)))
+        .flat_map(|h| h.old_names.iter().map(move |o| (h, o)))
     {
-        if taken && tables.contains(old) && !held.iter().any(|h| h.table == *old) {
+        if *taken && (chosen.contains_key(old) || held.iter().any(|h| h.table == *old)) {
+            continue;
+        }
+        if *taken && tables.contains(old) {
             return Err(Error::new(
                 ErrorKind::Preflight,
                 "tables names a table the lake holds under another name now: it was renamed, \
@@ -151,13 +156,16 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
             )
             .with_context("table", old));
         }
+        if tables.contains(old) {
+            named_by_old_name.push(h.table.clone());
+        }
         tables.retain(|t| t != old);
         chosen.remove(old);
     }
     let held_tables = held.iter().map(|h| h.table.clone()).collect();
     for held in held {
         if !tables.contains(&held.table) {
-            if held.renamed_from.is_none() {
+            if !named_by_old_name.contains(&held.table) {
                 tracing::warn!(
                     table = %held.table,
                     "not named in tables, but the lake replicates it from this slot: applied \
