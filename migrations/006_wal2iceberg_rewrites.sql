@@ -9,9 +9,10 @@
 -- (pg_event_trigger_table_rewrite_reason). A run reloads the silver table
 -- of a captured table it names (docs/tables.md, Schema changes).
 --
--- It also gives migration 005's message each column's type: [name,
--- attnum, has default, type oid, type modifier], as a Relation message
--- names them, so that bronze follows a rewrite's retype at its place in
+-- It also gives migration 005's message the table's OID and each
+-- column's type: {"schema", "table", "oid", "columns": [[name, attnum,
+-- has default, type oid, type modifier], ...]}, as a Relation message
+-- names them, so that both tables follow each ALTER TABLE at its place in
 -- the stream though no change of the table follows it.
 --
 -- An event trigger needs a superuser: run as another role, this file only
@@ -72,6 +73,7 @@ BEGIN
         PERFORM pg_logical_emit_message(true, 'wal2iceberg.columns', json_build_object(
           'schema', target.nspname,
           'table', target.relname,
+          'oid', target.oid::int8,
           'columns', (SELECT coalesce(json_agg(json_build_array(a.attname, a.attnum,
                                                                  a.atthasdef OR a.atthasmissing,
                                                                  a.atttypid::int8, a.atttypmod)

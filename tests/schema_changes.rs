@@ -957,3 +957,50 @@ async fn a_rewrite_of_a_partitioned_table_while_streaming_reloads_its_silver_onc
     let notes = pyiceberg(dir.path(), "shop.notes_changes", "rows").await;
     assert_eq!(notes.as_array().unwrap().len(), 1, "{notes}");
 }
+
+/// Each ALTER TABLE is followed where it stands in the stream, though no
+/// change of the table comes after it: verify finds the lake in step after
+/// each one, and silver holds what the source shows.
+#[tokio::test]
+async fn ddl_with_no_change_after_it_is_followed_at_its_place_in_the_stream() {
+    let db = TestDb::new().await;
+    db.exec(&format!(
+        "{TWO_ORDERS} INSERT INTO orders SELECT i, 'c' || i, i FROM generate_series(3, 40) i;"
+    ))
+    .await;
+    let (dir, opts) = loaded(&db, "atddl").await;
+    let slot = opts.capture.slot.clone();
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 20).await;
+    for step in [
+        "ALTER TABLE orders ADD COLUMN x int",
+        "ALTER TABLE orders ADD COLUMN c int DEFAULT 42",
+        "ALTER TABLE orders RENAME COLUMN qty TO quantity",
+        "ALTER TABLE orders DROP COLUMN customer; ALTER TABLE orders ADD COLUMN customer text",
+        "BEGIN; ALTER TABLE orders ALTER quantity TYPE bigint USING quantity * 2;
+         ALTER TABLE orders RENAME COLUMN quantity TO qty; COMMIT;",
+    ] {
+        db.exec(step).await;
+        applied(&db, &slot).await;
+        let verified = verify_lake(&db, &slot, dir.path(), "public.orders").await;
+        assert!(
+            verified.status.success(),
+            "after {step}: {}{}",
+            String::from_utf8_lossy(&verified.stdout),
+            String::from_utf8_lossy(&verified.stderr)
+        );
+    }
+    running.await.unwrap().unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let silver = schema(dir.path(), SILVER).await;
+    for name in ["x", "c", "qty", "customer"] {
+        assert!(silver["ids"].get(name).is_some(), "{name}: {silver}");
+    }
+    let bronze = schema(dir.path(), BRONZE).await;
+    let retired = bronze["ids"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| k.starts_with("customer__"))
+        .count();
+    assert_eq!(retired, 1, "the dropped customer's field: {bronze}");
+}

@@ -339,16 +339,9 @@ impl Pipeline<'_> {
                     commit_ts: tx.commit_ts,
                 });
             }
-            Event::Rewritten {
-                tx,
-                table,
-                relation,
-                ..
-            } => {
-                if let Some(relation) = relation {
-                    self.follow_in_bronze(&relation, tx.commit_lsn).await?;
-                }
-                self.rewritten(&table, tx.commit_lsn).await?
+            Event::Rewritten { tx, table, .. } => self.rewritten(&table, tx.commit_lsn).await?,
+            Event::Described { tx, relation, .. } => {
+                self.follow_ddl(&relation, tx.commit_lsn).await?
             }
             Event::Begin(_) | Event::Message { .. } => {}
         }

@@ -104,7 +104,10 @@ impl FlushPolicy {
         match event {
             Event::Begin(_) => self.in_tx = true,
             Event::Commit { .. } => self.in_tx = false,
-            Event::Change(_) | Event::Message { .. } | Event::Rewritten { .. } => {}
+            Event::Change(_)
+            | Event::Message { .. }
+            | Event::Rewritten { .. }
+            | Event::Described { .. } => {}
         }
     }
 

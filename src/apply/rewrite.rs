@@ -1,6 +1,8 @@
-//! DDL that rewrote a table's rows with no change sent for them
-//! (`crate::cdc::event::Event::Rewritten`): bronze follows the columns it
-//! left, at its place in the stream, and silver is resynced ([`resync`]).
+//! DDL the stream marks though no change of its table may follow: a
+//! rewrite of a table's rows (`crate::cdc::event::Event::Rewritten`)
+//! resyncs silver ([`resync`]), and the columns an ALTER TABLE left
+//! (`crate::cdc::event::Event::Described`) are followed by both tables at
+//! that place in the stream.
 
 use std::sync::Arc;
 
@@ -66,12 +68,12 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// Bronze takes up `relation`, the columns a DDL statement of the
-    /// transaction committing at `commit_lsn` left, at that place in its
-    /// history: a rewrite's retype, which no change may follow, reaches
-    /// bronze before the reload's reads do. A table the lake does not hold
-    /// is left to its load.
-    pub(super) async fn follow_in_bronze(
+    /// Both tables take up `relation`, the columns an ALTER TABLE of the
+    /// transaction committing at `commit_lsn` left, at that place in the
+    /// stream (`crate::cdc::event::Event::Described`), each unless it holds
+    /// that transaction already; silver unless it waits for a reload. A
+    /// table the lake does not hold is left to its load.
+    pub(super) async fn follow_ddl(
         &mut self,
         relation: &Arc<RelationInfo>,
         commit_lsn: Lsn,
@@ -87,13 +89,16 @@ impl Pipeline<'_> {
             .sinks
             .get_mut(&relation.name)
             .expect("ensure_sink just ran");
-        if sink.bronze_at.is_none_or(|at| at.holds(commit_lsn)) {
+        let wants = |at: Option<Position>| at.is_some_and(|at| !at.holds(commit_lsn));
+        let bronze = wants(sink.bronze_at).then_some(Mode::Bronze);
+        let silver = (sink.silver.is_some() && !sink.reloading && wants(sink.silver_at))
+            .then_some(Mode::Silver);
+        if bronze.is_none() && silver.is_none() {
             return Ok(());
         }
-        self.resync_asked |= sink
-            .follow(&self.lake, relation, Some(Mode::Bronze), None)
-            .await?;
+        self.resync_asked |= sink.follow(&self.lake, relation, bronze, silver).await?;
         sink.bronze_dirty |= sink.bronze.schema_staged();
+        sink.silver_dirty |= sink.silver.as_ref().is_some_and(|s| s.schema_staged());
         Ok(())
     }
 }

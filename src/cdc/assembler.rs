@@ -374,10 +374,10 @@ impl<D: Describe> Assembler<D> {
                 }
                 relation::COLUMNS if m.transactional => {
                     match relation::parse_columns(&m.content) {
-                        Ok((table, columns)) => {
+                        Ok((table, oid, columns)) => {
                             self.catalog.note_columns(table.clone(), columns.clone());
                             if let Some((tx, _)) = tx {
-                                self.retyped(&table, &columns, tx, m.lsn).await?;
+                                self.described(&table, oid, &columns, tx, m.lsn).await?;
                             }
                         }
                         Err(e) => {

@@ -202,13 +202,19 @@ pub enum Event {
     /// DDL of transaction `tx` rewrote a captured table's rows in place
     /// (ALTER COLUMN ... TYPE, ADD COLUMN with a volatile default): no
     /// change comes for them, and their values may differ after
-    /// ([`super::relation::REWRITE`]). Sent where the rewrite starts, and
-    /// again with the table's `relation` where the DDL ends.
+    /// ([`super::relation::REWRITE`]). Once per table and transaction.
     Rewritten {
         tx: TxInfo,
         lsn: Lsn,
         table: TableName,
-        relation: Option<Arc<RelationInfo>>,
+    },
+    /// A captured table's columns as an ALTER TABLE of transaction `tx`
+    /// left them ([`super::relation::COLUMNS`]), though no change of the
+    /// table may follow.
+    Described {
+        tx: TxInfo,
+        lsn: Lsn,
+        relation: Arc<RelationInfo>,
     },
     Commit {
         tx: TxInfo,
@@ -244,17 +250,18 @@ impl Event {
                 "prefix": prefix,
                 "content": String::from_utf8_lossy(content),
             }),
-            Event::Rewritten {
-                tx,
-                lsn,
-                table,
-                relation,
-            } => json!({
+            Event::Rewritten { tx, lsn, table } => json!({
                 "event": "rewrite",
                 "xid": tx.xid,
                 "lsn": lsn.to_string(),
                 "table": table.to_string(),
-                "columns": relation.as_ref().map(|r| r.columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>()),
+            }),
+            Event::Described { tx, lsn, relation } => json!({
+                "event": "columns",
+                "xid": tx.xid,
+                "lsn": lsn.to_string(),
+                "table": relation.name.to_string(),
+                "columns": relation.columns.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
             }),
             Event::Change(c) => {
                 let mut out = Map::new();

@@ -239,12 +239,15 @@ pub struct NotedColumn {
     type_modifier: Option<i32>,
 }
 
-/// A table's columns as a [`COLUMNS`] message gives them.
-pub fn parse_columns(content: &[u8]) -> Result<(TableName, Vec<NotedColumn>)> {
+/// A table's name, OID (since migration 006) and columns as a [`COLUMNS`]
+/// message gives them.
+pub fn parse_columns(content: &[u8]) -> Result<(TableName, Option<u32>, Vec<NotedColumn>)> {
     #[derive(serde::Deserialize)]
     struct Noted {
         schema: String,
         table: String,
+        #[serde(default)]
+        oid: Option<u32>,
         columns: Vec<NotedColumn>,
     }
     let noted: Noted = serde_json::from_slice(content).map_err(|e| {
@@ -254,7 +257,7 @@ pub fn parse_columns(content: &[u8]) -> Result<(TableName, Vec<NotedColumn>)> {
         schema: noted.schema,
         name: noted.table,
     };
-    Ok((table, noted.columns))
+    Ok((table, noted.oid, noted.columns))
 }
 
 /// The prefix of the message migration 006's event trigger writes before
@@ -287,22 +290,25 @@ pub fn parse_rewrite(content: &[u8]) -> Result<Vec<(TableName, u32)>> {
         .collect())
 }
 
-/// `table`'s Relation as a [`COLUMNS`] message gives its columns at a DDL
-/// statement, the rest from `base`, the table as last described: `None`
-/// when the message has no types (migration 005 without 006).
+/// The Relation of table `oid`, named `table`, as a [`COLUMNS`] message
+/// gives its columns at a DDL statement; which of them are of the replica
+/// identity, and the identity's kind, from `base`, the table as the stream
+/// last described it, if it did. `None` when the message has no types
+/// (migration 005 without 006).
 pub fn relation_at_ddl(
-    base: &RelationInfo,
+    base: Option<&RelationInfo>,
+    oid: u32,
     table: &TableName,
     columns: &[NotedColumn],
 ) -> Option<pgoutput::Relation> {
+    let based = base.map_or(&[][..], |b| &b.columns[..]);
     let columns = columns
         .iter()
         .map(|c| {
-            let is_key = base
-                .columns
+            let is_key = based
                 .iter()
                 .find(|b| b.attnum == Some(c.attnum))
-                .or_else(|| base.columns.iter().find(|b| b.name == c.name))
+                .or_else(|| based.iter().find(|b| b.name == c.name))
                 .is_some_and(|b| b.is_identity_key);
             Some(pgoutput::RelationColumn {
                 is_key,
@@ -313,10 +319,10 @@ pub fn relation_at_ddl(
         })
         .collect::<Option<Vec<_>>>()?;
     Some(pgoutput::Relation {
-        oid: base.oid,
+        oid,
         namespace: table.schema.clone(),
         name: table.name.clone(),
-        replica_identity: base.replica_identity,
+        replica_identity: base.map_or(b'd', |b| b.replica_identity),
         columns,
     })
 }
@@ -612,24 +618,30 @@ mod tests {
     #[test]
     fn a_columns_message_reads_with_and_without_types() {
         let old = br#"{"schema": "public", "table": "customers", "columns": [["id", 1, false]]}"#;
-        let (table, columns) = parse_columns(old).unwrap();
-        assert_eq!(table.to_string(), "public.customers");
+        let (table, oid, columns) = parse_columns(old).unwrap();
+        assert_eq!(
+            (table.to_string(), oid),
+            ("public.customers".to_owned(), None)
+        );
         let base = relation(vec![column("id", PgType::Int4, -1, true)]);
-        assert!(relation_at_ddl(&base, &table, &columns).is_none());
+        assert!(relation_at_ddl(Some(&base), 1, &table, &columns).is_none());
 
-        let typed = br#"{"schema": "public", "table": "customers",
+        let typed = br#"{"schema": "public", "table": "customers", "oid": 16400,
                          "columns": [["id", 1, false, 20, -1], ["n", 3, true, 1700, 655366]]}"#;
-        let (table, columns) = parse_columns(typed).unwrap();
+        let (table, oid, columns) = parse_columns(typed).unwrap();
+        assert_eq!(oid, Some(16400));
         let mut base = base;
         base.columns[0].attnum = Some(1);
-        let rel = relation_at_ddl(&base, &table, &columns).unwrap();
+        let rel = relation_at_ddl(Some(&base), 16400, &table, &columns).unwrap();
         let shape: Vec<_> = rel
             .columns
             .iter()
             .map(|c| (c.name.as_str(), c.is_key, c.type_oid, c.type_modifier))
             .collect();
         assert_eq!(shape, [("id", true, 20, -1), ("n", false, 1700, 655366)]);
-        assert_eq!((rel.oid, rel.replica_identity), (1, b'd'));
+        assert_eq!((rel.oid, rel.replica_identity), (16400, b'd'));
+        let unknown = relation_at_ddl(None, 16400, &table, &columns).unwrap();
+        assert!(unknown.columns.iter().all(|c| !c.is_key));
     }
 
     #[test]

@@ -740,7 +740,18 @@ fn attnum_record(
             Some((number, id))
         })
         .collect();
-    pairs_text(pairs)
+    // A dropped column's number, which PostgreSQL never gives another
+    // column of the table, stays with its field: a column added again
+    // under its name is told from it, in this batch or a later one.
+    let numbers: HashSet<i16> = relation.columns.iter().filter_map(|c| c.attnum).collect();
+    let ids: HashSet<i32> = pairs.iter().map(|(_, id)| *id).collect();
+    let dropped: Vec<(i16, i32)> = recorded
+        .into_iter()
+        .flatten()
+        .filter(|(number, id)| !numbers.contains(number) && !ids.contains(id))
+        .map(|(number, id)| (*number, *id))
+        .collect();
+    pairs_text([pairs, dropped].concat())
 }
 
 /// `a:b` pairs, sorted, comma-separated: [`ATTNUMS`], [`RETYPED_AHEAD`].

@@ -262,6 +262,11 @@ impl SilverTable {
         self.schema_changes.table(lake, &self.ident).await
     }
 
+    /// Whether the open batch commits schema or property updates.
+    pub fn schema_staged(&self) -> bool {
+        !self.schema_changes.is_empty()
+    }
+
     /// Stages schema updates planned on [`Self::table`], for the open
     /// batch's commit; [`Self::refresh_schema`] then takes them up.
     pub fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {

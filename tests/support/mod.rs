@@ -447,7 +447,10 @@ pub fn commits(events: &[Event]) -> usize {
     for event in events {
         match event {
             Event::Begin(_) => changed = false,
-            Event::Change(_) | Event::Message { .. } | Event::Rewritten { .. } => changed = true,
+            Event::Change(_)
+            | Event::Message { .. }
+            | Event::Rewritten { .. }
+            | Event::Described { .. } => changed = true,
             Event::Commit { .. } if changed => count += 1,
             Event::Commit { .. } => {}
         }

@@ -1,8 +1,10 @@
-//! The marks DDL leaves in the stream of a table it rewrote
-//! ([`relation::REWRITE`], [`relation::COLUMNS`]): pgoutput sends no change
-//! for the rows, so the assembler sends [`Event::Rewritten`] in their place.
+//! The marks DDL leaves in the stream ([`relation::REWRITE`],
+//! [`relation::COLUMNS`]): pgoutput sends nothing for a table's DDL until
+//! its next change, so the assembler sends [`Event::Rewritten`] where DDL
+//! rewrote a captured table's rows and [`Event::Described`] where it left
+//! its columns, whether or not a change of the table follows.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use super::Assembler;
@@ -12,80 +14,76 @@ use crate::error::Result;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
 
-/// The captured tables a transaction rewrote ([`relation::REWRITE`]) whose
-/// columns its DDL has not given yet.
+/// The captured tables a transaction marked rewritten so far: one mark per
+/// table, however many of its partitions the DDL rewrote.
 pub(super) struct Rewritten {
     xid: u32,
-    /// By the name the message gives: the captured name, and the OID.
-    tables: HashMap<TableName, (TableName, u32)>,
+    tables: HashSet<TableName>,
 }
 
 impl<D: Describe> Assembler<D> {
-    /// Marks the captured tables among those a rewrite names: silver
-    /// reloads them ([`Event::Rewritten`]), and bronze follows their
-    /// columns when the DDL's [`relation::COLUMNS`] message gives them.
+    /// The captured table of OID `oid` that a message names `named`.
+    fn captured_as(&self, named: &TableName, oid: u32) -> Option<TableName> {
+        match self.captured.get(&oid) {
+            Some(captured) => Some(captured.clone()),
+            None => self.tables.contains(named).then(|| named.clone()),
+        }
+    }
+
+    /// Marks the captured tables among those a rewrite names, once per
+    /// transaction: silver reloads them ([`Event::Rewritten`]).
     pub(super) fn rewrote(&mut self, tables: Vec<(TableName, u32)>, tx: TxInfo, lsn: Lsn) {
         self.settle_moving();
         if self.rewritten.as_ref().is_none_or(|r| r.xid != tx.xid) {
             self.rewritten = Some(Rewritten {
                 xid: tx.xid,
-                tables: HashMap::new(),
+                tables: HashSet::new(),
             });
         }
         for (named, oid) in tables {
-            let captured = match self.captured.get(&oid) {
-                Some(captured) => captured.clone(),
-                None if self.tables.contains(&named) => named.clone(),
-                None => continue,
+            let Some(table) = self.captured_as(&named, oid) else {
+                continue;
             };
-            self.ready.push_back(Event::Rewritten {
-                tx,
-                lsn,
-                table: captured.clone(),
-                relation: None,
-            });
-            if let Some(rewritten) = &mut self.rewritten {
-                rewritten.tables.insert(named, (captured, oid));
+            let marked = self
+                .rewritten
+                .as_mut()
+                .is_some_and(|r| r.tables.insert(table.clone()));
+            if marked {
+                self.ready.push_back(Event::Rewritten { tx, lsn, table });
             }
         }
     }
 
-    /// A rewritten table's columns as its DDL left them: the table as
-    /// bronze follows it at this place in the stream, though no change of
-    /// it may come after.
-    pub(super) async fn retyped(
+    /// A captured table's columns as a DDL statement left them
+    /// ([`Event::Described`]): the relation both its tables follow at this
+    /// place in the stream. Nothing for a message without types or OID
+    /// (migration 005 without 006).
+    pub(super) async fn described(
         &mut self,
-        table: &TableName,
+        named: &TableName,
+        oid: Option<u32>,
         columns: &[NotedColumn],
         tx: TxInfo,
         lsn: Lsn,
     ) -> Result<()> {
-        let Some((captured, oid)) = self
-            .rewritten
-            .as_mut()
-            .filter(|r| r.xid == tx.xid)
-            .and_then(|r| r.tables.remove(table))
+        let Some((oid, table)) = oid.and_then(|oid| Some((oid, self.captured_as(named, oid)?)))
         else {
             return Ok(());
         };
-        let base = match self.relations.get(oid, lsn).ok() {
-            Some(base) => base,
-            None => match self.catalog.describe_table(table).await? {
-                Some(described) => Arc::new(described),
-                None => return Ok(()),
-            },
-        };
-        let Some(rel) = relation::relation_at_ddl(&base, table, columns) else {
+        // Not described by the stream yet: nothing needs its identity's
+        // columns before a Relation message comes with its first change.
+        let base = self.relations.get(oid, lsn).ok();
+        let Some(rel) = relation::relation_at_ddl(base.as_deref(), oid, named, columns) else {
             return Ok(());
         };
+        self.settle_moving();
         // Read with the message's own numbers and defaults, noted before.
         let mut relation = self.catalog.describe(rel).await?;
-        relation.name = captured.clone();
-        self.ready.push_back(Event::Rewritten {
+        relation.name = table;
+        self.ready.push_back(Event::Described {
             tx,
             lsn,
-            table: captured,
-            relation: Some(Arc::new(relation)),
+            relation: Arc::new(relation),
         });
         Ok(())
     }

@@ -45,7 +45,7 @@ enum Seen {
         xid: Option<u32>,
         lsn: u64,
     },
-    Rewritten {
+    Ddl {
         xid: u32,
         lsn: u64,
     },
@@ -69,7 +69,7 @@ fn seen(event: &Event) -> Seen {
             xid: tx.map(|t| t.xid),
             lsn: lsn.0,
         },
-        Event::Rewritten { tx, lsn, .. } => Seen::Rewritten {
+        Event::Rewritten { tx, lsn, .. } | Event::Described { tx, lsn, .. } => Seen::Ddl {
             xid: tx.xid,
             lsn: lsn.0,
         },

@@ -318,7 +318,9 @@ fn a_column_dropped_and_added_again_under_its_name_gets_a_new_field() {
     let new_amount = field(&silver.schema, "amount").id;
     assert!(new_amount > old.highest_field_id(), "{:?}", silver.changes);
     assert!(silver.attnums.contains(&format!("4:{new_amount}")));
-    assert!(!silver.attnums.contains(&format!(":{old_amount}")));
+    // The dropped column's number stays with its field: PostgreSQL never
+    // gives it to another column.
+    assert!(silver.attnums.contains(&format!("3:{old_amount}")));
     assert_eq!(silver.added, ["amount"]);
     // Bronze keeps the dropped column's history under a retired name.
     let (old_bronze, _) = made(Mode::Bronze);
@@ -329,6 +331,37 @@ fn a_column_dropped_and_added_again_under_its_name_gets_a_new_field() {
         old_amount
     );
     assert!(field(&bronze, "amount").id > old_bronze.highest_field_id());
+    // The drop and the add followed one at a time (two ALTERs of one
+    // transaction): the record the drop left still tells them apart.
+    let mut dropped = base();
+    dropped.columns.remove(2);
+    let (schema, attnums) = made(Mode::Bronze);
+    let after_drop = plan_schema(
+        &schema,
+        schema.highest_field_id(),
+        recording(&attnums),
+        &dropped,
+        Mode::Bronze,
+    )
+    .unwrap();
+    assert!(
+        after_drop.is_none(),
+        "bronze keeps the field and its number"
+    );
+    let after_add = plan_schema(
+        &schema,
+        schema.highest_field_id(),
+        recording(&attnums),
+        &again,
+        Mode::Bronze,
+    )
+    .unwrap()
+    .unwrap()
+    .schema;
+    assert_eq!(
+        field(&after_add, &format!("amount__{old_amount}")).id,
+        old_amount
+    );
     // Without column numbers, by name: the field continues.
     let mut unnumbered = again.clone();
     unnumbered.columns[2].attnum = None;
