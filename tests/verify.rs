@@ -111,6 +111,17 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
         .await;
     let (code, report, stderr) = verify(&oracle).await;
     assert_eq!(code, 0, "{report}{stderr}");
+    // DDL the slot holds and no run took up: the lake is behind, not wrong.
+    oracle
+        .db
+        .exec("ALTER TABLE accounts ADD COLUMN extra int DEFAULT 7")
+        .await;
+    let (code, report, stderr) = verify(&oracle).await;
+    assert_ne!(code, 0, "{report}");
+    assert!(stderr.contains("the lake lacks 1 changes"), "{stderr}");
+    oracle.drain().await;
+    let (code, report, stderr) = verify(&oracle).await;
+    assert_eq!(code, 0, "{report}{stderr}");
 
     // Silver changed behind the tool's back, each change hidden under the
     // position silver had: bronze and the source still agree, silver not.

@@ -45,7 +45,7 @@ use crate::apply::load_columns;
 use crate::apply::naming::names;
 use crate::apply::table_set;
 use crate::cdc::capture::read_now;
-use crate::cdc::relation::{Catalog, RelationInfo, message_table};
+use crate::cdc::relation::{self, Catalog, RelationInfo, message_table};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::align::align;
@@ -766,7 +766,8 @@ async fn wait_for_lake(
 }
 
 /// Changes of the captured tables the idle slot holds in transactions
-/// committed before `position`; `None` when a run took the slot meanwhile.
+/// committed before `position`, DDL the event triggers marked included;
+/// `None` when a run took the slot meanwhile.
 async fn unapplied_changes(
     client: &SourceClient,
     options: &RunOptions,
@@ -775,7 +776,7 @@ async fn unapplied_changes(
     let rows = client
         .query(
             "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, \
-             'proto_version', '1', 'publication_names', $3)",
+             'proto_version', '1', 'publication_names', $3, 'messages', 'true')",
             &[
                 &options.capture.slot,
                 &position.to_string(),
@@ -814,6 +815,23 @@ async fn unapplied_changes(
             Message::Update(_, m) => vec![m.relation_oid],
             Message::Delete(_, m) => vec![m.relation_oid],
             Message::Truncate(_, m) => m.relation_oids,
+            // DDL the event triggers marked: a schema change or a rewrite
+            // the lake has not taken up either.
+            Message::Message(_, m) if m.transactional => {
+                let named = match m.prefix.as_str() {
+                    relation::COLUMNS => relation::parse_columns(&m.content)
+                        .map(|(table, _, _)| vec![table])
+                        .unwrap_or_default(),
+                    relation::REWRITE => relation::parse_rewrite(&m.content)
+                        .map(|tables| tables.into_iter().map(|(t, _)| t).collect())
+                        .unwrap_or_default(),
+                    _ => Vec::new(),
+                };
+                if before && named.iter().any(|t| options.capture.tables.contains(t)) {
+                    count += 1;
+                }
+                continue;
+            }
             _ => continue,
         };
         if before && oids.iter().any(|oid| captured.get(oid) == Some(&true)) {
