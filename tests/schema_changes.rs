@@ -1004,3 +1004,31 @@ async fn ddl_with_no_change_after_it_is_followed_at_its_place_in_the_stream() {
         .count();
     assert_eq!(retired, 1, "the dropped customer's field: {bronze}");
 }
+
+/// A value kept as text (`_cdc_verbatim`, under the name its column had
+/// when the row was written) still compares equal after a rename.
+#[tokio::test]
+async fn a_value_kept_verbatim_verifies_under_its_columns_new_name() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, price numeric(12,2));
+         INSERT INTO orders VALUES (1, 'NaN'), (2, 2.5);",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "verbatim").await;
+    db.exec(
+        "ALTER TABLE orders RENAME COLUMN price TO cost; UPDATE orders SET cost = 3 WHERE id = 2;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    let silver = pyiceberg(dir.path(), SILVER, "rows").await;
+    let nan = silver
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["id"] == json!(1))
+        .unwrap()
+        .clone();
+    assert_eq!(nan["cost"], json!(null), "{nan}");
+    assert_verified(&db, &opts.capture.slot, dir.path()).await;
+}

@@ -297,11 +297,13 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
         if column_names(&silver).iter().any(|c| c == VERBATIM) {
             silver_columns.push(VERBATIM.to_owned());
         }
+        let renamed = renamed_since(&silver);
         let mut rows = scan(&silver, None, &silver_columns).await?;
         while let Some(batch) = rows.try_next().await? {
             let kept = batch.column_by_name(VERBATIM).cloned();
             let batch = align(&batch, &shape.schema, &silver_ident.to_string())?;
-            against_silver.add(&shape.hash(&batch, |row| kept_entries(kept.as_ref(), row))?);
+            against_silver
+                .add(&shape.hash(&batch, |row| kept_entries(kept.as_ref(), row, &renamed))?);
         }
         tables.push(TableReport {
             table: table.clone(),
@@ -450,11 +452,43 @@ impl Shape {
     }
 }
 
-/// The entries of row `row` of a `_cdc_verbatim` column, sorted.
-fn kept_entries(column: Option<&ArrayRef>, row: usize) -> Vec<(String, String)> {
+/// The entries of row `row` of a `_cdc_verbatim` column, sorted, each
+/// under its column's name now: an entry names its column as it was
+/// called when the row was written (`renamed`, [`renamed_since`]).
+fn kept_entries(
+    column: Option<&ArrayRef>,
+    row: usize,
+    renamed: &HashMap<String, String>,
+) -> Vec<(String, String)> {
     let mut entries = column.map_or_else(Vec::new, |c| verbatim_entries(c.as_ref(), row));
+    for (name, _) in &mut entries {
+        if let Some(now) = renamed.get(name) {
+            name.clone_from(now);
+        }
+    }
     entries.sort();
     entries
+}
+
+/// The names `table`'s top-level fields had before their current ones,
+/// each with the current one, from its schemas' history; a name a field
+/// of the current schema has is its own.
+fn renamed_since(table: &Table) -> HashMap<String, String> {
+    let metadata = table.metadata();
+    let current = metadata.current_schema();
+    let mut schemas: Vec<_> = metadata.schemas_iter().collect();
+    schemas.sort_by_key(|s| s.schema_id());
+    let mut last_id_of: HashMap<String, i32> = HashMap::new();
+    for schema in schemas {
+        for field in schema.as_struct().fields() {
+            last_id_of.insert(field.name.clone(), field.id);
+        }
+    }
+    last_id_of
+        .into_iter()
+        .filter(|(name, _)| current.as_struct().field_by_name(name).is_none())
+        .filter_map(|(name, id)| Some((name, current.field_by_id(id)?.name.clone())))
+        .collect()
 }
 
 /// The order of bronze's changes: by commit, a load before the
@@ -509,6 +543,7 @@ async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
 /// position ends at `to` holds (see [`Position`]).
 async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
     let ident = bronze.identifier().to_string();
+    let renamed = renamed_since(bronze);
     let names = column_names(bronze);
     let mut select: Vec<String> = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "_cdc_before"]
         .map(String::from)
@@ -577,7 +612,7 @@ async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u
             .collect();
         let kept = picked.column_by_name(VERBATIM).cloned();
         let image = align(&picked, &shape.schema, &ident)?;
-        let hashed = shape.hash(&image, |row| kept_entries(kept.as_ref(), row))?;
+        let hashed = shape.hash(&image, |row| kept_entries(kept.as_ref(), row, &renamed))?;
         let old_keys = old_keys(&picked, shape, &picked_orders, &ident)?;
         let mut put = |key: Key, order: Order, hash: Option<u64>| {
             let entry = latest.entry(key).or_insert((order, hash));
