@@ -320,8 +320,11 @@ impl<D: Describe> Assembler<D> {
             let mut relation = self.catalog.describe(rel).await?;
             match self.captured.get(&relation.oid) {
                 Some(name) if *name != relation.name => {
+                    // A Relation message has no WAL position of its own:
+                    // its transaction's commit says where it is.
+                    let commit_lsn = tx.as_ref().map_or(lsn, |(tx, _)| tx.commit_lsn);
                     tracing::warn!(
-                        table = %name, stream_name = %relation.name, %lsn,
+                        table = %name, stream_name = %relation.name, %commit_lsn,
                         "the stream names the table otherwise than this run does (it was \
                          renamed): its changes go on to the same Iceberg tables, and later \
                          starts follow it by its OID (docs/tables.md, Schema changes)"
