@@ -1032,3 +1032,50 @@ async fn a_value_kept_verbatim_verifies_under_its_columns_new_name() {
     assert_eq!(nan["cost"], json!(null), "{nan}");
     assert_verified(&db, &opts.capture.slot, dir.path()).await;
 }
+
+/// A column dropped and added again with a default in one transaction:
+/// silver is reloaded for the default, and bronze, which took the DDL at
+/// its place first, gets the reload's values under the new column.
+#[tokio::test]
+async fn a_column_dropped_and_added_again_with_a_default_reloads_into_the_new_field() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, c int);
+         INSERT INTO orders SELECT g, g FROM generate_series(1, 50) g;",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "dropadd").await;
+    let slot = opts.capture.slot.clone();
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 5).await;
+    db.exec("BEGIN; ALTER TABLE orders DROP COLUMN c; ALTER TABLE orders ADD COLUMN c int DEFAULT 5; COMMIT;")
+        .await;
+    applied(&db, &slot).await;
+    running.await.unwrap().unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    assert_verified(&db, &slot, dir.path()).await;
+
+    // Again while stopped, and a resync asked for before the next run,
+    // whose snapshot is then ahead of bronze's stream by the drop and add:
+    // the reload's values wait in a field of their own until the stream
+    // reaches the add, never in the dropped column's.
+    db.exec(
+        "BEGIN; ALTER TABLE orders DROP COLUMN c; ALTER TABLE orders ADD COLUMN c int; COMMIT;
+         UPDATE orders SET c = 100 + id WHERE id <= 3;",
+    )
+    .await;
+    request_resync(&db, dir.path(), "public.orders").await;
+    run(&db.config, &opts).await.unwrap();
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    assert_verified(&db, &slot, dir.path()).await;
+    let bronze = schema(dir.path(), BRONZE).await;
+    assert_eq!(
+        bronze["ids"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .filter(|k| k.starts_with("c__"))
+            .count(),
+        2,
+        "the two dropped columns' fields: {bronze}"
+    );
+}

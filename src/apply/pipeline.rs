@@ -208,8 +208,10 @@ impl Pipeline<'_> {
                 }
             }
             // Between transactions, with nothing staged: where a resync
-            // may end the stream.
-            if self.batch_end.is_none() && self.batch_changes == 0 {
+            // may end the stream. (Inside one, a DDL's schema change may
+            // be staged with no change counted.)
+            if policy.between_transactions() && self.batch_end.is_none() && self.batch_changes == 0
+            {
                 if self.resync_asked {
                     return Ok(StreamEnd::Resync);
                 }

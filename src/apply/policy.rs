@@ -147,6 +147,11 @@ impl FlushPolicy {
         }
     }
 
+    /// Whether the stream stands between transactions.
+    pub(super) fn between_transactions(&self) -> bool {
+        !self.in_tx
+    }
+
     pub(super) fn flushed(&mut self) {
         self.flush_at = None;
     }

@@ -219,6 +219,33 @@ fn plan_schema(
         .map(parse_pairs::<i32>)
         .unwrap_or_default();
     let mut holders = holders(schema, relation, recorded.as_ref());
+    // A column added under a dropped column's name, ahead of the stream:
+    // its values wait in a field of their own, which the stream's add then
+    // gives it (as for a retype ahead).
+    let mut waiting: Vec<(&NestedFieldRef, &ColumnInfo)> = Vec::new();
+    let mut arrived: Vec<&ColumnInfo> = Vec::new();
+    if matches!(mode, Mode::Bronze | Mode::BronzeAhead) {
+        let held: HashSet<i32> = holders.iter().flatten().map(|f| f.id).collect();
+        for (column, holder) in relation.columns.iter().zip(holders.iter_mut()) {
+            let Some(dropped) = schema
+                .as_struct()
+                .field_by_name(&column.name)
+                .filter(|f| holder.is_none() && !held.contains(&f.id))
+            else {
+                continue;
+            };
+            match waiting_for(schema, &ahead, dropped, &iceberg_type(column)) {
+                Some((waited, _)) if mode == Mode::Bronze => {
+                    ahead.remove(&dropped.id);
+                    *holder = Some(waited);
+                    arrived.push(column);
+                }
+                Some(_) => {}
+                None if mode == Mode::BronzeAhead => waiting.push((dropped, column)),
+                None => {}
+            }
+        }
+    }
     let key_change = match mode.silver() {
         true => key_change(schema, relation, &holders),
         false => None,
@@ -251,9 +278,8 @@ fn plan_schema(
     let mut evolved: HashMap<i32, (&ColumnInfo, Type)> = HashMap::new();
     let mut retyped: HashSet<i32> = HashSet::new();
     // Ahead of the stream: the fields that wait for a retype's values.
-    let mut waiting: Vec<(&NestedFieldRef, &ColumnInfo)> = Vec::new();
-    // Of the stream: the columns retyped into a field that waited for them.
-    let mut arrived: Vec<&ColumnInfo> = Vec::new();
+    // Of the stream: the columns retyped into a field that waited for them
+    // (`arrived`, above).
     for (column, holder) in relation.columns.iter().zip(holders.iter_mut()) {
         let Some(field) = *holder else {
             continue;
@@ -539,7 +565,15 @@ pub fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
             }
             // The table has no field for it yet; the name is another's.
             None if held.contains(column.name.as_str()) => String::new(),
-            None => column.name.clone(),
+            // Added under a dropped column's name: the field waiting for it
+            // ahead of the stream, not the dropped one's.
+            None => match schema.as_struct().field_by_name(&column.name) {
+                Some(dropped) => ahead
+                    .get(&dropped.id)
+                    .and_then(|id| schema.as_struct().fields().iter().find(|f| f.id == *id))
+                    .map_or_else(String::new, |waiting| waiting.name.clone()),
+                None => column.name.clone(),
+            },
         })
         .collect()
 }

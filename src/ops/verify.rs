@@ -223,6 +223,13 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
         }
     }
     let names = names(&options.capture.tables, &chosen)?;
+    if wait_for_resyncs(&lake, &namespace, &names, &options.capture.tables, wait).await? {
+        // Silver was reloaded from a snapshot after this one.
+        return Err(Error::new(
+            ErrorKind::Concurrent,
+            "a resync reloaded silver meanwhile: verifying again from a new snapshot",
+        ));
+    }
     let mut source = SourceRows {
         load: &mut load,
         pending: None,
@@ -740,6 +747,45 @@ impl Differences {
                 .collect(),
         }
     }
+}
+
+/// Waits until no table's bronze holds a resync request not done yet: a
+/// schema change (a rewrite, a new column with a default) or `wal2iceberg
+/// resync` asked for silver to be reloaded, and until it is, silver is
+/// behind the stream it confirmed. True when one was pending.
+async fn wait_for_resyncs(
+    lake: &Lake,
+    namespace: &iceberg::NamespaceIdent,
+    names: &HashMap<TableName, String>,
+    tables: &[TableName],
+    wait: Duration,
+) -> Result<bool> {
+    let deadline = Instant::now() + wait;
+    let mut waited = false;
+    for table in tables {
+        let (bronze, _) = idents(namespace, names, table);
+        loop {
+            let Some(bronze) = lake.table_if_exists(&bronze).await? else {
+                break;
+            };
+            if crate::apply::resync::pending(&bronze).is_none() {
+                break;
+            }
+            waited = true;
+            if Instant::now() >= deadline {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    format!(
+                        "silver is being reloaded (a resync is pending) and was not done within \
+                         {wait:?}: verify again once the run has done it, or with a longer --wait"
+                    ),
+                )
+                .with_context("table", table));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+    Ok(waited)
 }
 
 /// Waits until the lake holds every change committed before `position`:
