@@ -32,15 +32,20 @@ pub use crate::apply::{
 /// The longest wait between reconnects.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
+/// How often a restart whose checks failed is tried again.
+const PREFLIGHT_RETRIES: usize = 3;
+
 /// Runs the pipeline. Once it has streamed, a lost connection or a server
 /// restart is not the end: it reconnects with capped exponential backoff
 /// and resumes from the slot (nothing committed is repeated, nothing
 /// unconfirmed is lost). An error before the first stream started (a wrong
-/// host, a refused password, a failed check) ends the run at once.
+/// host, a refused password, a failed check) ends the run at once; a
+/// restart's failed checks are tried a few times more, settled again.
 pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     let mut total = RunReport::default();
     let mut backoff = Duration::from_millis(250);
     let mut streamed = false;
+    let mut preflight_retries = 0;
     loop {
         let mut started = false;
         if streamed {
@@ -52,6 +57,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             Ok(StreamEnd::Resync) => {
                 streamed = true;
                 backoff = Duration::from_millis(250);
+                preflight_retries = 0;
             }
             Err(err) if err.is_retryable() && (started || streamed) => {
                 if options.shutdown.is_requested() {
@@ -59,9 +65,26 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                 }
                 if started {
                     backoff = Duration::from_millis(250);
+                    preflight_retries = 0;
                 }
                 streamed = true;
                 tracing::warn!(error = %err, retry_in = ?backoff, "the connection was lost; reconnecting");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            // A restart's checks can meet DDL that raced them (a table
+            // renamed after its names were settled): settled again, it
+            // passes; a failure that stays ends the run.
+            Err(err)
+                if streamed
+                    && err.kind() == ErrorKind::Preflight
+                    && preflight_retries < PREFLIGHT_RETRIES =>
+            {
+                if options.shutdown.is_requested() {
+                    return Ok(total);
+                }
+                preflight_retries += 1;
+                tracing::warn!(error = %err, retry_in = ?backoff, "a restart's checks failed; settling the tables again");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
