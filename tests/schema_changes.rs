@@ -150,7 +150,8 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
     // While the run streams, each change inside a batch with changes
     // before and after it; the rename inside one transaction too.
     let slot = opts.capture.slot.clone();
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 5).await;
+    // Idle long enough to outlast the resync the int to bigint rewrite asks for.
+    let running = streaming(&db, &["orders"], &slot, dir.path(), 15).await;
     for step in [
         "INSERT INTO orders VALUES (2, 'bob', 2, 19.99, 'b');
          BEGIN;
