@@ -678,22 +678,7 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     db.exec("UPDATE orders_v2 SET qty = 30 WHERE id = 2;").await;
     run(&db.config, &opts).await.unwrap();
     assert_eq!(history(dir.path(), "qty").await.last(), Some(&json!(30)));
-    let lake = dir.path().display().to_string();
-    let checked = cli(&[
-        "check",
-        "--source",
-        &db.config_url(),
-        "--slot",
-        &slot,
-        "--lake",
-        &lake,
-        "--namespace",
-        "shop",
-        "--tables",
-        "public.orders",
-    ])
-    .await;
-    assert_success(&checked);
+    assert_success(&at_lake("check", &db, &slot, dir.path(), "public.orders").await);
 
     // Dropped and created again under the name the lake now records: a
     // different table, refused before anything changes.

@@ -370,9 +370,21 @@ pub async fn verify_lake(
     lake: &std::path::Path,
     tables: &str,
 ) -> std::process::Output {
+    at_lake("verify", db, slot, lake, tables).await
+}
+
+/// `wal2iceberg <command>` of `tables` on the lake in `lake`, namespace
+/// `shop`, whose run uses `slot`.
+pub async fn at_lake(
+    command: &str,
+    db: &TestDb,
+    slot: &str,
+    lake: &std::path::Path,
+    tables: &str,
+) -> std::process::Output {
     let lake = lake.display().to_string();
     cli(&[
-        "verify",
+        command,
         "--source",
         &db.config_url(),
         "--slot",
