@@ -284,49 +284,79 @@ async fn the_load_reports_its_progress_against_the_planners_estimate() {
 }
 
 #[tokio::test]
-async fn a_truncate_after_the_snapshot_stops_the_load_instead_of_loading_an_empty_table() {
-    let db = TestDb::new().await;
-    db.exec(
-        "CREATE TABLE a(id int PRIMARY KEY); CREATE TABLE b(id int PRIMARY KEY);
-         INSERT INTO a VALUES (1); INSERT INTO b VALUES (1), (2);",
-    )
-    .await;
-    let Capture::Fresh { mut load, .. } =
-        capture::open(&db.config, &db.options(&["public.a", "public.b"]))
-            .await
-            .expect("open capture")
-    else {
-        panic!("expected a new slot");
-    };
-    // Table a is being read; b is not locked yet, so its TRUNCATE commits,
-    // and the snapshot would see b empty.
-    let first = loop {
-        if let Some(Event::Change(c)) = load.next_event().await.expect("load") {
-            break c;
-        }
-    };
-    assert_eq!(first.relation.name.to_string(), "public.a");
-    db.exec("TRUNCATE b").await;
-    let err = loop {
-        match load.next_event().await {
-            Ok(Some(Event::Change(c))) => {
-                assert_ne!(
-                    c.relation.name.to_string(),
-                    "public.b",
-                    "b loaded after its truncate"
-                )
+async fn a_truncate_or_alter_after_the_snapshot_stops_the_load_instead_of_loading_wrong_rows() {
+    // Each change commits after the load's snapshot, before b is locked:
+    // the snapshot would see b empty, a COPY of the snapshot's column
+    // names would fail or read another column, or reach another table.
+    for (ddl, said) in [
+        ("TRUNCATE b", "truncated"),
+        (
+            "ALTER TABLE b RENAME COLUMN v TO w",
+            "column of the table was renamed",
+        ),
+        (
+            "ALTER TABLE b RENAME COLUMN v TO w; ALTER TABLE b ADD COLUMN v text",
+            "column of the table was renamed",
+        ),
+        (
+            "ALTER TABLE b DROP COLUMN v",
+            "column of the table was renamed or dropped",
+        ),
+        (
+            "ALTER TABLE b RENAME TO c",
+            "renamed or dropped after the snapshot",
+        ),
+        (
+            "ALTER TABLE b RENAME TO c; CREATE TABLE b(id int PRIMARY KEY, v text)",
+            "name was given to another table",
+        ),
+    ] {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE a(id int PRIMARY KEY); CREATE TABLE b(id int PRIMARY KEY, v text);
+             INSERT INTO a VALUES (1); INSERT INTO b VALUES (1, 'x'), (2, 'y');",
+        )
+        .await;
+        let Capture::Fresh { mut load, .. } =
+            capture::open(&db.config, &db.options(&["public.a", "public.b"]))
+                .await
+                .expect("open capture")
+        else {
+            panic!("expected a new slot");
+        };
+        // Table a is being read; b is not locked yet, so the change commits.
+        let first = loop {
+            if let Some(Event::Change(c)) = load.next_event().await.expect("load") {
+                break c;
             }
-            Ok(Some(_)) => {}
-            Ok(None) => panic!("the load ended as if b were empty"),
-            Err(e) => break e,
-        }
-    };
-    assert_eq!(err.kind(), wal2iceberg::ErrorKind::Concurrent, "{err}");
-    let text = err.to_string();
-    assert!(
-        text.contains("public.b") && text.contains("truncated"),
-        "{text}"
-    );
+        };
+        assert_eq!(first.relation.name.to_string(), "public.a");
+        db.exec(ddl).await;
+        let err = loop {
+            match load.next_event().await {
+                Ok(Some(Event::Change(c))) => {
+                    assert_ne!(
+                        c.relation.name.to_string(),
+                        "public.b",
+                        "b loaded after {ddl}"
+                    )
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the load ended as if nothing happened to b: {ddl}"),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(
+            err.kind(),
+            wal2iceberg::ErrorKind::Concurrent,
+            "{ddl}: {err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("public.b") && text.contains(said),
+            "{ddl}: {text}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,10 @@ fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
     reads
 }
 
+/// A run in the background.
+type Running =
+    tokio::task::JoinHandle<wal2iceberg::error::Result<wal2iceberg::ops::run::RunReport>>;
+
 /// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
 /// publication, into the lake at `lake`, ending when idle.
 fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<String> {
@@ -115,7 +119,12 @@ async fn streaming(
     slot: &str,
     lake: &std::path::Path,
     idle_secs: u64,
-) -> tokio::task::JoinHandle<wal2iceberg::error::Result<wal2iceberg::ops::run::RunReport>> {
+) -> Running {
+    // The run's log, shown with a failing test's output.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("wal2iceberg=info")
+        .with_test_writer()
+        .try_init();
     let mut options = run_options(db, tables, slot, lake);
     options.exit_when_idle = Some(Duration::from_secs(idle_secs));
     let config = db.config.clone();
@@ -126,12 +135,16 @@ async fn streaming(
 
 /// Waits until the run confirmed everything written so far (up to three
 /// minutes: after a resync's restart, under the other tests' load, it has
-/// taken over one; the next session looks into why).
-async fn applied(db: &TestDb, slot: &str) {
+/// taken over one); a run that ended before fails the test with its result.
+async fn applied(db: &TestDb, slot: &str, running: &mut Running) {
     let target = db.wal_insert_lsn().await;
     for _ in 0..1800 {
         if db.confirmed_flush(slot).await >= Some(target) {
             return;
+        }
+        if running.is_finished() {
+            let ended = running.await.unwrap();
+            panic!("the run ended before it confirmed {target}: {ended:?}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -139,8 +152,6 @@ async fn applied(db: &TestDb, slot: &str) {
 }
 
 #[tokio::test]
-#[ignore = "known stall: since the int to bigint rewrite resyncs silver, the run sometimes never \
-            confirms the next step under the other tests' load (session 16's note); passes alone"]
 async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
     let db = TestDb::new().await;
     db.exec(
@@ -159,7 +170,7 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
     let slot = opts.capture.slot.clone();
     // Idle long enough to outlast the resync the int to bigint rewrite asks
     // for, and the walsender catching up through other tests' WAL after it.
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
     for step in [
         "INSERT INTO orders VALUES (2, 'bob', 2, 19.99, 'b');
          BEGIN;
@@ -173,7 +184,7 @@ async fn renames_keep_field_ids_and_history_and_promotions_widen_in_place() {
          UPDATE orders SET qty = qty + 1 WHERE id = 2;",
     ] {
         db.exec(step).await;
-        applied(&db, &slot).await;
+        applied(&db, &slot, &mut running).await;
     }
     running.await.unwrap().unwrap();
     let opts = run_options(&db, &["orders"], &slot, dir.path());
@@ -299,7 +310,7 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
     let before = schema(dir.path(), BRONZE).await;
 
     let slot = opts.capture.slot.clone();
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
     // The ALTER rewrites every row, which the stream does not show: only
     // a reload of silver brings the new values.
     db.exec(
@@ -310,7 +321,7 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
          INSERT INTO orders VALUES (51, 'one', 1.125, 'new');",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     // A column of a domain: its base type's field.
     db.exec(
         "UPDATE orders SET note = 'after' WHERE id IN (2, 4);
@@ -319,7 +330,7 @@ async fn a_type_iceberg_cannot_promote_to_retires_the_column_in_bronze_and_reloa
          UPDATE orders SET rank = 7 WHERE id = 4;",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running
         .await
         .unwrap()
@@ -489,7 +500,7 @@ async fn an_unchanged_toast_value_after_a_change_that_reloads_silver_keeps_the_r
     .await;
     let (dir, opts) = loaded(&db, "toast").await;
     let slot = opts.capture.slot.clone();
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
     db.exec(
         "BEGIN;
          ALTER TABLE orders ALTER c TYPE text;
@@ -498,13 +509,13 @@ async fn an_unchanged_toast_value_after_a_change_that_reloads_silver_keeps_the_r
          UPDATE orders SET c = 'next' WHERE id = 3;",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     db.exec(
         "ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (id, c);
          UPDATE orders SET c = 'rekeyed' WHERE id = 4;",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running
         .await
         .unwrap()
@@ -640,7 +651,7 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     let (dir, opts) = loaded(&db, "tablerename").await;
 
     let slot = opts.capture.slot.clone();
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 4).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 4).await;
     // Renamed before the stream describes it: it is known by its OID.
     db.exec(
         "ALTER TABLE orders RENAME TO orders_v2;
@@ -648,7 +659,7 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
          UPDATE orders_v2 SET qty = 10 WHERE id = 1;",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running.await.unwrap().unwrap();
     let rows = pyiceberg(dir.path(), SILVER, "rows").await;
     let mut pairs: Vec<(i64, i64)> = rows
@@ -712,7 +723,7 @@ async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
     let opts = run_options(&db, &["notes"], &slot, dir.path());
     run(&db.config, &opts).await.unwrap();
 
-    let running = streaming(&db, &["notes"], &slot, dir.path(), 4).await;
+    let mut running = streaming(&db, &["notes"], &slot, dir.path(), 4).await;
     db.exec(
         "INSERT INTO notes VALUES (2, 'b');
          ALTER TABLE notes ADD PRIMARY KEY (id);
@@ -720,7 +731,7 @@ async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
          DELETE FROM notes WHERE id = 2;",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running.await.unwrap().unwrap();
     // And after a restart, which describes the table with its key.
     db.exec("INSERT INTO notes VALUES (3, 'c');").await;
@@ -774,7 +785,7 @@ async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
     let before = schema(dir.path(), SILVER).await;
     let slot = opts.capture.slot.clone();
 
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
     db.exec(
         "UPDATE orders SET qty = 3 WHERE id = 1;
          ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (customer);
@@ -782,7 +793,7 @@ async fn a_changed_or_retyped_primary_key_reloads_silver_and_the_run_goes_on() {
          UPDATE orders SET qty = 4 WHERE customer = 'bob';",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running.await.unwrap().unwrap();
     assert_reconciled(&db, "orders", dir.path(), SILVER).await;
     let rekeyed = schema(dir.path(), SILVER).await;
@@ -918,13 +929,13 @@ async fn a_rewrite_of_a_partitioned_table_while_streaming_reloads_its_silver_onc
     .await;
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("rewrite");
-    let running = streaming(&db, &["parts", "notes"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["parts", "notes"], &slot, dir.path(), 30).await;
     db.exec(
         "ALTER TABLE parts ALTER v TYPE int USING length(v);
          ALTER TABLE notes ALTER what TYPE int USING length(what);",
     )
     .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running
         .await
         .unwrap()
@@ -964,7 +975,7 @@ async fn ddl_with_no_change_after_it_is_followed_at_its_place_in_the_stream() {
     .await;
     let (dir, opts) = loaded(&db, "atddl").await;
     let slot = opts.capture.slot.clone();
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
     for step in [
         "ALTER TABLE orders ADD COLUMN x int",
         "ALTER TABLE orders ADD COLUMN c int DEFAULT 42",
@@ -974,7 +985,7 @@ async fn ddl_with_no_change_after_it_is_followed_at_its_place_in_the_stream() {
          ALTER TABLE orders RENAME COLUMN quantity TO qty; COMMIT;",
     ] {
         db.exec(step).await;
-        applied(&db, &slot).await;
+        applied(&db, &slot, &mut running).await;
         let verified = verify_lake(&db, &slot, dir.path(), "public.orders").await;
         assert!(
             verified.status.success(),
@@ -1040,10 +1051,10 @@ async fn a_column_dropped_and_added_again_with_a_default_reloads_into_the_new_fi
     .await;
     let (dir, opts) = loaded(&db, "dropadd").await;
     let slot = opts.capture.slot.clone();
-    let running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
     db.exec("BEGIN; ALTER TABLE orders DROP COLUMN c; ALTER TABLE orders ADD COLUMN c int DEFAULT 5; COMMIT;")
         .await;
-    applied(&db, &slot).await;
+    applied(&db, &slot, &mut running).await;
     running.await.unwrap().unwrap();
     assert_reconciled(&db, "orders", dir.path(), SILVER).await;
     assert_verified(&db, &slot, dir.path()).await;

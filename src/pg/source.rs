@@ -12,6 +12,7 @@ use std::pin::Pin;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::task::JoinHandle;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, CopyOutStream, NoTls};
 
 use super::config::{DEFAULT_APPLICATION_NAME, PgConfig};
@@ -1169,11 +1170,18 @@ pub async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> 
 }
 
 /// Locks `tables` (ACCESS SHARE, until the transaction ends) so that no
-/// TRUNCATE or rewrite can commit while they are read, and checks that none
-/// did since the transaction's snapshot: the snapshot's `pg_class` row
-/// names the storage each table has now. A partitioned table has no
-/// storage of its own: its leaf partitions are checked (LOCK locks them
-/// too).
+/// TRUNCATE, rewrite or other ALTER TABLE can commit while they are read,
+/// and checks that none did since the transaction's snapshot: the
+/// snapshot's `pg_class` row names the storage each table has now, and
+/// its `pg_attribute` rows the names its columns have now (the catalog
+/// caches the checks' functions read are current, the rows they compare
+/// are the snapshot's). A COPY names the snapshot's columns, but the
+/// server resolves those names against the current catalog: a column
+/// renamed or dropped since fails it, or reads another column that took
+/// the name. A partitioned table has no storage of its own: its leaf
+/// partitions are checked (LOCK locks them too). A table renamed or
+/// dropped since is not found by the snapshot's name. Each is a
+/// [`ErrorKind::Concurrent`] error: a new snapshot sees the change.
 pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]) -> Result<()> {
     let Some(first) = tables.first() else {
         return Ok(());
@@ -1187,31 +1195,54 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
         .batch_execute(&format!("LOCK TABLE {list} IN ACCESS SHARE MODE"))
         .await
         .map_err(|e| {
-            postgres(e, "cannot lock the tables to read them").with_context("table", first)
+            if e.code() == Some(&SqlState::UNDEFINED_TABLE) {
+                Error::new(
+                    ErrorKind::Concurrent,
+                    "a table was renamed or dropped after the snapshot was taken; run again for \
+                     a new snapshot",
+                )
+                .with_source(e)
+            } else {
+                postgres(e, "cannot lock the tables to read them")
+            }
+            .with_context("table", first)
         })?;
     for table in tables {
-        let unchanged: bool = client
+        let row = client
             .query_one(
-                "SELECT coalesce(bool_and(relfilenode = pg_relation_filenode(oid)), true) \
-                 FROM pg_class WHERE relkind <> 'p' AND oid IN ( \
-                   SELECT $1::text::regclass \
-                   UNION SELECT relid FROM pg_partition_tree($1::text::regclass) WHERE isleaf)",
+                "SELECT EXISTS (SELECT FROM pg_class WHERE oid = $1::text::regclass), \
+                   (SELECT coalesce(bool_and(relfilenode = pg_relation_filenode(oid)), true) \
+                    FROM pg_class WHERE relkind <> 'p' AND oid IN ( \
+                      SELECT $1::text::regclass \
+                      UNION SELECT relid FROM pg_partition_tree($1::text::regclass) WHERE isleaf)), \
+                   (SELECT coalesce(bool_and((pg_identify_object_as_address( \
+                      'pg_class'::regclass, attrelid, attnum)).object_names[3] = attname), true) \
+                    FROM pg_attribute \
+                    WHERE attrelid = $1::text::regclass AND attnum > 0 AND NOT attisdropped)",
                 &[&table.quoted()],
             )
             .await
             .map_err(|e| {
-                postgres(e, "cannot read the table's storage").with_context("table", table)
-            })?
-            .get(0);
-        if !unchanged {
-            return Err(Error::new(
-                ErrorKind::Concurrent,
-                "the table was truncated or rewritten after the snapshot was taken, which leaves \
-                 it empty to that snapshot (TRUNCATE and table-rewriting ALTER TABLE are not \
-                 MVCC-safe); run again for a new snapshot",
-            )
-            .with_context("table", table));
-        }
+                postgres(e, "cannot read the table's storage and columns")
+                    .with_context("table", table)
+            })?;
+        let changed = if !row.get::<_, bool>(0) {
+            "the table's name was given to another table after the snapshot was taken"
+        } else if !row.get::<_, bool>(1) {
+            "the table was truncated or rewritten after the snapshot was taken, which leaves \
+             it empty to that snapshot (TRUNCATE and table-rewriting ALTER TABLE are not \
+             MVCC-safe)"
+        } else if !row.get::<_, bool>(2) {
+            "a column of the table was renamed or dropped after the snapshot was taken, which \
+             leaves its values out of reach at that snapshot"
+        } else {
+            continue;
+        };
+        return Err(Error::new(
+            ErrorKind::Concurrent,
+            format!("{changed}; run again for a new snapshot"),
+        )
+        .with_context("table", table));
     }
     Ok(())
 }
