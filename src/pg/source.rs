@@ -12,7 +12,6 @@ use std::pin::Pin;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use tokio::task::JoinHandle;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, CopyOutStream, NoTls};
 
 use super::config::{DEFAULT_APPLICATION_NAME, PgConfig};
@@ -1186,6 +1185,37 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
     let Some(first) = tables.first() else {
         return Ok(());
     };
+    // A name the snapshot knows and the catalog no longer does would fail
+    // the LOCK with no word of which table or why.
+    for table in tables {
+        let row = client
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL, EXISTS (SELECT FROM pg_class c \
+                   JOIN pg_namespace n ON n.oid = c.relnamespace \
+                   WHERE n.nspname = $2 AND c.relname = $3)",
+                &[&table.quoted(), &table.schema, &table.name],
+            )
+            .await
+            .map_err(|e| postgres(e, "cannot look up the table").with_context("table", table))?;
+        match (row.get::<_, bool>(0), row.get::<_, bool>(1)) {
+            (true, _) => {}
+            (false, true) => {
+                return Err(Error::new(
+                    ErrorKind::Concurrent,
+                    "the table was renamed or dropped after the snapshot was taken; run again \
+                     for a new snapshot",
+                )
+                .with_context("table", table));
+            }
+            (false, false) => {
+                return Err(Error::new(
+                    ErrorKind::Preflight,
+                    "the source has no such table (renamed? name it as it is called now)",
+                )
+                .with_context("table", table));
+            }
+        }
+    }
     let list = tables
         .iter()
         .map(TableName::quoted)
@@ -1195,17 +1225,7 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
         .batch_execute(&format!("LOCK TABLE {list} IN ACCESS SHARE MODE"))
         .await
         .map_err(|e| {
-            if e.code() == Some(&SqlState::UNDEFINED_TABLE) {
-                Error::new(
-                    ErrorKind::Concurrent,
-                    "a table was renamed or dropped after the snapshot was taken; run again for \
-                     a new snapshot",
-                )
-                .with_source(e)
-            } else {
-                postgres(e, "cannot lock the tables to read them")
-            }
-            .with_context("table", first)
+            postgres(e, "cannot lock the tables to read them").with_context("table", first)
         })?;
     for table in tables {
         let row = client
