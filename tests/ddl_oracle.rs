@@ -417,6 +417,15 @@ async fn a_resync_ahead_of_bronze_by_a_retype_keeps_the_columns_values_in_bronze
     scenario(10_825_685_706_631_488_913).await;
 }
 
+/// A seed CI met: a primary key widened to a column while a retype's
+/// resync was pending; the resync's snapshot keyed silver by the new key,
+/// and the changes bronze then took alone, from before the key had that
+/// column, were told apart by silver's key and stopped the run.
+#[tokio::test]
+async fn changes_bronze_takes_alone_are_told_apart_by_their_own_key_not_silvers_newer_one() {
+    scenario(13_496_065_753_142_525_062).await;
+}
+
 async fn scenario(seed: u64) {
     println!("DDL scenario: seed {seed} ({SEED}={seed} repeats it)");
     let mut s = Scenario::new(seed).await;

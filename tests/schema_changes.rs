@@ -484,6 +484,60 @@ async fn a_resync_after_a_narrowing_widens_the_reloads_values_into_the_wider_fie
     assert_verified(&db, &opts.capture.slot, dir.path()).await;
 }
 
+/// A resync asked for while stopped, after the key was widened to a column
+/// added since: silver is reloaded keyed by the new key, and the changes
+/// bronze then takes alone, from before, are told apart by the key they
+/// were written under (an unchanged TOAST value among them filled from
+/// bronze's history by it); they stopped the run before.
+#[tokio::test]
+async fn changes_from_before_a_widened_key_reach_bronze_after_a_resync_keyed_by_it() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, qty int, big text NOT NULL);
+         ALTER TABLE orders ALTER COLUMN big SET STORAGE EXTERNAL;
+         INSERT INTO orders SELECT i, i, repeat(md5(i::text), 300) FROM generate_series(1, 5) i;",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "widened").await;
+    db.exec(
+        "UPDATE orders SET qty = 10 WHERE id = 1;
+         DELETE FROM orders WHERE id = 2;
+         UPDATE orders SET qty = 30 WHERE id = 3;
+         ALTER TABLE orders ADD COLUMN k int NOT NULL DEFAULT 0;
+         ALTER TABLE orders DROP CONSTRAINT orders_pkey, ADD PRIMARY KEY (id, k);
+         UPDATE orders SET qty = 11, big = big || 'x' WHERE id = 1;
+         INSERT INTO orders VALUES (2, 20, 'again', 1);",
+    )
+    .await;
+    request_resync(&db, dir.path(), "public.orders").await;
+    let ran = cli(&binary_run(&db, &opts, dir.path())).await;
+    assert!(
+        ran.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_reconciled(&db, "orders", dir.path(), SILVER).await;
+    let qty: Vec<Value> = pyiceberg(dir.path(), BRONZE, "rows")
+        .await
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["_cdc_op"] != "r")
+        .map(|r| json!([r["_cdc_op"], r["id"], r["qty"]]))
+        .collect();
+    assert_eq!(
+        qty,
+        [
+            json!(["u", 1, 10]),
+            json!(["d", 2, null]),
+            json!(["u", 3, 30]),
+            json!(["u", 1, 11]),
+            json!(["c", 2, 20]),
+        ]
+    );
+    assert_verified(&db, &opts.capture.slot, dir.path()).await;
+}
+
 /// An update that leaves a TOAST value unchanged, right after a change
 /// that makes silver wait for a reload (a retype Iceberg cannot promote, a
 /// changed key), in the same transaction or the next: the run streams it

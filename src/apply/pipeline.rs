@@ -292,9 +292,9 @@ impl Pipeline<'_> {
                             return Ok(0);
                         }
                     }
-                    Some(silver) if to_bronze => {
+                    Some(_) if to_bronze => {
                         sink.gap
-                            .fill_unchanged(&self.lake, &sink.bronze, silver, &mut change)
+                            .fill_unchanged(&self.lake, &sink.bronze, &mut change)
                             .await?;
                     }
                     Some(_) => {}
@@ -307,12 +307,8 @@ impl Pipeline<'_> {
                         .stage(&self.lake, change.clone(), change_bytes)
                         .await?;
                     sink.bronze_dirty = true;
-                    if let Some(silver) = sink
-                        .silver
-                        .as_ref()
-                        .filter(|_| !to_silver && !sink.reloading)
-                    {
-                        sink.gap.record(silver, &change)?;
+                    if sink.silver.is_some() && !to_silver && !sink.reloading {
+                        sink.gap.record(&change)?;
                     }
                 }
                 if let Some(silver) = sink.silver.as_mut().filter(|_| to_silver) {

@@ -26,8 +26,11 @@ use super::catalog::Lake;
 use super::key::{Key, KeyCodec};
 use super::scan::{scan, scan_where};
 use super::schema::{COMMIT_LSN, OP, SEQ, VERBATIM, column_names};
-use super::silver::SilverTable;
+use arrow_schema::{Field, FieldRef};
+
+use super::schema::source_arrow_fields;
 use crate::cdc::event::{Change, Datum, Op};
+use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 
@@ -38,6 +41,8 @@ pub struct Gap {
     newest: HashMap<Key, Option<Arc<Change>>>,
     /// A truncate in the gap: no row from before it is left.
     truncated: bool,
+    /// How the gap's changes are told apart, from the newest of them.
+    key: Option<GapKey>,
 }
 
 impl Gap {
@@ -45,10 +50,9 @@ impl Gap {
     /// alone, with the row's values at that point; one that cannot be
     /// found is an error, never a guess.
     pub async fn fill_unchanged(
-        &self,
+        &mut self,
         lake: &Lake,
         bronze: &BronzeTable,
-        silver: &SilverTable,
         change: &mut Change,
     ) -> Result<()> {
         change.fill_unchanged_from_before_image();
@@ -66,7 +70,8 @@ impl Gap {
         };
         // The row as it was: under its old key when the update moved it.
         let image = change.before.as_ref().map_or(after, |b| &b.row);
-        let key = silver.key_of(change, image)?;
+        let key_of = self.key_for(&change.relation)?;
+        let key = key_of.key(change, image)?;
         let values = match self.newest.get(&key) {
             Some(Some(previous)) => missing
                 .iter()
@@ -88,8 +93,8 @@ impl Gap {
                     table = %change.relation.name, lsn = %change.lsn,
                     "reading bronze's history for an unchanged TOAST value that silver, loaded at a later point, cannot give"
                 );
-                let (names, codec) = silver.key_columns();
-                newest_values(lake, bronze, &names, codec, &key, &missing).await?
+                let key_of = self.key.as_ref().expect("key_for just set it");
+                newest_values(lake, bronze, &key_of.names, &key_of.codec, &key, &missing).await?
             }
         };
         let values = values.ok_or_else(|| change.unfilled(first))?;
@@ -104,7 +109,7 @@ impl Gap {
 
     /// Remembers `change`, which bronze took alone, for the gap's later
     /// changes of the same row.
-    pub fn record(&mut self, silver: &SilverTable, change: &Arc<Change>) -> Result<()> {
+    pub fn record(&mut self, change: &Arc<Change>) -> Result<()> {
         match change.op {
             Op::Truncate => {
                 self.newest.clear();
@@ -112,25 +117,143 @@ impl Gap {
             }
             Op::Delete => {
                 if let Some(before) = &change.before {
-                    self.newest
-                        .insert(silver.key_of(change, &before.row)?, None);
+                    let old = self.key_for(&change.relation)?.key(change, &before.row)?;
+                    self.newest.insert(old, None);
                 }
             }
             Op::Read | Op::Insert | Op::Update => {
                 let Some(after) = &change.after else {
                     return Ok(());
                 };
-                let key = silver.key_of(change, after)?;
-                if let Some(before) = &change.before {
-                    let old = silver.key_of(change, &before.row)?;
-                    if old != key {
-                        self.newest.insert(old, None);
-                    }
+                let key_of = self.key_for(&change.relation)?;
+                let key = key_of.key(change, after)?;
+                let old = match &change.before {
+                    Some(before) => Some(key_of.key(change, &before.row)?),
+                    None => None,
+                };
+                if let Some(old) = old.filter(|old| *old != key) {
+                    self.newest.insert(old, None);
                 }
                 self.newest.insert(key, Some(change.clone()));
             }
         }
         Ok(())
+    }
+
+    /// The key of `relation`'s changes. A relation keyed otherwise than
+    /// the one before (its key changed within the gap, or a key column was
+    /// retyped) keys the rows remembered so far anew, each from its newest
+    /// change; a deleted row is forgotten, as no later change can update
+    /// it before inserting it again.
+    fn key_for(&mut self, relation: &Arc<RelationInfo>) -> Result<&GapKey> {
+        if !self
+            .key
+            .as_ref()
+            .is_some_and(|k| Arc::ptr_eq(&k.relation, relation))
+        {
+            let next = GapKey::of(relation)?;
+            if self.key.as_ref().is_some_and(|k| !k.same_as(&next)) {
+                let newest = std::mem::take(&mut self.newest);
+                for change in newest.into_values().flatten() {
+                    if let Some(key) = next.key_like(&change) {
+                        self.newest.insert(key, Some(change));
+                    }
+                }
+            }
+            self.key = Some(next);
+        }
+        Ok(self.key.as_ref().expect("set above"))
+    }
+}
+
+/// How the gap tells a relation's rows apart: by the columns of its replica
+/// identity as the server sent them with the change (DEFAULT: the primary
+/// key at that point of the stream; an index), else by its primary key.
+/// Not by silver's key: silver, loaded at a later point, may be keyed by
+/// columns the gap's changes do not have yet.
+struct GapKey {
+    relation: Arc<RelationInfo>,
+    names: Vec<String>,
+    fields: Vec<FieldRef>,
+    codec: KeyCodec,
+}
+
+impl GapKey {
+    fn of(relation: &Arc<RelationInfo>) -> Result<GapKey> {
+        let by_identity = matches!(relation.replica_identity, b'd' | b'i')
+            && relation.columns.iter().any(|c| c.is_identity_key);
+        let keyed = |c: &ColumnInfo| {
+            if by_identity {
+                c.is_identity_key
+            } else {
+                c.is_primary_key
+            }
+        };
+        let (names, fields): (Vec<String>, Vec<FieldRef>) = relation
+            .columns
+            .iter()
+            .zip(source_arrow_fields(relation)?)
+            .filter(|(c, _)| keyed(c))
+            .map(|(c, f)| (c.name.clone(), f))
+            .unzip();
+        if names.is_empty() {
+            return Err(Error::new(
+                ErrorKind::Decode,
+                "a change bronze takes alone has no key to tell its row by",
+            )
+            .with_context("table", &relation.name));
+        }
+        let codec = KeyCodec::new(&fields.iter().map(AsRef::as_ref).collect::<Vec<_>>())
+            .map_err(|e| e.with_context("table", &relation.name))?;
+        Ok(GapKey {
+            relation: relation.clone(),
+            names,
+            fields,
+            codec,
+        })
+    }
+
+    /// Whether keys of `other` are keys of this one.
+    fn same_as(&self, other: &GapKey) -> bool {
+        self.names == other.names && self.fields == other.fields
+    }
+
+    /// The key of a row image of `change`.
+    fn key(&self, change: &Change, row: &[Datum]) -> Result<Key> {
+        let values = self
+            .names
+            .iter()
+            .map(|name| match change.column(name).and_then(|j| row.get(j)) {
+                Some(Datum::Value(v)) => Ok(v),
+                _ => Err(Error::new(ErrorKind::Decode, "a change lacks its key")
+                    .with_context("table", &change.relation.name)
+                    .with_context("column", name)
+                    .with_context("lsn", change.lsn)),
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let fields: Vec<&Field> = self.fields.iter().map(AsRef::as_ref).collect();
+        self.codec.encode_values(&fields, &values).map_err(|e| {
+            e.with_context("table", &change.relation.name)
+                .with_context("lsn", change.lsn)
+        })
+    }
+
+    /// The key of an earlier change's row under this key, its columns
+    /// found by number where renamed since; `None` when it lacks one.
+    fn key_like(&self, change: &Change) -> Option<Key> {
+        let after = change.after.as_ref()?;
+        let values = self
+            .relation
+            .columns
+            .iter()
+            .filter(|c| self.names.contains(&c.name))
+            .map(|c| match change.column_like(c).and_then(|j| after.get(j)) {
+                Some(Datum::Value(v)) => Some(v),
+                _ => None,
+            })
+            .collect::<Option<Vec<_>>>()?;
+        let fields: Vec<&Field> = self.fields.iter().map(AsRef::as_ref).collect();
+        self.codec.encode_values(&fields, &values).ok()
     }
 }
 
