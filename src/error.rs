@@ -109,11 +109,14 @@ impl Error {
     }
 
     /// True for failures that a reconnect may cure: lost connections, the
-    /// server shutting down or starting up, too many connections right now,
-    /// local I/O. Everything else needs a person.
+    /// server shutting down or starting up, too many connections or no free
+    /// replication slot right now, local I/O. Everything else needs a person.
     pub fn is_retryable(&self) -> bool {
         match self.kind {
             ErrorKind::Connection | ErrorKind::Io => true,
+            // No free replication slot for a load's temporary one: an
+            // unused slot dropped, or another load ended, frees one.
+            ErrorKind::Slot => self.sqlstate() == Some("53400"),
             ErrorKind::Server => self.sqlstate().is_some_and(|code| {
                 code.starts_with("08")
                     || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "40001")

@@ -68,7 +68,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                     preflight_retries = 0;
                 }
                 streamed = true;
-                tracing::warn!(error = %err, retry_in = ?backoff, "the connection was lost; reconnecting");
+                tracing::warn!(error = %err, retry_in = ?backoff, "cannot stream now (connection lost, server restarting, or no free slot); reconnecting");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
