@@ -10,7 +10,7 @@ use std::time::Duration;
 use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
 
 use crate::support::oracle::{NAMESPACE, Oracle};
-use crate::support::{TestDb, assert_reconciled, assert_success, cli, pyiceberg};
+use crate::support::{TestDb, assert_reconciled, assert_success, cli, pyiceberg, tamper};
 
 /// A crash at the `n`th pass through `point` while the workload runs, then
 /// a run that picks up, and the check.
@@ -165,6 +165,57 @@ async fn postgres_restarts_fast_and_immediate_mid_stream_are_survived_by_one_run
     assert!(changes > 0);
 }
 
+#[tokio::test]
+async fn a_resync_that_finds_no_free_slot_waits_for_one_and_the_run_goes_on() {
+    // Room for the run's slot and one more: a resync's temporary slot.
+    let pg = ScratchPostgres::start(&[("max_replication_slots", "2")], &[])
+        .expect("a server of this test's own");
+    let mut oracle = Oracle::in_db(TestDb::create_on(&pg).await, 500).await;
+    let mut run = oracle
+        .command(&["--exit-when-idle", "600s"])
+        .spawn()
+        .unwrap();
+    oracle.wait_loaded().await;
+    oracle
+        .db
+        .exec("SELECT pg_create_logical_replication_slot('squatter', 'pgoutput')")
+        .await;
+    oracle.start_workload();
+    let mut resync = oracle.place_args();
+    resync.splice(
+        0..0,
+        ["resync", "--table", "public.accounts", "--wait", "5m"].map(String::from),
+    );
+    let resynced = tokio::spawn(async move { cli(&resync).await });
+
+    // The run ends its stream for the resync, finds no slot for the load,
+    // and says so while it waits; it neither exits nor resyncs meanwhile.
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while !oracle.run_log().contains("no free replication slot") {
+        assert!(std::time::Instant::now() < give_up, "{}", oracle.run_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!resynced.is_finished(), "{}", oracle.run_log());
+
+    // A slot freed, the resync lands and the run streams on.
+    oracle
+        .db
+        .exec("SELECT pg_drop_replication_slot('squatter')")
+        .await;
+    let out = resynced.await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("public.accounts resynced"),
+        "{out:?}\n{}",
+        oracle.run_log()
+    );
+    assert!(run.try_wait().unwrap().is_none(), "the run went on");
+    run.kill().await.unwrap();
+    oracle.reloaded = true;
+    let (changes, _) = oracle.finish().await;
+    assert!(changes > 0);
+}
+
 /// Runs `program` with `args`; it must succeed.
 fn shell(program: &str, args: &[&str]) {
     let status = std::process::Command::new(program)
@@ -259,6 +310,36 @@ async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_l
     );
     oracle.drain().await;
     oracle.check().await;
+}
+
+#[tokio::test]
+async fn another_engines_commit_on_top_of_either_table_keeps_its_position_and_nothing_reloads() {
+    let mut oracle = Oracle::new(500).await;
+    oracle.drain().await;
+    let held = oracle.positions().await;
+    // Another engine overwrites one key's rows with themselves in both
+    // tables: its snapshots carry no wal2iceberg position.
+    let lake = oracle.lake.path().to_owned();
+    for table in ["accounts", "accounts_changes"] {
+        let ident = format!("{NAMESPACE}.{table}");
+        tamper(&lake, &ident, &["touch", "7"]).await;
+        let summary = pyiceberg(&lake, &ident, "summary").await;
+        assert!(
+            summary.get("wal2iceberg.end-lsn").is_none(),
+            "the current snapshot is the other engine's: {summary}"
+        );
+    }
+    assert_eq!(
+        oracle.positions().await,
+        held,
+        "read through the foreign snapshots"
+    );
+    // Restarted beside a workload, nothing is loaded again: bronze holds
+    // the initial load once.
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (changes, _) = oracle.finish().await;
+    assert!(changes > 0);
 }
 
 #[tokio::test]

@@ -101,12 +101,23 @@ impl Position {
         ])
     }
 
-    /// The position the table's current snapshot covers, if any.
+    /// The position the table holds: that of the newest snapshot in its
+    /// current history that records one. Another engine's commit on top
+    /// (a compaction, an overwrite, a delete) records none, and what the
+    /// snapshots before it hold is still held; taking such a table for an
+    /// unloaded one would load it again.
     pub fn of(table: &Table) -> Result<Option<Position>> {
-        match table.metadata().current_snapshot() {
-            Some(snapshot) => Position::of_snapshot(table, snapshot),
-            None => Ok(None),
+        let metadata = table.metadata();
+        let mut snapshot = metadata.current_snapshot();
+        while let Some(s) = snapshot {
+            if let Some(position) = Position::of_snapshot(table, s)? {
+                return Ok(Some(position));
+            }
+            snapshot = s
+                .parent_snapshot_id()
+                .and_then(|id| metadata.snapshot_by_id(id));
         }
+        Ok(None)
     }
 
     /// The position a snapshot of `table` covers, if it records one.

@@ -3,8 +3,11 @@ hides it: the new snapshot carries the source position of the one before.
 
 usage: tamper.py <lake folder> <namespace.table> delete <id>
        tamper.py <lake folder> <namespace.table> rewrite <id> <column> <text>
+       tamper.py <lake folder> <namespace.table> touch <id>
 `delete` removes the row; `rewrite` puts a copy of it with the text column
-changed in place of the file's row (a copy-on-write overwrite).
+changed in place of the file's row (a copy-on-write overwrite). `touch`
+overwrites the rows of the id with themselves and hides nothing, as another
+engine's commit would: its snapshot carries no wal2iceberg position.
 """
 import os
 import sys
@@ -31,6 +34,10 @@ elif mode == "rewrite":
     index = rows.schema.get_field_index(column)
     changed = rows.set_column(index, rows.schema.field(index), pa.array([text], type=rows.schema.field(index).type))
     table.overwrite(changed, overwrite_filter=f"id == {key}", snapshot_properties=hidden)
+elif mode == "touch":
+    rows = table.scan(row_filter=f"id == {key}").to_arrow()
+    assert rows.num_rows > 0, rows.num_rows
+    table.overwrite(rows, overwrite_filter=f"id == {key}")
 else:
     sys.exit(f"unknown mode {mode}")
 print(pc.sum(pc.equal(table.refresh().scan().to_arrow()["id"], key)).as_py() or 0)
