@@ -739,9 +739,16 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     );
     let verified = verify_lake(&db, &slot, dir.path(), "public.orders_v2").await;
     assert_success(&verified);
-    // And every start after: the lake keeps the names the table had.
+    // And every start after: the lake keeps the names the table had; the
+    // start says which name it took the old one for.
     db.exec("UPDATE orders_v2 SET qty = 30 WHERE id = 2;").await;
-    run(&db.config, &opts).await.unwrap();
+    let ran = cli(&binary_run(&db, &opts, dir.path())).await;
+    let said = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success(), "{said}");
+    assert!(
+        said.contains("names a table by a name it had") && said.contains("public.orders_v2"),
+        "{said}"
+    );
     assert_eq!(history(dir.path(), "qty").await.last(), Some(&json!(30)));
     assert_success(&at_lake("check", &db, &slot, dir.path(), "public.orders").await);
 

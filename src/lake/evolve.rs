@@ -119,10 +119,12 @@ pub fn follow(tables: &[(&Table, Mode)], relation: &RelationInfo) -> Result<Foll
             followed.updates.push(Vec::new());
             continue;
         }
-        tracing::info!(
-            table = %table.identifier(), changes = ?evolution.changes,
-            "following the source's schema"
-        );
+        if !evolution.changes.is_empty() {
+            tracing::info!(
+                table = %table.identifier(), changes = ?evolution.changes,
+                "following the source's schema"
+            );
+        }
         let mut properties = HashMap::from([
             (ATTNUMS.to_owned(), evolution.attnums),
             (ATTNUMS_OF.to_owned(), relation.oid.to_string()),

@@ -180,6 +180,11 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
             .with_context("table", old));
         }
         if tables.contains(old) {
+            tracing::warn!(
+                table = %old, now = %h.table,
+                "tables names a table by a name it had: taken as the table it is now; name it so \
+                 (docs/tables.md, Schema changes)"
+            );
             named_by_old_name.push(h.table.clone());
         }
         tables.retain(|t| t != old);
