@@ -313,6 +313,42 @@ async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_l
 }
 
 #[tokio::test]
+async fn another_engine_rewriting_silvers_files_under_a_run_makes_it_start_again_and_no_row_returns()
+ {
+    let mut oracle = Oracle::new(500).await;
+    let mut run = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    oracle.stop_workload().await;
+    // An overwrite of every row with itself replaces silver's files: the
+    // rows move, and a delete by their old place would miss them. Then
+    // changes of many rows, with no truncate after, while the run streams.
+    let lake = oracle.lake.path().to_owned();
+    tamper(&lake, &format!("{NAMESPACE}.accounts"), &["touch", "1"]).await;
+    oracle
+        .db
+        .exec(
+            "UPDATE accounts SET owner = owner || '!' WHERE id % 3 = 0;
+             DELETE FROM accounts WHERE id % 5 = 0;",
+        )
+        .await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(run.try_wait().unwrap().is_none(), "{}", oracle.run_log());
+    run.kill().await.unwrap();
+    assert!(
+        oracle
+            .run_log()
+            .contains("another writer rewrote or deleted data files"),
+        "{}",
+        oracle.run_log()
+    );
+    oracle.drain().await;
+    let (changes, _) = oracle.check().await;
+    assert!(changes > 0);
+}
+
+#[tokio::test]
 async fn another_engines_commit_on_top_of_either_table_keeps_its_position_and_nothing_reloads() {
     let mut oracle = Oracle::new(500).await;
     oracle.drain().await;

@@ -73,6 +73,12 @@ pub struct RowDelta {
     /// Schema changes the same commit makes, ahead of the snapshot: those
     /// of the changes whose rows it adds.
     pub schema: StagedSchema,
+    /// The snapshot the writer's picture of where rows are (silver's key
+    /// index) was built on. Another writer's snapshots after it may only
+    /// have appended: one that may have removed data files (an overwrite,
+    /// a delete, a compaction) moved rows the delta's position deletes, or
+    /// later ones, name; the commit is then refused ([`built_on`]).
+    pub built_on: Option<i64>,
 }
 
 /// Rows of a position delete file built into one Arrow batch at a time.
@@ -207,6 +213,9 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
     let context = |e: iceberg::Error| {
         iceberg_error(e, "cannot write the snapshot").with_context("table", base.identifier())
     };
+    if let Some(snapshot) = delta.built_on {
+        built_on(base, snapshot)?;
+    }
     // The manifests and the snapshot are of the schema the commit makes.
     let evolved = delta.schema.over(base)?;
     let table = &evolved;
@@ -374,6 +383,39 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
         return Ok(None);
     }
     Ok(Some(lake.catalog_table(base.identifier()).await?))
+}
+
+/// Checks that every snapshot of `base` after `snapshot` only appended;
+/// a [`ErrorKind::Concurrent`] error names the first that may have
+/// removed data files, or says `snapshot` is no longer in the history.
+fn built_on(base: &Table, snapshot: i64) -> Result<()> {
+    let metadata = base.metadata();
+    let mut at = metadata.current_snapshot();
+    while let Some(s) = at {
+        if s.snapshot_id() == snapshot {
+            return Ok(());
+        }
+        if s.summary().operation != Operation::Append {
+            return Err(Error::new(
+                ErrorKind::Concurrent,
+                "another writer rewrote or deleted data files of the table since this run's last \
+                 commit, so the rows the open batch deletes may have moved; it starts again and \
+                 reads where the rows are now",
+            )
+            .with_context("table", base.identifier())
+            .with_context("snapshot", s.snapshot_id()));
+        }
+        at = s
+            .parent_snapshot_id()
+            .and_then(|id| metadata.snapshot_by_id(id));
+    }
+    Err(Error::new(
+        ErrorKind::Concurrent,
+        "the snapshot this run last committed is no longer in the table's history (another \
+         writer replaced it); it starts again and reads where the rows are now",
+    )
+    .with_context("table", base.identifier())
+    .with_context("snapshot", snapshot))
 }
 
 /// The location of the table's current metadata file.

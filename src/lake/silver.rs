@@ -82,6 +82,9 @@ pub struct SilverTable {
     /// (`staged`): the one opened, or the last this process committed on
     /// it with no other writer's commit between. `None` when unknown.
     exact_at: Option<i64>,
+    /// The snapshot the index was built on, with only other writers'
+    /// appends since: the one opened, or the last this process committed.
+    built_on: Option<i64>,
     staged: bool,
     /// The folder of the state directory the index keeps its runs in and
     /// is persisted to; a temporary one when `None`.
@@ -177,6 +180,7 @@ impl SilverTable {
             codec,
             index: KeyIndex::default(),
             exact_at: table.metadata().current_snapshot_id(),
+            built_on: table.metadata().current_snapshot_id(),
             staged: false,
             state: None,
             pending: HashMap::default(),
@@ -803,9 +807,12 @@ impl SilverTable {
             properties: position.summary(),
             schema: std::mem::take(&mut self.schema_changes),
             replace_all,
+            // A snapshot that replaces every row names no position.
+            built_on: self.built_on.filter(|_| !replace_all),
             ..RowDelta::default()
         };
         let committed = commit_row_delta(lake, &self.ident, &delta).await?;
+        self.built_on = committed.metadata().current_snapshot_id();
         // A snapshot that replaces every row holds exactly the index's,
         // whatever it builds on.
         self.exact_at = match replace_all {

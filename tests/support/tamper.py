@@ -6,15 +6,18 @@ usage: tamper.py <lake folder> <namespace.table> delete <id>
        tamper.py <lake folder> <namespace.table> touch <id>
 `delete` removes the row; `rewrite` puts a copy of it with the text column
 changed in place of the file's row (a copy-on-write overwrite). `touch`
-overwrites the rows of the id with themselves and hides nothing, as another
-engine's commit would: its snapshot carries no wal2iceberg position.
+overwrites the rows of ids from <id> up with themselves and hides nothing,
+as another engine's commit would: its snapshot carries no wal2iceberg
+position.
 """
 import os
 import sys
+import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException, ValidationException
 
 lake, ident, mode, key = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 catalog = SqlCatalog(
@@ -35,9 +38,22 @@ elif mode == "rewrite":
     changed = rows.set_column(index, rows.schema.field(index), pa.array([text], type=rows.schema.field(index).type))
     table.overwrite(changed, overwrite_filter=f"id == {key}", snapshot_properties=hidden)
 elif mode == "touch":
-    rows = table.scan(row_filter=f"id == {key}").to_arrow()
-    assert rows.num_rows > 0, rows.num_rows
-    table.overwrite(rows, overwrite_filter=f"id == {key}")
+    # Beside a running run, whose commits may come first: tried again on
+    # the table as it is then.
+    for _ in range(50):
+        try:
+            within = f"id >= {key}"
+            rows = table.scan(row_filter=within).to_arrow()
+            if rows.num_rows > 0:
+                table.overwrite(rows, overwrite_filter=within)
+                break
+            # A writer's truncate just emptied it: rows come back.
+            time.sleep(0.2)
+        except (CommitFailedException, ValidationException):
+            pass
+        table = catalog.load_table(ident)
+    else:
+        sys.exit("the table kept changing under the overwrite")
 else:
     sys.exit(f"unknown mode {mode}")
 print(pc.sum(pc.equal(table.refresh().scan().to_arrow()["id"], key)).as_py() or 0)

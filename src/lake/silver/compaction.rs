@@ -254,6 +254,7 @@ impl SilverTable {
             properties: Position::of(&table)?
                 .map(Position::summary)
                 .unwrap_or_default(),
+            built_on: self.built_on,
             ..RowDelta::default()
         };
         let Some(committed) = commit_rewrite(lake, &table, &delta).await? else {
@@ -269,6 +270,7 @@ impl SilverTable {
             .move_files(&old, moves)
             .map_err(|e| e.with_context("table", &self.ident))?;
         self.exact_at = follows(self.exact_at, &committed);
+        self.built_on = committed.metadata().current_snapshot_id();
         self.files.data = layout.data.len() - done.data_files_removed + done.data_files_added;
         self.files.deletes =
             layout.deletes.len() - done.delete_files_removed + done.delete_files_added;
