@@ -1993,6 +1993,56 @@ async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
                 text.contains("-infinity") && !text.contains("ERROR"),
                 "{table} {format}: {text}"
             );
+            // Arrays as PostgreSQL writes them, their elements as show
+            // writes values.
+            assert!(
+                text.contains("{infinity,2026-01-01T00:00:00}"),
+                "{table} {format}: {text}"
+            );
         }
+    }
+}
+
+#[tokio::test]
+async fn show_prints_arrays_as_postgresql_does_where_a_comma_brace_or_null_is_no_surprise() {
+    let db = TestDb::new().await;
+    db.exec(
+        r#"CREATE TABLE tagged(id int PRIMARY KEY, tags text[], n int[]);
+         INSERT INTO tagged VALUES (1, ARRAY[NULL, 'x', '', 'a,b', 'c"d', '{e}', 'NULL'], '{1,NULL,3}');"#,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["tagged"], &unique("tagged"), dir.path());
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    let source: String = db
+        .client
+        .query_one("SELECT tags::text || ' ' || n::text FROM tagged", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let (tags, n) = source.split_once(' ').unwrap();
+    let lake = dir.path().display().to_string();
+    for format in ["table", "csv"] {
+        let (code, text, stderr) = run(&[
+            "show",
+            "tagged",
+            "--lake",
+            &lake,
+            "--namespace",
+            "shop",
+            "--format",
+            format,
+        ])
+        .await;
+        assert_eq!(code, 0, "{stderr}");
+        // CSV quotes a field with a comma or quote, doubling its quotes.
+        let tags = match format {
+            "csv" => format!("\"{}\"", tags.replace('"', "\"\"")),
+            _ => tags.to_owned(),
+        };
+        assert!(
+            text.contains(&tags) && text.contains(n),
+            "{format}: {tags} {n} in {text}"
+        );
     }
 }

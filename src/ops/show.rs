@@ -24,6 +24,7 @@ use iceberg::table::Table;
 
 use crate::cdc::temporal::{MICROS_PER_DAY, PG_EPOCH_DAYS, format_date, format_pg_timestamp};
 use crate::error::{Error, ErrorKind, Result};
+use crate::lake::arrow::{arrow_value, verbatim_text};
 use crate::lake::catalog::Lake;
 use crate::lake::scan::{scan, schema_at};
 use crate::lake::schema::{COMMIT_LSN, LSN, SEQ};
@@ -183,7 +184,8 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
     match format {
         Format::Table => Ok(format!(
             "{}\n",
-            arrow_cast::pretty::pretty_format_batches(std::slice::from_ref(rows)).map_err(bad)?
+            arrow_cast::pretty::pretty_format_batches(&[arrays_as_text(rows).map_err(bad)?])
+                .map_err(bad)?
         )),
         Format::Json => {
             let mut writer = arrow_json::ArrayWriter::new(Vec::new());
@@ -199,7 +201,7 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
             Ok(out)
         }
         Format::Csv => {
-            let flat = flatten(rows).map_err(bad)?;
+            let flat = flatten(&arrays_as_text(rows).map_err(bad)?).map_err(bad)?;
             let mut writer = arrow_csv::WriterBuilder::new()
                 .with_header(true)
                 .build(Vec::new());
@@ -322,6 +324,40 @@ fn temporal_text(
             })
         })
         .collect())
+}
+
+/// Array columns as PostgreSQL writes arrays (`{a,"b,c",NULL}`), as psql
+/// shows them: Arrow's display (`[a, b,c, ]`) cannot tell an element's
+/// comma from a separator, or a null from an empty string.
+fn arrays_as_text(
+    rows: &RecordBatch,
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let mut fields = Vec::with_capacity(rows.num_columns());
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(rows.num_columns());
+    for (field, column) in rows.schema().fields().iter().zip(rows.columns()) {
+        if !matches!(field.data_type(), DataType::List(_)) {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+            continue;
+        }
+        let display = ArrayFormatter::try_new(column.as_ref(), &FormatOptions::default())?;
+        let text = (0..column.len())
+            .map(|i| {
+                if column.is_null(i) {
+                    return Ok(None);
+                }
+                let value = arrow_value(column.as_ref(), i)
+                    .map_err(|e| arrow_schema::ArrowError::CastError(e.to_string()))?;
+                Ok(Some(match verbatim_text(&value) {
+                    Some(text) => text.into_owned(),
+                    None => display.value(i).to_string(),
+                }))
+            })
+            .collect::<std::result::Result<StringArray, arrow_schema::ArrowError>>()?;
+        fields.push(Field::new(field.name(), DataType::Utf8, true));
+        columns.push(Arc::new(text));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
 }
 
 /// CSV has no nested values: lists and structs become their display text.
