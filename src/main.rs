@@ -504,9 +504,9 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         } => {
             init_logging(LogFormat::Text);
             let lake = lake_args.open().await?;
-            let ident = lake
-                .resolve_table(&table, lake_args.namespace.as_deref())
-                .await?;
+            let ident =
+                wal2iceberg::ops::show::resolve(&lake, &table, lake_args.namespace.as_deref())
+                    .await?;
             let options = ShowOptions {
                 limit,
                 as_of,

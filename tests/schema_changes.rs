@@ -739,6 +739,16 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
     );
     let verified = verify_lake(&db, &slot, dir.path(), "public.orders_v2").await;
     assert_success(&verified);
+    // show by the source's new name, which that start recorded, says
+    // where the table is.
+    let lake = dir.path().display().to_string();
+    let shown = cli(&["show", "orders_v2", "--lake", &lake, "--namespace", "shop"]).await;
+    let said = String::from_utf8_lossy(&shown.stderr);
+    assert!(
+        !shown.status.success()
+            && said.contains("public.orders_v2 is replicated into orders and orders_changes"),
+        "{said}"
+    );
     // And every start after: the lake keeps the names the table had; the
     // start says which name it took the old one for.
     db.exec("UPDATE orders_v2 SET qty = 30 WHERE id = 2;").await;

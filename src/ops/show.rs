@@ -22,6 +22,7 @@ use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 use iceberg::table::Table;
 
+use crate::apply::table_set::SOURCE_TABLE;
 use crate::cdc::temporal::{MICROS_PER_DAY, PG_EPOCH_DAYS, format_date, format_pg_timestamp};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::arrow::{arrow_value, verbatim_text};
@@ -73,6 +74,44 @@ impl Default for ShowOptions {
             format: Format::Table,
         }
     }
+}
+
+/// The table `name` names in the lake ([`Lake::resolve_table`]). A name
+/// the lake lacks that a source table it replicates has now (renamed
+/// after its load: its Iceberg tables keep their names) gets an error
+/// naming the Iceberg tables it is in.
+pub async fn resolve(lake: &Lake, name: &str, namespace: Option<&str>) -> Result<TableIdent> {
+    let missing = match lake.resolve_table(name, namespace).await {
+        Ok(ident) => return Ok(ident),
+        Err(e) if e.kind() == ErrorKind::Config => e,
+        Err(e) => return Err(e),
+    };
+    let Ok(idents) = lake.tables(namespace).await else {
+        return Err(missing);
+    };
+    let short = name.rsplit('.').next().unwrap_or(name);
+    for bronze in idents {
+        let Some(silver) = bronze.name().strip_suffix("_changes") else {
+            continue;
+        };
+        let table = lake.catalog_table(&bronze).await?;
+        let Some(source) = table.metadata().properties().get(SOURCE_TABLE) else {
+            continue;
+        };
+        if source == name || source.rsplit('.').next() == Some(short) {
+            return Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "no such table in the lake: the source table {source} is replicated into \
+                     {silver} and {} (renamed after its load; its Iceberg tables keep their \
+                     names)",
+                    bronze.name()
+                ),
+            )
+            .with_context("table", name));
+        }
+    }
+    Err(missing)
 }
 
 /// The table's rows printed as `options` say.
