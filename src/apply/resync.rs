@@ -25,6 +25,7 @@ use iceberg::table::Table;
 
 use crate::error::Result;
 use crate::lake::catalog::Lake;
+use crate::lake::writer::ancestors;
 
 /// Bronze's properties: the latest request, and the latest one done.
 pub const REQUESTED: &str = "wal2iceberg.resync-requested";
@@ -48,22 +49,13 @@ pub fn pending(bronze: &Table) -> Option<String> {
 /// Whether bronze's commit of request `id`'s rows landed: a crash came
 /// before it was recorded done.
 pub fn committed(bronze: &Table, id: &str) -> bool {
-    let metadata = bronze.metadata();
-    let mut snapshot = metadata.current_snapshot();
-    while let Some(s) = snapshot {
-        if s.summary()
+    ancestors(bronze).any(|s| {
+        s.summary()
             .additional_properties
             .get(RESYNCED)
             .map(String::as_str)
             == Some(id)
-        {
-            return true;
-        }
-        snapshot = s
-            .parent_snapshot_id()
-            .and_then(|id| metadata.snapshot_by_id(id));
-    }
-    false
+    })
 }
 
 /// Records a new request on the bronze table `ident`; its id.

@@ -45,6 +45,7 @@ use sqlx::Row;
 
 use super::catalog::{CATALOG_NAME, Lake, iceberg_error};
 use super::staged_schema::StagedSchema;
+use super::writer::ancestors;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 
@@ -389,9 +390,7 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
 /// a [`ErrorKind::Concurrent`] error names the first that may have
 /// removed data files, or says `snapshot` is no longer in the history.
 fn built_on(base: &Table, snapshot: i64) -> Result<()> {
-    let metadata = base.metadata();
-    let mut at = metadata.current_snapshot();
-    while let Some(s) = at {
+    for s in ancestors(base) {
         if s.snapshot_id() == snapshot {
             return Ok(());
         }
@@ -405,9 +404,6 @@ fn built_on(base: &Table, snapshot: i64) -> Result<()> {
             .with_context("table", base.identifier())
             .with_context("snapshot", s.snapshot_id()));
         }
-        at = s
-            .parent_snapshot_id()
-            .and_then(|id| metadata.snapshot_by_id(id));
     }
     Err(Error::new(
         ErrorKind::Concurrent,

@@ -392,16 +392,6 @@ impl SilverTable {
         Ok(keys)
     }
 
-    /// The primary-key columns' names, in key order, and their codec.
-    pub fn key_columns(&self) -> (Vec<String>, &KeyCodec) {
-        let names = self
-            .key_fields
-            .iter()
-            .map(|&i| self.schema.field(i).name().clone())
-            .collect();
-        (names, &self.codec)
-    }
-
     /// The key of a row image of `change`'s relation.
     pub fn key_of(&self, change: &Change, row: &[Datum]) -> Result<Key> {
         let mut fields = Vec::with_capacity(self.key_fields.len());

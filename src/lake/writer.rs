@@ -107,15 +107,10 @@ impl Position {
     /// snapshots before it hold is still held; taking such a table for an
     /// unloaded one would load it again.
     pub fn of(table: &Table) -> Result<Option<Position>> {
-        let metadata = table.metadata();
-        let mut snapshot = metadata.current_snapshot();
-        while let Some(s) = snapshot {
-            if let Some(position) = Position::of_snapshot(table, s)? {
+        for snapshot in ancestors(table) {
+            if let Some(position) = Position::of_snapshot(table, snapshot)? {
                 return Ok(Some(position));
             }
-            snapshot = s
-                .parent_snapshot_id()
-                .and_then(|id| metadata.snapshot_by_id(id));
         }
         Ok(None)
     }
@@ -151,6 +146,17 @@ impl Position {
             _ => Ok(None),
         }
     }
+}
+
+/// The table's current snapshot and its parents, newest first, as far as
+/// the metadata keeps them.
+pub fn ancestors(table: &Table) -> impl Iterator<Item = &Snapshot> {
+    let metadata = table.metadata();
+    std::iter::successors(metadata.current_snapshot().map(|s| s.as_ref()), |s| {
+        s.parent_snapshot_id()
+            .and_then(|id| metadata.snapshot_by_id(id))
+            .map(|s| s.as_ref())
+    })
 }
 
 /// A `total-*` figure of the current snapshot's summary (`total-data-files`,
