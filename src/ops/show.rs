@@ -98,7 +98,13 @@ pub async fn resolve(lake: &Lake, name: &str, namespace: Option<&str>) -> Result
         let Some(source) = table.metadata().properties().get(SOURCE_TABLE) else {
             continue;
         };
-        if source == name || source.rsplit('.').next() == Some(short) {
+        let source_short = source.rsplit('.').next();
+        // A table under its own name is not renamed: the lake's own answer
+        // (a keyless table's history, say) stands.
+        if source_short == Some(silver) {
+            continue;
+        }
+        if source == name || source_short == Some(short) {
             return Err(Error::new(
                 ErrorKind::Config,
                 format!(
