@@ -211,7 +211,8 @@ mod row_delta {
     use wal2iceberg::cdc::value::{PgType, Value};
     use wal2iceberg::lake::arrow::build_array;
     use wal2iceberg::lake::catalog::{Lake, namespace};
-    use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
+    use wal2iceberg::lake::position_deletes::write_position_deletes;
+    use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta};
     use wal2iceberg::lake::schema::silver_schema;
     use wal2iceberg::lake::writer::{arrow_schema, write_data_files};
     use wal2iceberg::pg::source::TableName;

@@ -14,6 +14,8 @@
 //! - `key`: primary keys as bytes for silver's index.
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
 //! - `lock`: one writing process per namespace of a lake.
+//! - `position_deletes`: position delete files written, read and merged
+//!   as streams of pairs.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
 //! - `scan`: reading a table's rows, older files of evolved structs too.
 //! - `silver`: the current-state table, its key index and staged batch.
@@ -33,6 +35,7 @@ pub mod gap;
 pub mod key;
 pub mod key_index;
 pub mod lock;
+pub mod position_deletes;
 pub mod row_delta;
 pub mod scan;
 pub mod schema;

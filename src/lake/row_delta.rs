@@ -24,23 +24,14 @@
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
-use std::sync::Arc;
 
-use arrow_array::{Int64Array, RecordBatch, StringArray};
 use iceberg::spec::{
-    DataContentType, DataFile, DataFileFormat, MAIN_BRANCH, ManifestContentType, ManifestEntry,
-    ManifestListWriter, ManifestWriterBuilder, NestedField, Operation, PrimitiveType, Schema,
-    Snapshot, SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary,
-    TableMetadataBuildResult, Type,
+    DataFile, MAIN_BRANCH, ManifestContentType, ManifestEntry, ManifestListWriter,
+    ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention,
+    SnapshotSummaryCollector, Summary, TableMetadataBuildResult,
 };
 use iceberg::table::Table;
-use iceberg::writer::file_writer::location_generator::{
-    DefaultFileNameGenerator, DefaultLocationGenerator, FileNameGenerator, LocationGenerator,
-};
-use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriterBuilder};
 use iceberg::{MetadataLocation, TableIdent};
-use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
 use sqlx::Row;
 
 use super::catalog::{CATALOG_NAME, Lake, iceberg_error};
@@ -48,10 +39,6 @@ use super::staged_schema::StagedSchema;
 use super::writer::ancestors;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
-
-/// Reserved field ids of position delete files (spec, "Reserved Field IDs").
-const FILE_PATH_FIELD_ID: i32 = 2_147_483_546;
-const POS_FIELD_ID: i32 = 2_147_483_545;
 
 /// How often a commit is tried against a freshly loaded table before the
 /// conflict is reported.
@@ -80,88 +67,6 @@ pub struct RowDelta {
     /// a delete, a compaction) moved rows the delta's position deletes, or
     /// later ones, name; the commit is then refused ([`built_on`]).
     pub built_on: Option<i64>,
-}
-
-/// Rows of a position delete file built into one Arrow batch at a time.
-const DELETE_BATCH_ROWS: usize = 64 * 1024;
-
-/// Writes a positional-delete file: rows `(file_path, pos)`, sorted as the
-/// spec requires.
-pub async fn write_position_deletes(
-    table: &Table,
-    mut deletes: Vec<(Arc<str>, i64)>,
-) -> Result<DataFile> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot write a position delete file")
-            .with_context("table", table.identifier())
-    };
-    deletes.sort();
-    let schema = Arc::new(
-        Schema::builder()
-            .with_fields(vec![
-                Arc::new(NestedField::required(
-                    FILE_PATH_FIELD_ID,
-                    "file_path",
-                    Type::Primitive(PrimitiveType::String),
-                )),
-                Arc::new(NestedField::required(
-                    POS_FIELD_ID,
-                    "pos",
-                    Type::Primitive(PrimitiveType::Long),
-                )),
-            ])
-            .build()
-            .map_err(context)?,
-    );
-    let arrow = Arc::new(iceberg::arrow::schema_to_arrow_schema(&schema).map_err(context)?);
-    let properties = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(ZstdLevel::default()))
-        .build();
-    let locations = DefaultLocationGenerator::new(table.metadata()).map_err(context)?;
-    let names = DefaultFileNameGenerator::new(
-        format!("delete-{}", uuid::Uuid::new_v4()),
-        None,
-        DataFileFormat::Parquet,
-    );
-    let path = locations.generate_location(None, &names.generate_file_name());
-    let output = table.file_io().new_output(path).map_err(context)?;
-    let mut writer = ParquetWriterBuilder::new(properties, schema)
-        .build(output)
-        .await
-        .map_err(context)?;
-    // In slices: the paths repeat for every position, and a compaction's
-    // merged file can hold millions of them.
-    for slice in deletes.chunks(DELETE_BATCH_ROWS) {
-        let batch = RecordBatch::try_new(
-            arrow.clone(),
-            vec![
-                Arc::new(StringArray::from_iter_values(
-                    slice.iter().map(|(p, _)| &**p),
-                )),
-                Arc::new(Int64Array::from_iter_values(
-                    slice.iter().map(|(_, pos)| *pos),
-                )),
-            ],
-        )
-        .map_err(|e| {
-            Error::new(ErrorKind::Lake, "cannot build the position delete batch").with_source(e)
-        })?;
-        writer.write(&batch).await.map_err(context)?;
-    }
-    let mut builders = writer.close().await.map_err(context)?;
-    let mut builder = builders.pop().ok_or_else(|| {
-        Error::new(
-            ErrorKind::Lake,
-            "the position delete writer produced no file",
-        )
-    })?;
-    builder
-        .content(DataContentType::PositionDeletes)
-        .partition_spec_id(table.metadata().default_partition_spec_id())
-        .build()
-        .map_err(|e| {
-            Error::new(ErrorKind::Lake, "cannot describe the position delete file").with_source(e)
-        })
 }
 
 /// Commits `delta` as one snapshot of `ident`, retrying on a concurrent

@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, FieldRef, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::scan::FileScanTask;
@@ -45,7 +45,8 @@ use super::arrow::{
 use super::catalog::{Lake, iceberg_error};
 use super::key::{Key, KeyCodec};
 use super::key_index::{KeyIndex, MEMORY_ENTRIES, NewFile};
-use super::row_delta::{RowDelta, commit_row_delta, write_position_deletes};
+use super::position_deletes::{DeleteReader, write_position_deletes};
+use super::row_delta::{RowDelta, commit_row_delta};
 use super::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
 use super::staged_schema::StagedSchema;
 use super::writer::{
@@ -333,7 +334,8 @@ impl SilverTable {
                     ));
                 }
                 if delete_files_read.insert(delete.file_path.clone()) {
-                    for (file, pos) in read_position_deletes(table, &delete.file_path).await? {
+                    for deleted in DeleteReader::open(table, &delete.file_path).await? {
+                        let (file, pos) = deleted?;
                         deletes_by_file.entry(file).or_default().push(pos);
                     }
                 }
@@ -948,37 +950,4 @@ async fn planned_files(table: &Table) -> Result<Vec<FileScanTask>> {
         .try_collect()
         .await
         .map_err(context)
-}
-
-/// The (data file, position) pairs of a position delete file; the pairs of
-/// one data file share its path (a delete file holds millions of them).
-async fn read_position_deletes(table: &Table, path: &str) -> Result<Vec<(Arc<str>, i64)>> {
-    let mut out: Vec<(Arc<str>, i64)> = Vec::new();
-    for batch in read_parquet(table, path, "cannot read a position delete file").await? {
-        let batch = batch?;
-        let files = batch
-            .column_by_name("file_path")
-            .and_then(|c| c.as_any().downcast_ref::<StringArray>());
-        let positions = batch
-            .column_by_name("pos")
-            .and_then(|c| c.as_any().downcast_ref::<Int64Array>());
-        let (Some(files), Some(positions)) = (files, positions) else {
-            return Err(Error::new(
-                ErrorKind::Lake,
-                "a position delete file lacks file_path or pos",
-            )
-            .with_context("file", path));
-        };
-        for (file, pos) in files.iter().zip(positions.iter()) {
-            let (Some(file), Some(pos)) = (file, pos) else {
-                continue;
-            };
-            let shared = match out.last() {
-                Some((last, _)) if &**last == file => last.clone(),
-                _ => Arc::from(file),
-            };
-            out.push((shared, pos));
-        }
-    }
-    Ok(out)
 }

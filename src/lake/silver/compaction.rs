@@ -18,9 +18,7 @@ use arrow_select::filter::filter_record_batch;
 use iceberg::spec::ManifestContentType;
 use iceberg::table::Table;
 
-use super::{
-    Key, SilverTable, follows, lake_error, planned_files, read_parquet, read_position_deletes,
-};
+use super::{Key, SilverTable, follows, lake_error, planned_files, read_parquet};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::align::align;
@@ -28,7 +26,8 @@ use crate::lake::catalog::Lake;
 use crate::lake::compaction::{
     Compacted, MAX_REWRITE_BYTES, Merge, live_files_in_commit_order, small_files_to_merge,
 };
-use crate::lake::row_delta::{RowDelta, commit_rewrite, write_position_deletes};
+use crate::lake::position_deletes::{DeleteReader, DeleteWriter, Deleted, Merged};
+use crate::lake::row_delta::{RowDelta, commit_rewrite};
 use crate::lake::writer::{DataFileSink, Position};
 
 /// A data file that lost at least this share of its rows is rewritten:
@@ -171,40 +170,58 @@ impl SilverTable {
             .filter(|p| !removed_data.contains(*p))
             .collect();
         // Only the delete files merged or applying to a rewritten file are
-        // read, and of the rest only the positions of rewritten files held:
-        // memory of what this compaction rewrites, not of the table.
-        let needed: HashSet<&str> = removed_data
+        // read, as sorted streams merged into one, and of the rest only the
+        // positions of rewritten files held: memory of what this
+        // compaction rewrites, not of the table or its delete files.
+        let mut needed: Vec<&str> = removed_data
             .iter()
             .filter_map(|p| layout.applying.get(p))
             .flatten()
             .map(String::as_str)
             .chain(merging.iter().map(String::as_str))
             .collect();
-        let mut still = Vec::new();
+        needed.sort_unstable();
+        needed.dedup();
+        let mut readers = Vec::with_capacity(needed.len());
+        for delete in &needed {
+            readers.push(DeleteReader::open_sorted(&table, delete).await?);
+        }
+        let merged_source: Vec<bool> = needed.iter().map(|d| merging.contains(*d)).collect();
         let mut merged_positions = 0;
-        for delete in layout
-            .deletes
-            .keys()
-            .filter(|d| needed.contains(d.as_str()))
-        {
-            for (file, pos) in read_position_deletes(&table, delete).await? {
-                if merging.contains(delete) {
-                    merged_positions += 1;
-                    if kept.contains(&*file) {
-                        still.push((file.clone(), pos));
-                    }
-                }
-                if removed_data.contains(&*file) {
-                    deleted.entry(file).or_default().insert(pos);
-                }
+        let mut still = 0;
+        let mut last: Option<Deleted> = None;
+        let mut merged_file: Option<DeleteWriter> = None;
+        for pair in Merged::new(readers)? {
+            let ((file, pos), source) = pair?;
+            if merged_source[source] {
+                merged_positions += 1;
+            }
+            if removed_data.contains(&*file) {
+                deleted.entry(file).or_default().insert(pos);
+            } else if merged_source[source]
+                && kept.contains(&*file)
+                && last.as_ref() != Some(&(file.clone(), pos))
+            {
+                let writer = match &mut merged_file {
+                    Some(writer) => writer,
+                    None => merged_file.insert(DeleteWriter::open(&table).await?),
+                };
+                last = Some((file.clone(), pos));
+                writer.push((file, pos)).await?;
+                still += 1;
             }
         }
-        still.sort();
-        still.dedup();
+        let merged_file = match merged_file {
+            Some(writer) => Some(writer.close().await?),
+            None => None,
+        };
         // One delete file alone, all of whose positions still apply (to a
         // file too large for this round), would only be written again: a
         // full compaction would do so at every quiet moment.
-        if rewrite.is_empty() && merging.len() == 1 && still.len() == merged_positions {
+        if rewrite.is_empty() && merging.len() == 1 && still == merged_positions {
+            if let Some(file) = merged_file {
+                discard(&table, file.file_path()).await;
+            }
             self.files.commits = 0;
             return Ok(None);
         }
@@ -238,10 +255,7 @@ impl SilverTable {
         if keys.next().is_some() {
             return Err(lake_error("fewer rows rewritten than read", &self.ident));
         }
-        let mut merged = Vec::new();
-        if !still.is_empty() {
-            merged.push(write_position_deletes(&table, still).await?);
-        }
+        let merged: Vec<_> = merged_file.into_iter().collect();
         failpoint::hit("compaction-written");
         done.data_files_removed = removed_data.len();
         done.data_files_added = added.len();
@@ -353,4 +367,12 @@ fn arrow_error(e: arrow_schema::ArrowError, path: &str, ident: &iceberg::TableId
         .with_context("table", ident)
         .with_context("file", path)
         .with_source(e)
+}
+
+/// Deletes a file this compaction wrote and will not commit; one left
+/// behind is an orphan the sweep removes (docs/tables.md).
+async fn discard(table: &Table, path: &str) {
+    if let Err(e) = table.file_io().delete(path).await {
+        tracing::warn!(table = %table.identifier(), file = path, error = %e, "cannot delete a file the compaction did not need");
+    }
 }
