@@ -200,7 +200,7 @@ impl SilverTable {
                 deleted.entry(file).or_default().insert(pos);
             } else if merged_source[source]
                 && kept.contains(&*file)
-                && last.as_ref() != Some(&(file.clone(), pos))
+                && !last.as_ref().is_some_and(|(f, p)| *f == file && *p == pos)
             {
                 let writer = match &mut merged_file {
                     Some(writer) => writer,
