@@ -21,6 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{LakeLocation, namespace};
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
+use crate::lake::storage::{CatalogProperties, Warehouse};
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -51,9 +52,14 @@ pub struct Raw {
     /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
     #[arg(long, value_name = "FILE")]
     pub catalog: Option<PathBuf>,
-    /// The warehouse folder [default: <lake>/warehouse].
-    #[arg(long, value_name = "FOLDER")]
-    pub warehouse: Option<PathBuf>,
+    /// The warehouse: a folder, or s3://bucket/prefix [default: <lake>/warehouse].
+    #[arg(long, value_name = "FOLDER|URI")]
+    pub warehouse: Option<String>,
+    /// A catalog property, key=value, repeated: s3.endpoint,
+    /// s3.access-key-id, s3.secret-access-key, s3.region,
+    /// s3.path-style-access (the AWS_* variables fill what they leave out).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub catalog_property: Option<Vec<String>>,
     /// Iceberg namespace [default: the source database's name].
     #[arg(long)]
     pub namespace: Option<String>,
@@ -130,6 +136,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("lake", Kind::Text),
     ("catalog", Kind::Text),
     ("warehouse", Kind::Text),
+    ("catalog_property", Kind::List),
     ("namespace", Kind::Text),
     ("state_dir", Kind::Text),
     ("table_names", Kind::Map),
@@ -456,7 +463,12 @@ impl Merged {
                 lake.catalog = catalog.clone();
             }
             if let Some(warehouse) = &raw.warehouse {
-                lake.warehouse = warehouse.clone();
+                lake.warehouse =
+                    Warehouse::parse(warehouse).map_err(|e| self.error("warehouse", e))?;
+            }
+            if let Some(pairs) = &raw.catalog_property {
+                lake.properties = CatalogProperties::parse(pairs.iter().map(String::as_str))
+                    .map_err(|e| self.error("catalog_property", e))?;
             }
             lake
         };

@@ -13,6 +13,7 @@ use wal2iceberg::lake::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
 use wal2iceberg::lake::lock::WriterLock;
+use wal2iceberg::lake::storage::{CatalogProperties, Warehouse};
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
@@ -204,6 +205,12 @@ struct LakeArgs {
     /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
     #[arg(long, value_name = "FILE")]
     catalog: Option<PathBuf>,
+    /// The warehouse, when on S3: s3://bucket/prefix.
+    #[arg(long, value_name = "FOLDER|URI")]
+    warehouse: Option<String>,
+    /// A catalog property, key=value, repeated (s3.endpoint, ...).
+    #[arg(long, value_name = "KEY=VALUE")]
+    catalog_property: Vec<String>,
     /// Iceberg namespace, when a table name has none [default: the lake's
     /// only namespace].
     #[arg(long)]
@@ -211,16 +218,24 @@ struct LakeArgs {
 }
 
 impl LakeArgs {
-    fn location(&self) -> LakeLocation {
+    fn location(&self) -> Result<LakeLocation, Error> {
         let mut location = LakeLocation::in_folder(&self.lake);
         if let Some(catalog) = &self.catalog {
             location.catalog = catalog.clone();
         }
-        location
+        let config =
+            |key: &str, rule: String| Error::new(ErrorKind::Config, format!("{key}: {rule}"));
+        if let Some(warehouse) = &self.warehouse {
+            location.warehouse = Warehouse::parse(warehouse).map_err(|e| config("warehouse", e))?;
+        }
+        location.properties =
+            CatalogProperties::parse(self.catalog_property.iter().map(String::as_str))
+                .map_err(|e| config("catalog-property", e))?;
+        Ok(location)
     }
 
     async fn open(&self) -> Result<Lake, Error> {
-        Lake::open_existing(&self.location()).await
+        Lake::open_existing(&self.location()?).await
     }
 
     /// `tables` resolved in the lake, or every table of the namespace.
@@ -288,7 +303,13 @@ const RUN_TUNING: &[&str] = &[
 /// Read by `run` and `tail`.
 const IDLE: &[&str] = &["exit_when_idle"];
 const STREAM: &[&str] = &["proto_version", "streaming"];
-const LAKE: &[&str] = &["lake", "catalog", "warehouse", "namespace"];
+const LAKE: &[&str] = &[
+    "lake",
+    "catalog",
+    "warehouse",
+    "catalog_property",
+    "namespace",
+];
 
 /// Each command's settings flags that it does not read. They stay
 /// accepted, so that scripts passing one set of flags to every command
@@ -546,7 +567,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let idents = lake_args.idents(&lake, &tables).await?;
             // Beside a run its commits would win every race, for nothing:
             // a run expires its tables itself.
-            let _locks = WriterLock::acquire_all(&lake_args.location(), &idents)?;
+            let _locks = WriterLock::acquire_all(&lake_args.location()?, &idents)?;
             let retention = Retention {
                 older_than,
                 retain_last,
@@ -576,7 +597,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let lake = lake_args.open().await?;
             let idents = lake_args.idents(&lake, &tables).await?;
             let done =
-                wal2iceberg::ops::compact::compact(&lake, &lake_args.location(), &idents).await?;
+                wal2iceberg::ops::compact::compact(&lake, &lake_args.location()?, &idents).await?;
             for (ident, c) in done {
                 outln!(
                     "{ident}: {} data files merged into {}, {} delete files into {}, {} rows rewritten",

@@ -16,6 +16,7 @@ mod initial_load;
 mod lake;
 mod layering;
 mod maintenance;
+mod object_store;
 mod packaging;
 mod partitions;
 mod pipeline;

@@ -79,12 +79,55 @@ fn flags_override_the_environment_which_overrides_the_file() {
     )
     .unwrap();
     assert_eq!(apart.lake.catalog, PathBuf::from("/etc/w2i/catalog.db"));
-    assert_eq!(apart.lake.warehouse, PathBuf::from("/data/warehouse"));
+    assert_eq!(
+        apart.lake.warehouse,
+        Warehouse::Folder(PathBuf::from("/data/warehouse"))
+    );
     // Defaults where nobody said anything.
     assert_eq!(s.max_batch_bytes, 128 << 20);
     assert_eq!(s.load_connections, 2);
     assert_eq!(s.log_format, LogFormat::Text);
     assert_eq!(s.exit_when_idle, None);
+}
+
+#[test]
+fn an_s3_warehouse_and_catalog_properties_from_a_file_and_the_environment() {
+    let s = resolve(
+        Some("warehouse = \"s3://lake/shop\"\ncatalog_property = [\"s3.endpoint=http://minio:9000\"]\n"),
+        &[],
+        Raw::default(),
+    )
+    .unwrap();
+    assert_eq!(s.lake.warehouse, Warehouse::Uri("s3://lake/shop".into()));
+    assert_eq!(
+        s.lake.properties,
+        CatalogProperties::parse(["s3.endpoint=http://minio:9000"]).unwrap()
+    );
+    let err = resolve(
+        None,
+        &[("WAL2ICEBERG_CATALOG_PROPERTY", "s3.region=eu-west-1,oops")],
+        Raw::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("catalog_property") && err.contains("WAL2ICEBERG_CATALOG_PROPERTY"),
+        "{err}"
+    );
+    let err = resolve(
+        None,
+        &[],
+        Raw {
+            warehouse: Some("gs://b/w".into()),
+            ..Raw::default()
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("warehouse") && err.contains("gs:// is not supported"),
+        "{err}"
+    );
 }
 
 #[test]

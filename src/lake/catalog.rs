@@ -1,40 +1,45 @@
 //! The embedded catalog: an Iceberg SQL catalog on SQLite, by default at
 //! `<lake>/catalog.db` with the warehouse at `<lake>/warehouse`, the layout
 //! pyiceberg's `SqlCatalog` and DuckDB read with no options; the catalog
-//! file and the warehouse may also live apart ([`LakeLocation`]). Tables
-//! are registered under the catalog name [`CATALOG_NAME`].
+//! file and the warehouse may also live apart ([`LakeLocation`]), and the
+//! warehouse on S3 (`s3://bucket/prefix`, see `storage`). Tables are
+//! registered under the catalog name [`CATALOG_NAME`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use iceberg::io::LocalFsStorageFactory;
+use iceberg::io::{LocalFsStorageFactory, StorageFactory};
 use iceberg::spec::Schema;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
 use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
 
+use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
 
 /// The name tables are registered under in the SQL catalog (pyiceberg:
 /// `SqlCatalog("local", uri=..., warehouse=...)`).
 pub const CATALOG_NAME: &str = "local";
 
-/// Where a lake lives: the SQLite file of its SQL catalog and its
-/// warehouse folder. By default both sit in one folder, as
+/// Where a lake lives: the SQLite file of its SQL catalog, its warehouse
+/// and what its storage needs (an S3 endpoint, credentials). By default
+/// the catalog and a local warehouse sit in one folder, as
 /// `<lake>/catalog.db` and `<lake>/warehouse`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LakeLocation {
     pub catalog: PathBuf,
-    pub warehouse: PathBuf,
+    pub warehouse: Warehouse,
+    pub properties: CatalogProperties,
 }
 
 impl LakeLocation {
     pub fn in_folder(root: &Path) -> LakeLocation {
         LakeLocation {
             catalog: root.join("catalog.db"),
-            warehouse: root.join("warehouse"),
+            warehouse: Warehouse::Folder(root.join("warehouse")),
+            properties: CatalogProperties::default(),
         }
     }
 
@@ -86,13 +91,20 @@ impl Lake {
             })
         };
         // A reader never writes there; a missing warehouse is fine for it.
-        let warehouse = folder(&location.warehouse).or_else(|e| {
-            if create {
-                Err(e)
-            } else {
-                Ok(location.warehouse.clone())
+        let (warehouse, storage, props): (_, Arc<dyn StorageFactory>, _) = match &location.warehouse
+        {
+            Warehouse::Folder(path) => {
+                let path =
+                    folder(path).or_else(|e| if create { Err(e) } else { Ok(path.clone()) })?;
+                let uri = format!("file://{}", path.display());
+                (uri, Arc::new(LocalFsStorageFactory), HashMap::new())
             }
-        })?;
+            Warehouse::Uri(uri) => (
+                uri.clone(),
+                object_store(),
+                location.properties.storage_props(),
+            ),
+        };
         let catalog_dir = folder(
             location
                 .catalog
@@ -108,10 +120,10 @@ impl Lake {
         sqlx::any::install_default_drivers();
         let catalog = SqlCatalogBuilder::default()
             .uri(format!("sqlite:{}?mode=rwc", db.display()))
-            .warehouse_location(format!("file://{}", warehouse.display()))
+            .warehouse_location(warehouse)
             .sql_bind_style(SqlBindStyle::QMark)
-            .with_storage_factory(Arc::new(LocalFsStorageFactory))
-            .load(CATALOG_NAME, HashMap::new())
+            .with_storage_factory(storage)
+            .load(CATALOG_NAME, props)
             .await
             .map_err(|e| {
                 iceberg_error(e, "cannot open the SQL catalog").with_context("file", db.display())

@@ -22,6 +22,7 @@
 //! - `schema`: the bronze and silver schemas and the type mapping.
 //! - `staged_schema`: schema changes committed with the batch's rows.
 //! - `sorted_run`: the key index's files on local disk.
+//! - `storage`: where the files live: a folder or S3, and its settings.
 //! - `writer`: Parquet data files and the source position of a snapshot.
 
 pub mod align;
@@ -42,4 +43,5 @@ pub mod schema;
 pub mod silver;
 pub mod sorted_run;
 pub mod staged_schema;
+pub mod storage;
 pub mod writer;

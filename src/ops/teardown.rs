@@ -166,16 +166,16 @@ pub(crate) async fn drop_with_files(lake: &Lake, ident: &TableIdent) -> Result<(
         .drop_table(ident)
         .await
         .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", ident))?;
-    if let Some(folder) = location.strip_prefix("file://") {
-        match std::fs::remove_dir_all(folder) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
-                    .with_context("folder", folder)
-                    .with_source(e));
-            }
-        }
+    let Some(folder) = location.strip_prefix("file://") else {
+        return table.file_io().delete_prefix(&location).await.map_err(|e| {
+            iceberg_error(e, "cannot delete the table's files").with_context("location", &location)
+        });
+    };
+    match std::fs::remove_dir_all(folder) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
+            .with_context("folder", folder)
+            .with_source(e)),
     }
-    Ok(())
 }

@@ -24,6 +24,7 @@ pub mod oracle;
 pub mod python;
 pub mod readers;
 pub mod reconcile;
+pub mod s3;
 
 pub use python::python;
 pub use readers::{bronze_ops, duckdb, id_plan_pairs, id_plan_rows, pyiceberg, tamper};

@@ -1,7 +1,7 @@
 """Reads a wal2iceberg table through DuckDB's iceberg extension, a second
 reader we did not write. Extensions load offline from their PyPI packages.
 
-usage: read_lake_duckdb.py <lake folder> <namespace.table>
+usage: [READ_LAKE_PROPS={...}] read_lake_duckdb.py <lake folder> <namespace.table>
 Prints the rows as one JSON list on stdout.
 """
 import glob
@@ -24,10 +24,30 @@ catalog = sqlite3.connect(os.path.join(lake, "catalog.db"))
 ).fetchone()
 
 con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-for package, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
+extensions = [(duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")]
+# A warehouse on S3: its catalog properties as a JSON object in READ_LAKE_PROPS.
+props = json.loads(os.environ.get("READ_LAKE_PROPS", "{}"))
+if props:
+    import duckdb_extension_httpfs
+
+    extensions.insert(0, (duckdb_extension_httpfs, "httpfs"))
+for package, name in extensions:
     folder = os.path.dirname(package.__file__)
     (path,) = glob.glob(os.path.join(folder, "extensions", "v*", f"{name}.duckdb_extension"))
     con.execute(f"LOAD '{path}'")
+if props:
+    endpoint = props["s3.endpoint"]
+    con.execute(
+        "CREATE SECRET lake (TYPE s3, KEY_ID ?, SECRET ?, REGION ?, ENDPOINT ?,"
+        " URL_STYLE 'path', USE_SSL ?)",
+        [
+            props["s3.access-key-id"],
+            props["s3.secret-access-key"],
+            props.get("s3.region", "us-east-1"),
+            endpoint.split("://", 1)[1],
+            endpoint.startswith("https://"),
+        ],
+    )
 rows = con.execute(
     "SELECT * FROM iceberg_scan(?)", [location.removeprefix("file://")]
 ).fetch_arrow_table().to_pylist()

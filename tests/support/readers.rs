@@ -5,10 +5,16 @@ use serde_json::Value;
 
 /// Runs one of the reader scripts in tests/support; its output as JSON.
 async fn read_with(script: &str, args: &[&str]) -> Value {
+    read_with_env(script, args, &[]).await
+}
+
+/// [`read_with`], with environment variables set.
+async fn read_with_env(script: &str, args: &[&str], env: &[(&str, String)]) -> Value {
     let script = format!("{}/tests/support/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = tokio::process::Command::new(crate::support::python())
         .arg(&script)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .await
         .expect("run the readers' python");
@@ -48,6 +54,42 @@ pub async fn bronze_ops(lake: &std::path::Path, table: &str) -> String {
 /// Rows of a table as DuckDB's iceberg extension reads them.
 pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
     read_with("read_lake_duckdb.py", &[&lake.display().to_string(), table]).await
+}
+
+/// A lake whose catalog file is in `lake` and whose warehouse is on S3.
+pub struct S3Lake<'a> {
+    pub lake: &'a std::path::Path,
+    pub warehouse: String,
+    pub server: &'a crate::support::s3::S3Server,
+}
+
+impl S3Lake<'_> {
+    fn env(&self) -> Vec<(&'static str, String)> {
+        let props: serde_json::Map<String, Value> = self
+            .server
+            .properties()
+            .iter()
+            .chain(&["s3.region=us-east-1".to_owned()])
+            .filter_map(|p| p.split_once('='))
+            .map(|(k, v)| (k.to_owned(), Value::from(v)))
+            .collect();
+        vec![
+            ("READ_LAKE_WAREHOUSE", self.warehouse.clone()),
+            ("READ_LAKE_PROPS", Value::Object(props).to_string()),
+        ]
+    }
+
+    /// [`pyiceberg`], reading from S3.
+    pub async fn pyiceberg(&self, table: &str, mode: &str) -> Value {
+        let lake = self.lake.display().to_string();
+        read_with_env("read_lake.py", &[&lake, table, mode], &self.env()).await
+    }
+
+    /// [`duckdb`], reading from S3.
+    pub async fn duckdb(&self, table: &str) -> Value {
+        let lake = self.lake.display().to_string();
+        read_with_env("read_lake_duckdb.py", &[&lake, table], &self.env()).await
+    }
 }
 
 /// The (id, plan) pairs of rows, sorted.

@@ -1,0 +1,130 @@
+//! A lake whose warehouse is on S3 (moto's server, started by the
+//! harness): runs load, stream and restart against it, configured by
+//! catalog properties and by the `AWS_*` variables, and pyiceberg and
+//! DuckDB read the tables from S3.
+
+use crate::support::readers::S3Lake;
+use crate::support::s3::S3Server;
+use crate::support::*;
+
+#[tokio::test]
+async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
+    let server = S3Server::start();
+    let bucket = server.bucket("lake").await;
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text)")
+        .await;
+    db.exec("INSERT INTO customers VALUES (1, 'Ada', 'free'), (2, 'Grace', 'pro'), (3, 'Linus', 'free')")
+        .await;
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    let lake_arg = lake_dir.display().to_string();
+    let warehouse = format!("s3://{bucket}/shop");
+    let slot = unique("s3");
+    let url = db.config_url();
+    let run_args = |more: &[String]| {
+        let mut args: Vec<String> = [
+            "run",
+            "--source",
+            &url,
+            "--tables",
+            "public.customers",
+            "--slot",
+            &slot,
+            "--lake",
+            &lake_arg,
+            "--warehouse",
+            &warehouse,
+            "--namespace",
+            "shop",
+            "--exit-when-idle",
+            "1s",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        args.extend_from_slice(more);
+        args
+    };
+    // Configured by catalog properties.
+    let properties: Vec<String> = server
+        .properties()
+        .into_iter()
+        .flat_map(|p| ["--catalog-property".to_owned(), p])
+        .collect();
+    assert_success(&cli(&run_args(&properties)).await);
+    let s3 = S3Lake {
+        lake: &lake_dir,
+        warehouse: warehouse.clone(),
+        server: &server,
+    };
+    assert_eq!(
+        id_plan_pairs(&s3.pyiceberg("shop.customers", "rows").await),
+        [(1, "free".into()), (2, "pro".into()), (3, "free".into())]
+    );
+    assert!(
+        !lake_dir.join("warehouse").exists(),
+        "no local warehouse folder beside the catalog"
+    );
+
+    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
+        .await;
+    db.exec("DELETE FROM customers WHERE id = 3").await;
+    db.exec("INSERT INTO customers VALUES (4, 'Barbara', 'free')")
+        .await;
+    db.exec("UPDATE customers SET name = 'Grace H.' WHERE id = 2")
+        .await;
+    // Restarted with the AWS_* variables instead, as S3 users configure it.
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(run_args(&[]))
+        .envs(server.environment())
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .unwrap();
+    assert_success(&out);
+
+    let want = [(1, "team".into()), (2, "pro".into()), (4, "free".into())];
+    assert_eq!(
+        id_plan_pairs(&s3.pyiceberg("shop.customers", "rows").await),
+        want
+    );
+    assert_eq!(id_plan_pairs(&s3.duckdb("shop.customers").await), want);
+    let bronze = s3.pyiceberg("shop.customers_changes", "rows").await;
+    let ops: String = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap())
+        .collect();
+    assert_eq!(ops, "rrrudcu", "bronze holds every change once");
+    assert_eq!(
+        s3.duckdb("shop.customers_changes")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        7
+    );
+
+    // The commands that read the lake take the same settings.
+    let mut show: Vec<String> = [
+        "show",
+        "customers",
+        "--lake",
+        &lake_arg,
+        "--warehouse",
+        &warehouse,
+        "--format",
+        "json",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    show.extend(properties);
+    let out = cli(&show).await;
+    assert_success(&out);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("Barbara") && !shown.contains("Linus"),
+        "{shown}"
+    );
+}

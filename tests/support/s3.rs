@@ -1,0 +1,93 @@
+//! An S3 server for the lake tests: moto's (`moto[server]` from PyPI,
+//! installed with the readers in the harness's virtual environment), one
+//! per test, on a free loopback port, stopped when dropped.
+
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct S3Server {
+    child: Child,
+    pub endpoint: String,
+}
+
+/// The credentials moto takes (any would do).
+pub const KEY_ID: &str = "testing";
+pub const SECRET: &str = "testing-secret";
+
+impl S3Server {
+    pub fn start() -> S3Server {
+        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let bin = crate::support::python()
+            .parent()
+            .expect("the venv's bin folder")
+            .join("moto_server");
+        let child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        let server = S3Server {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "moto_server did not listen in 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    /// Creates a bucket named after `prefix`, unique to the test; its name.
+    pub async fn bucket(&self, prefix: &str) -> String {
+        let name = crate::support::unique(prefix)
+            .to_lowercase()
+            .replace('_', "-");
+        let script = "import sys, urllib.request\n\
+                      urllib.request.urlopen(urllib.request.Request(sys.argv[1], method='PUT'))";
+        let out = tokio::process::Command::new(crate::support::python())
+            .args(["-c", script, &format!("{}/{name}", self.endpoint)])
+            .output()
+            .await
+            .expect("run python");
+        assert!(
+            out.status.success(),
+            "create bucket {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        name
+    }
+
+    /// The catalog properties that reach this server, as flags take them.
+    pub fn properties(&self) -> Vec<String> {
+        vec![
+            format!("s3.endpoint={}", self.endpoint),
+            format!("s3.access-key-id={KEY_ID}"),
+            format!("s3.secret-access-key={SECRET}"),
+        ]
+    }
+
+    /// The same as the `AWS_*` variables a user would set instead.
+    pub fn environment(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint.clone()),
+            ("AWS_ACCESS_KEY_ID", KEY_ID.to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET.to_owned()),
+        ]
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
