@@ -106,6 +106,14 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
         7
     );
 
+    // Without them, the error says what is missing.
+    let out = cli(&["show", "customers", "--lake", &lake_arg]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("its files are on S3; give the lake's --warehouse"),
+        "{stderr}"
+    );
     // The commands that read the lake take the same settings.
     let mut show: Vec<String> = [
         "show",

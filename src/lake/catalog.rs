@@ -63,6 +63,9 @@ impl From<PathBuf> for LakeLocation {
 pub struct Lake {
     catalog: SqlCatalog,
     catalog_file: PathBuf,
+    /// Opened with a local warehouse: a table on S3 needs the store's
+    /// settings to be read.
+    local: bool,
 }
 
 impl Lake {
@@ -131,6 +134,7 @@ impl Lake {
         Ok(Lake {
             catalog,
             catalog_file: db,
+            local: matches!(location.warehouse, Warehouse::Folder(_)),
         })
     }
 
@@ -250,10 +254,19 @@ impl Lake {
 
     /// Loads a table that exists.
     pub async fn catalog_table(&self, ident: &TableIdent) -> Result<Table> {
-        self.catalog
-            .load_table(ident)
-            .await
-            .map_err(|e| iceberg_error(e, "cannot load the table").with_context("table", ident))
+        self.catalog.load_table(ident).await.map_err(|e| {
+            let on_s3 = self.local
+                && ["s3://", "s3a://"]
+                    .iter()
+                    .any(|s| e.to_string().contains(s));
+            let message = if on_s3 {
+                "cannot load the table: its files are on S3; give the lake's --warehouse \
+                     s3://... and the store's settings (docs/configuration.md, A lake on S3)"
+            } else {
+                "cannot load the table"
+            };
+            iceberg_error(e, message).with_context("table", ident)
+        })
     }
 
     /// Loads the table if it exists.
