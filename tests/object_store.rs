@@ -16,6 +16,9 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
         .await;
     db.exec("INSERT INTO customers VALUES (1, 'Ada', 'free'), (2, 'Grace', 'pro'), (3, 'Linus', 'free')")
         .await;
+    // A table whose folders share the first's name as a prefix.
+    db.exec("CREATE TABLE customers2(id int PRIMARY KEY, plan text); INSERT INTO customers2 VALUES (9, 'pro')")
+        .await;
     let dir = tempfile::tempdir().unwrap();
     let lake_dir = dir.path().join("lake");
     let lake_arg = lake_dir.display().to_string();
@@ -28,7 +31,7 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
             "--source",
             &url,
             "--tables",
-            "public.customers",
+            "public.customers,public.customers2",
             "--slot",
             &slot,
             "--lake",
@@ -134,5 +137,29 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
     assert!(
         shown.contains("Barbara") && !shown.contains("Linus"),
         "{shown}"
+    );
+
+    // drop-table deletes the table's objects, and only its own.
+    let folder = |table: &str| format!("shop/shop/{table}/");
+    assert!(server.objects(&bucket, &folder("customers")).await > 0);
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(["drop-table", "--source", &url, "--lake", &lake_arg])
+        .args(["--warehouse", &warehouse, "--namespace", "shop"])
+        .args(["--table", "public.customers", "--yes"])
+        .envs(server.environment())
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .unwrap();
+    assert_success(&out);
+    assert_eq!(server.objects(&bucket, &folder("customers")).await, 0);
+    assert_eq!(
+        server.objects(&bucket, &folder("customers_changes")).await,
+        0
+    );
+    assert!(server.objects(&bucket, &folder("customers2")).await > 0);
+    assert_eq!(
+        id_plan_pairs(&s3.pyiceberg("shop.customers2", "rows").await),
+        [(9, "pro".into())]
     );
 }

@@ -1,10 +1,10 @@
 //! Where a lake's files live: a local folder, or S3 (and S3-compatible
 //! servers) through `iceberg-storage-opendal`, configured by the
 //! conventions users know: the `AWS_*` environment variables, and catalog
-//! properties named as pyiceberg names them (`s3.endpoint`,
+//! properties named as Iceberg's S3 FileIO names them (`s3.endpoint`,
 //! `s3.access-key-id`, `s3.secret-access-key`, `s3.session-token`,
-//! `s3.region`, `s3.path-style-access`), a property winning over the
-//! environment.
+//! `s3.region`, pyiceberg's names too; and `s3.path-style-access`), a
+//! property winning over the environment.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -30,8 +30,12 @@ impl Warehouse {
         let Some((scheme, rest)) = text.split_once("://") else {
             return Ok(Warehouse::Folder(PathBuf::from(text)));
         };
+        let bucket = rest.split('/').next().unwrap_or_default();
         match scheme {
-            "s3" | "s3a" if !rest.is_empty() && !rest.starts_with('/') => {
+            "s3" | "s3a" if bucket.chars().any(|c| c.is_ascii_uppercase()) => {
+                Err(format!("S3 bucket names are lowercase, not {bucket:?}"))
+            }
+            "s3" | "s3a" if !bucket.is_empty() => {
                 Ok(Warehouse::Uri(text.trim_end_matches('/').to_owned()))
             }
             "s3" | "s3a" => Err("an S3 warehouse names its bucket: s3://bucket/prefix".to_owned()),
@@ -54,6 +58,25 @@ impl std::fmt::Debug for CatalogProperties {
     }
 }
 
+/// The properties a lake takes (the names of iceberg-rust and Iceberg's
+/// Java S3 FileIO, which pyiceberg shares but for path-style access).
+const PROPERTIES: &[&str] = &[
+    "s3.endpoint",
+    "s3.access-key-id",
+    "s3.secret-access-key",
+    "s3.session-token",
+    "s3.region",
+    "s3.path-style-access",
+];
+
+/// The properties of a credential: taken all from the properties when
+/// one of them is there, else all from the environment, never mixed.
+const CREDENTIAL: &[&str] = &[
+    "s3.access-key-id",
+    "s3.secret-access-key",
+    "s3.session-token",
+];
+
 /// The environment variables S3 users set, and the property each fills.
 const AWS_VARIABLES: &[(&str, &str)] = &[
     ("AWS_ENDPOINT_URL_S3", "s3.endpoint"),
@@ -66,17 +89,24 @@ const AWS_VARIABLES: &[(&str, &str)] = &[
 ];
 
 impl CatalogProperties {
-    /// Properties from `key=value` pairs; the key must not be empty.
+    /// Properties from `key=value` pairs, each key one of [`PROPERTIES`].
     pub fn parse<'a>(
         pairs: impl IntoIterator<Item = &'a str>,
     ) -> Result<CatalogProperties, String> {
         let mut properties = BTreeMap::new();
         for pair in pairs {
             match pair.split_once('=') {
-                Some((key, value)) if !key.trim().is_empty() => {
+                Some((key, value)) if PROPERTIES.contains(&key.trim()) => {
                     properties.insert(key.trim().to_owned(), value.to_owned());
                 }
-                _ => {
+                Some((key, _)) => {
+                    return Err(format!(
+                        "unknown property {:?}; known: {}",
+                        key.trim(),
+                        PROPERTIES.join(", ")
+                    ));
+                }
+                None => {
                     return Err(
                         "expected key=value, such as s3.endpoint=http://localhost:9000".to_owned(),
                     );
@@ -94,18 +124,27 @@ impl CatalogProperties {
 
     /// The same, with `env` for the environment. A property wins over a
     /// variable, the first variable of [`AWS_VARIABLES`] over a later one
-    /// for the same property. A server at an endpoint of its own (MinIO,
-    /// moto, Ceph) is addressed by path unless `s3.path-style-access`
-    /// says otherwise, and in `us-east-1` unless a region is given.
+    /// for the same property; a credential comes whole from one side
+    /// ([`CREDENTIAL`]). A server at an endpoint of its own, not AWS's
+    /// (MinIO, moto, Ceph), is addressed by path unless
+    /// `s3.path-style-access` says otherwise, and in `us-east-1` unless a
+    /// region is given.
     fn storage_props_with(&self, env: impl Fn(&str) -> Option<String>) -> HashMap<String, String> {
+        let credential_given = CREDENTIAL.iter().any(|k| self.0.contains_key(*k));
         let mut props: HashMap<String, String> = HashMap::new();
         for (variable, property) in AWS_VARIABLES {
+            if credential_given && CREDENTIAL.contains(property) {
+                continue;
+            }
             if let Some(value) = env(variable).filter(|v| !v.is_empty()) {
                 props.entry((*property).to_owned()).or_insert(value);
             }
         }
         props.extend(self.0.clone());
-        if props.contains_key("s3.endpoint") {
+        let own_server = props
+            .get("s3.endpoint")
+            .is_some_and(|e| !e.contains(".amazonaws.com"));
+        if own_server {
             props
                 .entry("s3.path-style-access".to_owned())
                 .or_insert_with(|| "true".to_owned());
@@ -142,6 +181,12 @@ mod tests {
             Warehouse::parse("s3://bucket/lake/").unwrap(),
             Warehouse::Uri("s3://bucket/lake".into())
         );
+        assert_eq!(
+            Warehouse::parse("s3a://bucket").unwrap(),
+            Warehouse::Uri("s3a://bucket".into())
+        );
+        let capitals = Warehouse::parse("s3://Lake/x").unwrap_err();
+        assert!(capitals.contains("lowercase"), "{capitals}");
         let no_bucket = Warehouse::parse("s3:///lake").unwrap_err();
         assert!(no_bucket.contains("names its bucket"), "{no_bucket}");
         let other = Warehouse::parse("hdfs://nn/lake").unwrap_err();
@@ -163,7 +208,10 @@ mod tests {
         };
         let storage = props.storage_props_with(env);
         assert_eq!(storage["s3.endpoint"], "http://127.0.0.1:9000");
-        assert_eq!(storage["s3.access-key-id"], "AKID");
+        assert!(
+            !storage.contains_key("s3.access-key-id"),
+            "a credential is not mixed from two sources"
+        );
         assert_eq!(storage["s3.secret-access-key"], "hunter2");
         assert_eq!(storage["s3.path-style-access"], "true");
         assert_eq!(storage["s3.region"], "us-east-1");
@@ -180,9 +228,39 @@ mod tests {
     }
 
     #[test]
-    fn a_pair_without_a_key_is_refused() {
-        for bad in ["novalue", "=x"] {
+    fn the_environment_alone_fills_in_order_and_skips_empty_values() {
+        let env = |name: &str| match name {
+            "AWS_ENDPOINT_URL_S3" => Some("http://s3-only:1".to_owned()),
+            "AWS_ENDPOINT_URL" => Some("http://any:1".to_owned()),
+            "AWS_REGION" => Some(String::new()),
+            "AWS_DEFAULT_REGION" => Some("eu-central-1".to_owned()),
+            "AWS_ACCESS_KEY_ID" => Some("AKID".to_owned()),
+            _ => None,
+        };
+        let props = CatalogProperties::parse(["s3.path-style-access=false"]).unwrap();
+        let storage = props.storage_props_with(env);
+        assert_eq!(storage["s3.endpoint"], "http://s3-only:1");
+        assert_eq!(storage["s3.region"], "eu-central-1");
+        assert_eq!(storage["s3.access-key-id"], "AKID");
+        assert_eq!(storage["s3.path-style-access"], "false");
+    }
+
+    #[test]
+    fn an_aws_endpoint_keeps_virtual_hosts_and_needs_its_region() {
+        let env = |name: &str| {
+            (name == "AWS_ENDPOINT_URL").then(|| "https://s3.eu-west-1.amazonaws.com".to_owned())
+        };
+        let storage = CatalogProperties::default().storage_props_with(env);
+        assert!(!storage.contains_key("s3.path-style-access"));
+        assert!(!storage.contains_key("s3.region"));
+    }
+
+    #[test]
+    fn unknown_keys_and_pairs_without_a_key_are_refused() {
+        for bad in ["novalue", "=x", "uri=sqlite:/tmp/x", "s3.acess-key-id=x"] {
             assert!(CatalogProperties::parse([bad]).is_err(), "{bad}");
         }
+        let err = CatalogProperties::parse(["warehouse=s3://x"]).unwrap_err();
+        assert!(err.contains("unknown property \"warehouse\"") && err.contains("s3.endpoint"));
     }
 }

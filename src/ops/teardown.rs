@@ -162,11 +162,23 @@ async fn drop_tables(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<
 pub(crate) async fn drop_with_files(lake: &Lake, ident: &TableIdent) -> Result<()> {
     let table = lake.catalog_table(ident).await?;
     let location = table.metadata().location().to_owned();
+    let local = location.strip_prefix("file://");
+    // Never a bucket's root: a table another tool registered there would
+    // take every object of the bucket with it.
+    let in_bucket = location.split_once("://").map_or("", |(_, rest)| rest);
+    if local.is_none() && !in_bucket.trim_end_matches('/').contains('/') {
+        return Err(Error::new(
+            ErrorKind::Lake,
+            "the table's location is a bucket's root: drop it with the engine that made it",
+        )
+        .with_context("table", ident)
+        .with_context("location", &location));
+    }
     lake.catalog()
         .drop_table(ident)
         .await
         .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", ident))?;
-    let Some(folder) = location.strip_prefix("file://") else {
+    let Some(folder) = local else {
         return table.file_io().delete_prefix(&location).await.map_err(|e| {
             iceberg_error(e, "cannot delete the table's files").with_context("location", &location)
         });

@@ -66,6 +66,25 @@ impl S3Server {
         name
     }
 
+    /// How many objects of `bucket` have keys beginning with `prefix`.
+    pub async fn objects(&self, bucket: &str, prefix: &str) -> usize {
+        let script = "import sys, urllib.parse, urllib.request\n\
+                      q = urllib.parse.urlencode({'prefix': sys.argv[2]})\n\
+                      body = urllib.request.urlopen(sys.argv[1] + '?' + q).read().decode()\n\
+                      print(body.count('<Key>'))";
+        let out = tokio::process::Command::new(crate::support::python())
+            .args(["-c", script, &format!("{}/{bucket}", self.endpoint), prefix])
+            .output()
+            .await
+            .expect("run python");
+        assert!(
+            out.status.success(),
+            "list {bucket}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+    }
+
     /// The catalog properties that reach this server, as flags take them.
     pub fn properties(&self) -> Vec<String> {
         vec![
