@@ -77,14 +77,7 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
     db.exec("UPDATE customers SET name = 'Grace H.' WHERE id = 2")
         .await;
     // Restarted with the AWS_* variables instead, as S3 users configure it.
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(run_args(&[]))
-        .envs(server.environment())
-        .env("RUST_LOG", "wal2iceberg=warn")
-        .output()
-        .await
-        .unwrap();
-    assert_success(&out);
+    assert_success(&with_aws_env(&server, &run_args(&[])).await);
 
     let want = [(1, "team".into()), (2, "pro".into()), (4, "free".into())];
     assert_eq!(
@@ -142,16 +135,21 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
     // drop-table deletes the table's objects, and only its own.
     let folder = |table: &str| format!("shop/shop/{table}/");
     assert!(server.objects(&bucket, &folder("customers")).await > 0);
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args(["drop-table", "--source", &url, "--lake", &lake_arg])
-        .args(["--warehouse", &warehouse, "--namespace", "shop"])
-        .args(["--table", "public.customers", "--yes"])
-        .envs(server.environment())
-        .env("RUST_LOG", "wal2iceberg=warn")
-        .output()
-        .await
-        .unwrap();
-    assert_success(&out);
+    let drop = [
+        "drop-table",
+        "--source",
+        &url,
+        "--lake",
+        &lake_arg,
+        "--warehouse",
+        &warehouse,
+        "--namespace",
+        "shop",
+        "--table",
+        "public.customers",
+        "--yes",
+    ];
+    assert_success(&with_aws_env(&server, &drop).await);
     assert_eq!(server.objects(&bucket, &folder("customers")).await, 0);
     assert_eq!(
         server.objects(&bucket, &folder("customers_changes")).await,
@@ -162,4 +160,19 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
         id_plan_pairs(&s3.pyiceberg("shop.customers2", "rows").await),
         [(9, "pro".into())]
     );
+}
+
+/// `wal2iceberg` with `args`, the server reached through the `AWS_*`
+/// variables, to the end.
+async fn with_aws_env<S: AsRef<std::ffi::OsStr>>(
+    server: &S3Server,
+    args: &[S],
+) -> std::process::Output {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(args)
+        .envs(server.environment())
+        .env("RUST_LOG", "wal2iceberg=warn")
+        .output()
+        .await
+        .expect("start wal2iceberg")
 }

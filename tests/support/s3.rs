@@ -53,16 +53,8 @@ impl S3Server {
             .replace('_', "-");
         let script = "import sys, urllib.request\n\
                       urllib.request.urlopen(urllib.request.Request(sys.argv[1], method='PUT'))";
-        let out = tokio::process::Command::new(crate::support::python())
-            .args(["-c", script, &format!("{}/{name}", self.endpoint)])
-            .output()
-            .await
-            .expect("run python");
-        assert!(
-            out.status.success(),
-            "create bucket {name}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        self.python(script, &[&format!("{}/{name}", self.endpoint)])
+            .await;
         name
     }
 
@@ -72,17 +64,26 @@ impl S3Server {
                       q = urllib.parse.urlencode({'prefix': sys.argv[2]})\n\
                       body = urllib.request.urlopen(sys.argv[1] + '?' + q).read().decode()\n\
                       print(body.count('<Key>'))";
+        let out = self
+            .python(script, &[&format!("{}/{bucket}", self.endpoint), prefix])
+            .await;
+        out.trim().parse().unwrap()
+    }
+
+    /// Runs a Python `script` against the server; its stdout.
+    async fn python(&self, script: &str, args: &[&str]) -> String {
         let out = tokio::process::Command::new(crate::support::python())
-            .args(["-c", script, &format!("{}/{bucket}", self.endpoint), prefix])
+            .args(["-c", script])
+            .args(args)
             .output()
             .await
             .expect("run python");
         assert!(
             out.status.success(),
-            "list {bucket}: {}",
+            "{script}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).trim().parse().unwrap()
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// The catalog properties that reach this server, as flags take them.
