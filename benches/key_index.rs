@@ -2,7 +2,11 @@
 //! keys of 8 bytes, in random order, into silver's key index with its
 //! default memory, as an initial load of N rows followed by updates of
 //! every row would put them; the bytes its spills and merges write over
-//! the bytes of the keys, and the bytes of an entry as written.
+//! the bytes of the keys, and the bytes of an entry as written. Then the
+//! memory its Bloom filters take, and what lookups cost: of keys it holds
+//! (an update), of keys in its range it does not hold (an insert of a
+//! random key) and of keys above its range (an insert of a sequence's
+//! next value), in block reads and microseconds each.
 //!
 //! ```sh
 //! cargo bench --bench key_index -- [--keys N]
@@ -72,6 +76,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "  bytes written / bytes of keys: {ratio:.2} (target <= {TARGET} at 10^8 keys: {})",
         if pass { "pass" } else { "FAIL" }
     );
+    println!(
+        "  Bloom filters in memory: {:.1} MB",
+        index.filter_bytes() as f64 / 1e6
+    );
+    let probes = 100_000.min(keys);
+    let kinds: [(&str, &dyn Fn(u64) -> u64); 3] = [
+        ("held (an update)", &|i| scatter(i * (keys / probes))),
+        ("not held, in range (a random insert)", &|i| {
+            scatter(keys + i)
+        }),
+        ("above every key (a sequence's insert)", &|i| u64::MAX - i),
+    ];
+    for (kind, of) in kinds {
+        let reads = index.block_reads();
+        let started = Instant::now();
+        for i in 0..probes {
+            index.get(&of(i).to_be_bytes())?;
+        }
+        let micros = started.elapsed().as_secs_f64() * 1e6 / probes as f64;
+        let per = (index.block_reads() - reads) as f64 / probes as f64;
+        println!("  lookup of a key {kind}: {per:.2} block reads, {micros:.2} us");
+    }
     if !pass && keys >= 100_000_000 {
         std::process::exit(1);
     }

@@ -4,9 +4,10 @@
 //! read by `pread`, so what it holds is in the page cache, not in the
 //! process's memory. It is cut into blocks of about 4 KiB; memory keeps
 //! the first key and offset of every block (under half a byte per entry
-//! for integer keys) and a Bloom filter (ten bits per entry), so a lookup
-//! reads at most one block, and a key that is not in the run usually reads
-//! none.
+//! for integer keys), the run's last key, and a Bloom filter (ten bits per
+//! entry) unless its owner dropped it to bound memory. A lookup reads at
+//! most one block; a key outside the run's range reads none, nor, with a
+//! filter, does a key that is not in the run, usually.
 //!
 //! Entry layout, each number a LEB128 varint: key length, key bytes, then
 //! 0 for a key gone, or the file number plus one and the position (an
@@ -47,18 +48,20 @@ pub struct Run {
     kept: bool,
     /// First key and byte range of every block, in key order.
     blocks: Vec<(Key, u64, u32)>,
-    bloom: Bloom,
+    /// The greatest key.
+    last: Key,
+    bloom: Option<Bloom>,
     /// Entries in the file.
     keys: usize,
 }
 
 impl Run {
     /// Writes `entries`, which must be in strictly increasing key order, to
-    /// a new file at `path`; `expected` (an upper bound on their number)
-    /// sizes the Bloom filter.
+    /// a new file at `path`; with a Bloom filter sized by `filter` (an upper
+    /// bound on their number) when it is given.
     pub fn write(
         path: PathBuf,
-        expected: usize,
+        filter: Option<usize>,
         entries: impl IntoIterator<Item = io::Result<(Key, Slot)>>,
     ) -> io::Result<Run> {
         let file = File::options()
@@ -67,11 +70,12 @@ impl Run {
             .create_new(true)
             .open(&path)?;
         let mut out = BufWriter::with_capacity(1 << 16, &file);
-        let mut bloom = Bloom::new(expected);
+        let mut bloom = filter.map(Bloom::new);
         let mut blocks = Blocks::default();
         let mut block = Vec::with_capacity(BLOCK);
         let mut entry = Vec::new();
         let mut keys = 0;
+        let mut last = Key::new();
         for e in entries {
             let (key, slot) = e?;
             keys += 1;
@@ -81,8 +85,11 @@ impl Run {
                 out.write_all(&block)?;
                 block.clear();
             }
-            bloom.insert(&key);
+            if let Some(bloom) = &mut bloom {
+                bloom.insert(&key);
+            }
             block.extend_from_slice(&entry);
+            last = key;
         }
         out.write_all(&block)?;
         out.flush()?;
@@ -92,28 +99,35 @@ impl Run {
             path,
             kept: false,
             blocks: blocks.finish(),
+            last,
             bloom,
             keys,
         })
     }
 
     /// Opens a run of `keys` entries written before, by another process
-    /// perhaps: its block index and Bloom filter rebuilt from one
-    /// sequential read (blocks are cut as [`Self::write`] cuts them). A
-    /// run opened is kept on disk only when [`Self::keep`] says so again.
-    pub fn open(path: PathBuf, keys: usize) -> io::Result<Run> {
+    /// perhaps: its block index, last key and (when `filter`) Bloom filter
+    /// rebuilt from one sequential read (blocks are cut as [`Self::write`]
+    /// cuts them). A run opened is kept on disk only when [`Self::keep`]
+    /// says so again.
+    pub fn open(path: PathBuf, keys: usize, filter: bool) -> io::Result<Run> {
         let file = File::options().read(true).open(&path)?;
-        let mut bloom = Bloom::new(keys);
+        let mut bloom = filter.then(|| Bloom::new(keys));
         let mut blocks = Blocks::default();
+        let mut last = Key::new();
         each_key(&file, |key, size| {
             blocks.place(key, size);
-            bloom.insert(key);
+            if let Some(bloom) = &mut bloom {
+                bloom.insert(key);
+            }
+            last = Key::from_slice(key);
         })?;
         Ok(Run {
             file,
             path,
             kept: false,
             blocks: blocks.finish(),
+            last,
             bloom,
             keys,
         })
@@ -146,9 +160,31 @@ impl Run {
         self.path.file_name()?.to_str()
     }
 
-    /// What this run says of `key`, if anything.
+    /// Whether the run may hold `key`, as its range and Bloom filter say,
+    /// without reading the file: when not, [`Self::get`] reads nothing.
+    pub fn may_hold(&self, key: &[u8]) -> bool {
+        let in_range = self
+            .blocks
+            .first()
+            .is_some_and(|(first, _, _)| first.as_slice() <= key && key <= self.last.as_slice());
+        in_range && self.bloom.as_ref().is_none_or(|b| b.may_contain(key))
+    }
+
+    /// The bytes of the run's Bloom filter in memory.
+    pub fn filter_bytes(&self) -> usize {
+        self.bloom.as_ref().map_or(0, |b| b.bits.len() * 8)
+    }
+
+    /// Frees the run's Bloom filter: lookups of keys in its range read a
+    /// block from then on.
+    pub fn drop_filter(&mut self) {
+        self.bloom = None;
+    }
+
+    /// What this run says of `key`, if anything: one block read when it
+    /// [`Self::may_hold`] the key, none otherwise.
     pub fn get(&self, key: &[u8], buf: &mut Vec<u8>) -> io::Result<Option<Slot>> {
-        if !self.bloom.may_contain(key) {
+        if !self.may_hold(key) {
             return Ok(None);
         }
         let Some(i) = self
@@ -178,10 +214,6 @@ impl Run {
             buf: Vec::with_capacity(BLOCK),
             at: 0,
         }
-    }
-
-    pub fn entries_bound(&self) -> usize {
-        self.bloom.keys
     }
 
     fn read_block(&self, i: usize, buf: &mut Vec<u8>) -> io::Result<()> {
@@ -399,15 +431,17 @@ impl<'a> Entries<'a> {
 /// positives at ten bits per key.
 struct Bloom {
     bits: Vec<u64>,
-    keys: usize,
+}
+
+/// The bytes of a Bloom filter for `keys` entries.
+pub fn filter_bytes(keys: usize) -> usize {
+    (keys.max(1) * BLOOM_BITS_PER_KEY).div_ceil(64) * 8
 }
 
 impl Bloom {
     fn new(expected: usize) -> Bloom {
-        let words = (expected.max(1) * BLOOM_BITS_PER_KEY).div_ceil(64);
         Bloom {
-            bits: vec![0; words],
-            keys: 0,
+            bits: vec![0; filter_bytes(expected) / 8],
         }
     }
 
@@ -419,7 +453,6 @@ impl Bloom {
     }
 
     fn insert(&mut self, key: &[u8]) {
-        self.keys += 1;
         for bit in self.probes(key) {
             self.bits[bit / 64] |= 1 << (bit % 64);
         }
@@ -447,34 +480,49 @@ mod tests {
     }
 
     #[test]
-    fn a_run_finds_every_key_it_holds_and_no_other() {
+    fn a_run_finds_every_key_it_holds_and_no_other_with_or_without_a_filter() {
         let dir = tempfile::tempdir().unwrap();
-        // Even keys; every fifth one gone; a long key among them.
-        let mut entries: Vec<(Key, Slot)> = (0..5_000u64)
+        // Even keys from 2; every fifth one gone; a long key among them.
+        let mut entries: Vec<(Key, Slot)> = (1..5_000u64)
             .map(|i| (key(2 * i), if i % 5 == 0 { Slot::Gone } else { live(i) }))
             .collect();
         let long = Key::from_slice(&[0xff; 5000]);
         entries.push((long.clone(), live(1)));
-        let run = Run::write(
-            dir.path().join("r"),
-            entries.len(),
-            entries.iter().cloned().map(Ok),
-        )
-        .unwrap();
-        assert!(run.blocks.len() > 10, "the run spans many blocks");
-        let mut buf = Vec::new();
-        for (k, slot) in &entries {
-            assert_eq!(run.get(k, &mut buf).unwrap(), Some(*slot));
+        for filter in [Some(entries.len()), None] {
+            let run = Run::write(
+                dir.path().join("r"),
+                filter,
+                entries.iter().cloned().map(Ok),
+            )
+            .unwrap();
+            assert!(run.blocks.len() > 10, "the run spans many blocks");
+            assert_eq!(run.filter_bytes() > 0, filter.is_some());
+            let mut buf = Vec::new();
+            for (k, slot) in &entries {
+                assert!(run.may_hold(k));
+                assert_eq!(run.get(k, &mut buf).unwrap(), Some(*slot));
+            }
+            for i in 1..5_000u64 {
+                assert_eq!(run.get(&key(2 * i + 1), &mut buf).unwrap(), None);
+            }
+            let absent = (1..5_000u64)
+                .filter(|i| run.may_hold(&key(2 * i + 1)))
+                .count();
+            match filter {
+                Some(_) => assert!(absent < 200, "{absent} false positives"),
+                None => assert_eq!(absent, 4_999, "in range, no filter: read"),
+            }
+            let outside = [&b""[..], &key(1), &[0xff; 5001]];
+            assert!(
+                outside.iter().all(|k| !run.may_hold(k)),
+                "a key below the first or above the last is not read"
+            );
+            let read: Vec<_> = run.iter().collect::<io::Result<_>>().unwrap();
+            assert_eq!(read, entries);
+            let path = dir.path().join("r");
+            drop(run);
+            assert!(!path.exists(), "a dropped run removes its file");
         }
-        for i in 0..5_000u64 {
-            assert_eq!(run.get(&key(2 * i + 1), &mut buf).unwrap(), None);
-        }
-        assert_eq!(run.get(b"", &mut buf).unwrap(), None);
-        let read: Vec<_> = run.iter().collect::<io::Result<_>>().unwrap();
-        assert_eq!(read, entries);
-        let path = dir.path().join("r");
-        drop(run);
-        assert!(!path.exists(), "a dropped run removes its file");
     }
 
     #[test]
@@ -485,28 +533,36 @@ mod tests {
             .collect();
         entries.push((Key::from_slice(&[0xff; 6000]), live(2)));
         let path = dir.path().join("r");
-        let mut written = Run::write(path.clone(), 1, entries.iter().cloned().map(Ok)).unwrap();
+        let mut written =
+            Run::write(path.clone(), Some(1), entries.iter().cloned().map(Ok)).unwrap();
         let places = |run: &Run| -> Vec<(Key, u64, u32)> { run.blocks.clone() };
         let blocks = places(&written);
+        let written_last = written.last.clone();
         written.keep();
         drop(written);
-        let opened = Run::open(path.clone(), entries.len()).unwrap();
-        assert!(places(&opened) == blocks, "the blocks are cut as they were");
-        let mut buf = Vec::new();
-        for (k, slot) in &entries {
-            assert_eq!(opened.get(k, &mut buf).unwrap(), Some(*slot));
+        for filter in [true, false] {
+            let mut opened = Run::open(path.clone(), entries.len(), filter).unwrap();
+            assert!(places(&opened) == blocks, "the blocks are cut as they were");
+            assert_eq!(opened.filter_bytes() > 0, filter);
+            assert_eq!(opened.last, written_last);
+            let mut buf = Vec::new();
+            for (k, slot) in &entries {
+                assert_eq!(opened.get(k, &mut buf).unwrap(), Some(*slot));
+            }
+            assert_eq!(opened.get(&key(1), &mut buf).unwrap(), None);
+            opened.keep();
         }
-        assert_eq!(opened.get(&key(1), &mut buf).unwrap(), None);
+        let opened = Run::open(path.clone(), entries.len(), true).unwrap();
         drop(opened);
         assert!(!path.exists(), "opened and dropped without keep: removed");
         std::fs::write(&path, b"\x05\0\0\0ab").unwrap();
-        assert!(Run::open(path, 1).is_err(), "a torn run is an error");
+        assert!(Run::open(path, 1, true).is_err(), "a torn run is an error");
     }
 
     #[test]
     fn an_empty_run_holds_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let run = Run::write(dir.path().join("r"), 0, []).unwrap();
+        let run = Run::write(dir.path().join("r"), Some(0), []).unwrap();
         assert_eq!(run.get(&key(1), &mut Vec::new()).unwrap(), None);
         assert_eq!(run.iter().count(), 0);
     }
