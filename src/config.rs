@@ -18,10 +18,9 @@ use crate::apply::{
 };
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::catalog::{LakeLocation, namespace};
+use crate::lake::catalog::{CatalogChoice, LakeLocation, namespace};
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::lake::storage::{CatalogProperties, Warehouse};
 use crate::pg::config::PgConfig;
 use crate::pg::source::TableName;
 
@@ -49,15 +48,27 @@ pub struct Raw {
     /// Folder of the embedded lake: catalog.db and warehouse/ [default: ./lake].
     #[arg(long)]
     pub lake: Option<PathBuf>,
-    /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
-    #[arg(long, value_name = "FILE")]
-    pub catalog: Option<PathBuf>,
-    /// The warehouse: a folder, or s3://bucket/prefix [default: <lake>/warehouse].
+    /// The SQL catalog's SQLite file [default: <lake>/catalog.db]; in a
+    /// file, a [catalog] table of pyiceberg's keys instead.
+    #[arg(long, value_name = "FILE", value_parser = CatalogSetting::file)]
+    pub catalog: Option<CatalogSetting>,
+    /// The catalog type: sql or rest [default: from the URI, else sql].
+    #[arg(long, value_name = "TYPE")]
+    pub catalog_type: Option<String>,
+    /// The catalog's URI: for sql, sqlite:FILE or
+    /// postgresql://user@host/db (a password in it, in PGPASSWORD or in
+    /// ~/.pgpass, is never shown); for rest, http(s)://host:port.
+    #[arg(long, value_name = "URI")]
+    pub catalog_uri: Option<String>,
+    /// The warehouse: a folder, or s3://bucket/prefix [default: <lake>/warehouse];
+    /// for a REST catalog, the warehouse asked of it.
     #[arg(long, value_name = "FOLDER|URI")]
     pub warehouse: Option<String>,
     /// A catalog property, key=value, repeated: s3.endpoint,
     /// s3.access-key-id, s3.secret-access-key, s3.region,
-    /// s3.path-style-access (the AWS_* variables fill what they leave out).
+    /// s3.path-style-access (the AWS_* variables fill what they leave out);
+    /// for a REST catalog token, credential, oauth2-server-uri, scope,
+    /// prefix, header.<name>.
     #[arg(long, value_name = "KEY=VALUE")]
     pub catalog_property: Option<Vec<String>>,
     /// Iceberg namespace [default: the source database's name].
@@ -79,6 +90,10 @@ pub struct Raw {
     /// Commit once a batch holds about this many bytes [default: 134217728].
     #[arg(long)]
     pub max_batch_bytes: Option<i64>,
+    /// Commit every table of a batch in one catalog commit, so readers see
+    /// a source transaction in all its tables at once [default: true].
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub atomic_commits: Option<bool>,
     /// Compact silver once this many commits wrote files since its last
     /// compaction, and bronze every this many commits; fully once the
     /// stream is quiet; 0 never [default: 16].
@@ -119,6 +134,34 @@ pub struct Raw {
     pub retained_wal_warn_bytes: Option<i64>,
 }
 
+/// `catalog`: the SQL catalog's SQLite file (`--catalog FILE`, `catalog =
+/// "FILE"`), or in a file a `[catalog]` table with pyiceberg's keys: `type`,
+/// `uri`, `warehouse` and the catalog properties (`token`, `s3.endpoint`,
+/// ...). The flat keys (`catalog_type`, `catalog_uri`, `warehouse`,
+/// `catalog_property`) win over the table's.
+#[derive(Clone, PartialEq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum CatalogSetting {
+    File(PathBuf),
+    Table(BTreeMap<String, String>),
+}
+
+impl CatalogSetting {
+    fn file(text: &str) -> std::result::Result<CatalogSetting, String> {
+        Ok(CatalogSetting::File(PathBuf::from(text)))
+    }
+}
+
+/// Property values may be secrets: the keys only.
+impl std::fmt::Debug for CatalogSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CatalogSetting::File(file) => write!(f, "File({})", file.display()),
+            CatalogSetting::Table(table) => f.debug_set().entries(table.keys()).finish(),
+        }
+    }
+}
+
 /// How a value is written in an environment variable.
 enum Kind {
     Text,
@@ -135,6 +178,8 @@ const KEYS: &[(&str, Kind)] = &[
     ("publication", Kind::Text),
     ("lake", Kind::Text),
     ("catalog", Kind::Text),
+    ("catalog_type", Kind::Text),
+    ("catalog_uri", Kind::Text),
     ("warehouse", Kind::Text),
     ("catalog_property", Kind::List),
     ("namespace", Kind::Text),
@@ -143,6 +188,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("flush_interval", Kind::Text),
     ("max_batch_rows", Kind::Integer),
     ("max_batch_bytes", Kind::Integer),
+    ("atomic_commits", Kind::Bool),
     ("compact_after_files", Kind::Integer),
     ("load_connections", Kind::Integer),
     ("snapshot_retention", Kind::Text),
@@ -183,7 +229,7 @@ pub struct Settings {
     /// reads a named slot, and otherwise one of its own.
     pub slot_named: bool,
     pub publication: String,
-    /// The SQL catalog's SQLite file and the warehouse folder.
+    /// The SQL catalog's database and the warehouse.
     pub lake: LakeLocation,
     pub namespace: Option<String>,
     /// Where a run keeps the silver key indexes between starts.
@@ -193,6 +239,8 @@ pub struct Settings {
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
+    /// Every table of a batch in one catalog commit.
+    pub atomic_commits: bool,
     /// Compact silver once this many data files were committed since its
     /// last compaction, or it holds this many delete files, and bronze
     /// every this many commits; 0 never.
@@ -456,22 +504,31 @@ impl Merged {
                 ));
             }
         };
-        let lake = {
-            let folder = raw.lake.clone().unwrap_or_else(|| PathBuf::from("./lake"));
-            let mut lake = LakeLocation::in_folder(&folder);
-            if let Some(catalog) = &raw.catalog {
-                lake.catalog = catalog.clone();
-            }
-            if let Some(warehouse) = &raw.warehouse {
-                lake.warehouse =
-                    Warehouse::parse(warehouse).map_err(|e| self.error("warehouse", e))?;
-            }
-            if let Some(pairs) = &raw.catalog_property {
-                lake.properties = CatalogProperties::parse(pairs.iter().map(String::as_str))
-                    .map_err(|e| self.error("catalog_property", e))?;
-            }
-            lake
+        let (file, table) = match &raw.catalog {
+            Some(CatalogSetting::File(file)) => (Some(file.as_path()), None),
+            Some(CatalogSetting::Table(table)) => (None, Some(table)),
+            None => (None, None),
         };
+        let from_table = |key: &str| table.and_then(|t| t.get(key)).map(String::as_str);
+        // The table's properties, then the flat key's, which win.
+        let properties: Vec<String> = table
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !["type", "uri", "warehouse"].contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(raw.catalog_property.iter().flatten().cloned())
+            .collect();
+        let lake = LakeLocation::configure(
+            raw.lake.as_deref().unwrap_or(Path::new("./lake")),
+            &CatalogChoice {
+                kind: raw.catalog_type.as_deref().or(from_table("type")),
+                file,
+                uri: raw.catalog_uri.as_deref().or(from_table("uri")),
+                warehouse: raw.warehouse.as_deref().or(from_table("warehouse")),
+                properties: &properties,
+            },
+        )
+        .map_err(|(key, e)| self.error(key, e))?;
         Ok(Settings {
             source,
             tables,
@@ -501,6 +558,7 @@ impl Merged {
                 raw.max_batch_bytes,
                 DEFAULT_MAX_BATCH_BYTES,
             )?,
+            atomic_commits: raw.atomic_commits.unwrap_or(true),
             compact_after_files: match raw.compact_after_files {
                 None => DEFAULT_AFTER_FILES,
                 Some(n) => usize::try_from(n).map_err(|_| {

@@ -8,12 +8,11 @@ use iceberg::TableIdent;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LogFormat, Raw, Settings};
 use wal2iceberg::error::OutputClosed;
-use wal2iceberg::lake::catalog::{Lake, LakeLocation};
+use wal2iceberg::lake::catalog::{CatalogChoice, Lake, LakeLocation};
 use wal2iceberg::lake::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
 use wal2iceberg::lake::lock::WriterLock;
-use wal2iceberg::lake::storage::{CatalogProperties, Warehouse};
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
@@ -205,10 +204,18 @@ struct LakeArgs {
     /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
     #[arg(long, value_name = "FILE")]
     catalog: Option<PathBuf>,
-    /// The warehouse, when on S3: s3://bucket/prefix.
+    /// The catalog type: sql or rest [default: from the URI, else sql].
+    #[arg(long, value_name = "TYPE")]
+    catalog_type: Option<String>,
+    /// The catalog's URI instead: sqlite:FILE, postgresql://user@host/db,
+    /// or a REST catalog's http(s)://host:port.
+    #[arg(long, value_name = "URI")]
+    catalog_uri: Option<String>,
+    /// The warehouse, when on S3: s3://bucket/prefix; for a REST catalog,
+    /// the warehouse asked of it.
     #[arg(long, value_name = "FOLDER|URI")]
     warehouse: Option<String>,
-    /// A catalog property, key=value, repeated (s3.endpoint, ...).
+    /// A catalog property, key=value, repeated (s3.endpoint, token, ...).
     #[arg(long, value_name = "KEY=VALUE")]
     catalog_property: Vec<String>,
     /// Iceberg namespace, when a table name has none [default: the lake's
@@ -219,19 +226,20 @@ struct LakeArgs {
 
 impl LakeArgs {
     fn location(&self) -> Result<LakeLocation, Error> {
-        let mut location = LakeLocation::in_folder(&self.lake);
-        if let Some(catalog) = &self.catalog {
-            location.catalog = catalog.clone();
-        }
-        let config =
-            |key: &str, rule: String| Error::new(ErrorKind::Config, format!("{key}: {rule}"));
-        if let Some(warehouse) = &self.warehouse {
-            location.warehouse = Warehouse::parse(warehouse).map_err(|e| config("warehouse", e))?;
-        }
-        location.properties =
-            CatalogProperties::parse(self.catalog_property.iter().map(String::as_str))
-                .map_err(|e| config("catalog-property", e))?;
-        Ok(location)
+        LakeLocation::configure(
+            &self.lake,
+            &CatalogChoice {
+                kind: self.catalog_type.as_deref(),
+                file: self.catalog.as_deref(),
+                uri: self.catalog_uri.as_deref(),
+                warehouse: self.warehouse.as_deref(),
+                properties: &self.catalog_property,
+            },
+        )
+        .map_err(|(key, rule)| {
+            let flag = key.replace('_', "-");
+            Error::new(ErrorKind::Config, format!("{flag}: {rule}"))
+        })
     }
 
     async fn open(&self) -> Result<Lake, Error> {
@@ -420,6 +428,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 flush_interval: settings.flush_interval,
                 max_batch_rows: settings.max_batch_rows,
                 max_batch_bytes: settings.max_batch_bytes,
+                atomic_commits: settings.atomic_commits,
                 compact_after_files: settings.compact_after_files,
                 load_connections: settings.load_connections,
                 retention: settings.retention,
@@ -567,7 +576,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let idents = lake_args.idents(&lake, &tables).await?;
             // Beside a run its commits would win every race, for nothing:
             // a run expires its tables itself.
-            let _locks = WriterLock::acquire_all(&lake_args.location()?, &idents)?;
+            let _locks = WriterLock::acquire_all(&lake_args.location()?, &idents).await?;
             let retention = Retention {
                 older_than,
                 retain_last,
@@ -665,10 +674,7 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
         config.port,
         config.dbname,
         if drop_tables {
-            format!(
-                " and every table of the lake {}",
-                settings.lake.catalog.display()
-            )
+            format!(" and every table of the lake {}", settings.lake.catalog)
         } else {
             String::new()
         }
@@ -757,7 +763,7 @@ async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCo
     let table = wal2iceberg::pg::source::TableName::parse(table)?;
     let what = format!(
         "the lake's tables of {table} in {}, with their files",
-        settings.lake.catalog.display()
+        settings.lake.catalog
     );
     if !yes && !confirm(&what)? {
         return Err(Error::new(

@@ -452,6 +452,7 @@ async fn scenario(seed: u64) {
             3 => {
                 let mut child = s
                     .command("6s")
+                    .arg("--atomic-commits=false")
                     .env(wal2iceberg::failpoint::VARIABLE, "mid-schema-change:1")
                     .spawn()
                     .unwrap();

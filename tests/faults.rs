@@ -16,6 +16,9 @@ use crate::support::{TestDb, assert_reconciled, assert_success, cli, pyiceberg, 
 /// a run that picks up, and the check.
 async fn crash_while_streaming(point: &str, n: u32) {
     let mut oracle = Oracle::new(500).await;
+    if point == "between-bronze-and-silver" {
+        oracle.table_by_table();
+    }
     let crashing = oracle.spawn_crashing_at(point, n);
     oracle.wait_loaded().await;
     oracle.start_workload();
@@ -25,8 +28,8 @@ async fn crash_while_streaming(point: &str, n: u32) {
 
 #[tokio::test]
 async fn a_crash_after_the_data_files_before_the_catalog_commit_loses_and_repeats_nothing() {
-    // The load commits bronze (1) and silver (2); the first streamed batch
-    // 3 and 4; this is the second batch's bronze commit.
+    // The load commits bronze and silver at once (1), and so does each
+    // streamed batch: this is the fourth batch's.
     crash_while_streaming("before-catalog-commit", 5).await;
 }
 
@@ -50,6 +53,7 @@ async fn a_crash_after_the_commits_before_the_confirmation_loses_and_repeats_not
 #[tokio::test]
 async fn a_crash_between_the_schema_changes_of_bronze_and_silver_is_finished_by_the_next_run() {
     let mut oracle = Oracle::new(500).await;
+    oracle.table_by_table();
     let crashing = oracle.spawn_crashing_at("mid-schema-change", 1);
     oracle.wait_loaded().await;
     oracle.start_workload();
@@ -87,9 +91,18 @@ async fn a_crash_during_the_initial_load_shows_readers_nothing_and_the_restart_l
     oracle.finish().await;
 }
 
-/// A first run that crashes after bronze's load commit, before silver's.
+/// A first run, committing table by table, that crashes after bronze's
+/// load commit, before silver's.
 async fn crash_between_the_load_commits(oracle: &Oracle) {
-    let crashing = oracle.spawn_crashing_at("between-bronze-and-silver", 1);
+    let crashing = oracle
+        .command(&["--atomic-commits=false"])
+        .env(
+            wal2iceberg::failpoint::VARIABLE,
+            "between-bronze-and-silver:1",
+        )
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
     oracle
         .expect_crash(crashing, "between-bronze-and-silver")
         .await;

@@ -5,8 +5,11 @@ mod support;
 #[global_allocator]
 static ALLOCATOR: support::alloc::ThreadCounting = support::alloc::ThreadCounting;
 
+mod atomic_commits;
 mod auth;
 mod before_images;
+mod catalog_postgres;
+mod catalog_rest;
 mod chaos;
 mod cli;
 mod ddl_oracle;

@@ -3,7 +3,9 @@
 //! catalog properties and by the `AWS_*` variables, and pyiceberg and
 //! DuckDB read the tables from S3.
 
-use crate::support::readers::S3Lake;
+use crate::support::readers::{
+    RemoteLake, change_customers, create_customers, id_plan_pairs, loaded_customers,
+};
 use crate::support::s3::S3Server;
 use crate::support::*;
 
@@ -12,10 +14,7 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
     let server = S3Server::start();
     let bucket = server.bucket("lake").await;
     let db = TestDb::new().await;
-    db.exec("CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text)")
-        .await;
-    db.exec("INSERT INTO customers VALUES (1, 'Ada', 'free'), (2, 'Grace', 'pro'), (3, 'Linus', 'free')")
-        .await;
+    create_customers(&db).await;
     // A table whose folders share the first's name as a prefix.
     db.exec("CREATE TABLE customers2(id int PRIMARY KEY, plan text); INSERT INTO customers2 VALUES (9, 'pro')")
         .await;
@@ -55,44 +54,21 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
         .flat_map(|p| ["--catalog-property".to_owned(), p])
         .collect();
     assert_success(&cli(&run_args(&properties)).await);
-    let s3 = S3Lake {
-        lake: &lake_dir,
-        warehouse: warehouse.clone(),
-        server: &server,
-    };
+    let s3 = RemoteLake::on_s3(&lake_dir, warehouse.clone(), &server);
     assert_eq!(
         id_plan_pairs(&s3.pyiceberg("shop.customers", "rows").await),
-        [(1, "free".into()), (2, "pro".into()), (3, "free".into())]
+        loaded_customers()
     );
     assert!(
         !lake_dir.join("warehouse").exists(),
         "no local warehouse folder beside the catalog"
     );
 
-    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
-        .await;
-    db.exec("DELETE FROM customers WHERE id = 3").await;
-    db.exec("INSERT INTO customers VALUES (4, 'Barbara', 'free')")
-        .await;
-    db.exec("UPDATE customers SET name = 'Grace H.' WHERE id = 2")
-        .await;
+    change_customers(&db).await;
     // Restarted with the AWS_* variables instead, as S3 users configure it.
     assert_success(&with_aws_env(&server, &run_args(&[])).await);
 
-    let want = [(1, "team".into()), (2, "pro".into()), (4, "free".into())];
-    assert_eq!(
-        id_plan_pairs(&s3.pyiceberg("shop.customers", "rows").await),
-        want
-    );
-    assert_eq!(id_plan_pairs(&s3.duckdb("shop.customers").await), want);
-    let bronze = s3.pyiceberg("shop.customers_changes", "rows").await;
-    let ops: String = bronze
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["_cdc_op"].as_str().unwrap())
-        .collect();
-    assert_eq!(ops, "rrrudcu", "bronze holds every change once");
+    s3.assert_customers_changed().await;
     assert_eq!(
         s3.duckdb("shop.customers_changes")
             .await

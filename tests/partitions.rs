@@ -192,6 +192,7 @@ async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions
     // A crash between bronze's and silver's commits of a streamed batch,
     // while rows move between partitions and levels.
     let point = "between-bronze-and-silver";
+    oracle.table_by_table();
     let crashing = oracle.spawn_crashing_at(point, 3);
     oracle.wait_loaded().await;
     oracle.start_workload();

@@ -31,6 +31,7 @@ use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
 use crate::shutdown::Shutdown;
 
+mod flush;
 mod housekeeping;
 mod keep;
 mod load;
@@ -72,6 +73,9 @@ pub struct RunOptions {
     pub flush_interval: Duration,
     pub max_batch_rows: usize,
     pub max_batch_bytes: usize,
+    /// Commit every table of a batch in one catalog commit, all or none
+    /// (`apply::flush`); else table by table, bronze then silver.
+    pub atomic_commits: bool,
     /// Compact silver after a commit once this many data files were
     /// committed since its last compaction, or it holds this many delete
     /// files, and bronze every this many commits; 0 never
@@ -111,6 +115,7 @@ impl RunOptions {
             flush_interval: DEFAULT_FLUSH_INTERVAL,
             max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            atomic_commits: true,
             compact_after_files: DEFAULT_AFTER_FILES,
             retention: DEFAULT_RETENTION,
             exit_when_idle: None,

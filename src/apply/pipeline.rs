@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use iceberg::TableIdent;
 use tokio::time::Instant;
@@ -20,13 +19,12 @@ use crate::cdc::stream::{ChangeStream, Next};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 use crate::lake::catalog::Lake;
-use crate::lake::compaction::{Merge, merge_small_files};
 use crate::lake::evolve::Mode;
 use crate::lake::expire::Retention;
 use crate::lake::gap::Gap;
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
-use crate::metrics::{metrics, now_micros};
+use crate::metrics::metrics;
 use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
 
@@ -47,7 +45,9 @@ pub(crate) struct Pipeline<'r> {
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     pub(super) batch_end: Option<Position>,
-    /// `RunOptions::compact_after_files` and `retention`.
+    /// `RunOptions::atomic_commits`, `compact_after_files` and
+    /// `retention`.
+    pub(super) atomic_commits: bool,
     pub(super) compact_after_files: usize,
     pub(super) retention: Retention,
     /// `RunOptions::state_dir`: each silver's key index keeps its runs in
@@ -94,6 +94,7 @@ impl<'r> Pipeline<'r> {
             batch_bytes: 0,
             batch_commit_times: Vec::new(),
             batch_end: None,
+            atomic_commits: options.atomic_commits,
             compact_after_files: options.compact_after_files,
             retention: options.retention,
             state_dir: options.state_dir.clone(),
@@ -403,86 +404,6 @@ impl Pipeline<'_> {
         )
         .await?;
         self.sinks.insert(relation.name.clone(), sink);
-        Ok(())
-    }
-
-    /// Commits the open batch: per table, bronze then silver. A table not
-    /// yet loaded gets a snapshot even when its load was empty, which marks
-    /// it loaded.
-    pub(super) async fn flush(&mut self) -> Result<()> {
-        let Some(position) = self.batch_end.take() else {
-            return Ok(());
-        };
-        let m = metrics();
-        for (table, sink) in &mut self.sinks {
-            let mut compacted = false;
-            if let Some(id) = sink.resync.take() {
-                compacted |= sink
-                    .commit_resync(&self.lake, position, &id, self.compact_after_files)
-                    .await?;
-                sink.commits_since_expiry += 1;
-                sink.housekeeping(&self.lake, table, compacted, self.retention)
-                    .await;
-                continue;
-            }
-            if sink.bronze_dirty || sink.bronze_at.is_none() {
-                let evolved = sink.bronze.schema_staged();
-                sink.bronze.commit(&self.lake, position).await?;
-                sink.bronze_at = Some(position);
-                sink.bronze_dirty = false;
-                if evolved {
-                    failpoint::hit("mid-schema-change");
-                }
-                failpoint::hit("between-bronze-and-silver");
-                sink.bronze_commits += 1;
-                if self.compact_after_files > 0 && sink.bronze_commits >= self.compact_after_files {
-                    compacted |= merge_small_files(&self.lake, sink.bronze.ident(), Merge::Tiered)
-                        .await?
-                        .is_some();
-                    sink.bronze_commits = 0;
-                }
-            }
-            let committed = match &mut sink.silver {
-                Some(silver) if sink.silver_dirty || sink.silver_at.is_none() => {
-                    silver.commit(&self.lake, position).await?;
-                    sink.silver_at = Some(position);
-                    sink.silver_dirty = false;
-                    compacted |= silver
-                        .compact(&self.lake, self.compact_after_files)
-                        .await?
-                        .is_some();
-                    true
-                }
-                Some(_) => false,
-                // History only: bronze's commit is the table's.
-                None => sink.bronze_at == Some(position),
-            };
-            if committed {
-                sink.commits_since_expiry += 1;
-                sink.housekeeping(&self.lake, table, compacted, self.retention)
-                    .await;
-            }
-        }
-        let now = now_micros();
-        for commit_ts in self.batch_commit_times.drain(..) {
-            let micros = u64::try_from(now - commit_ts).unwrap_or(0);
-            m.observe_commit_to_visible(Duration::from_micros(micros));
-        }
-        m.last_source_commit_micros
-            .fetch_max(position.commit_ts, Ordering::Relaxed);
-        m.oldest_pending_commit_micros.store(0, Ordering::Relaxed);
-        for (table, sink) in &mut self.sinks {
-            let table = table.to_string();
-            for (op, n) in sink.ops.drain() {
-                m.add_changes(&table, op, n);
-            }
-        }
-        if self.batch_changes > 0 {
-            self.report.changes_applied += self.batch_changes as u64;
-            self.report.batches += 1;
-            self.batch_changes = 0;
-            self.batch_bytes = 0;
-        }
         Ok(())
     }
 

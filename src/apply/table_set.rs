@@ -168,7 +168,7 @@ pub async fn held(
     slot: &str,
     publication: &str,
 ) -> Result<Vec<Held>> {
-    if !location.catalog.is_file() {
+    if !location.catalog.may_exist() {
         return Ok(Vec::new());
     }
     let lake = Lake::open_existing(location).await?;

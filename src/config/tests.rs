@@ -1,4 +1,7 @@
 use super::*;
+use crate::lake::catalog_db::CatalogDb;
+use crate::lake::catalog_uri::CatalogUri;
+use crate::lake::storage::{CatalogProperties, Warehouse};
 
 fn file(text: &str) -> tempfile::NamedTempFile {
     let mut f = tempfile::NamedTempFile::new().unwrap();
@@ -78,7 +81,10 @@ fn flags_override_the_environment_which_overrides_the_file() {
         flags,
     )
     .unwrap();
-    assert_eq!(apart.lake.catalog, PathBuf::from("/etc/w2i/catalog.db"));
+    assert_eq!(
+        apart.lake.catalog,
+        CatalogUri::Sql(CatalogDb::File(PathBuf::from("/etc/w2i/catalog.db")))
+    );
     assert_eq!(
         apart.lake.warehouse,
         Warehouse::Folder(PathBuf::from("/data/warehouse"))
@@ -88,6 +94,98 @@ fn flags_override_the_environment_which_overrides_the_file() {
     assert_eq!(s.load_connections, 2);
     assert_eq!(s.log_format, LogFormat::Text);
     assert_eq!(s.exit_when_idle, None);
+}
+
+#[test]
+fn a_catalog_in_postgresql_from_a_variable_and_never_with_a_catalog_file() {
+    let uri = "postgresql://w2i:pw@catalog/lake";
+    let s = resolve(
+        Some("lake = \"/srv/lake\"\n"),
+        &[("WAL2ICEBERG_CATALOG_URI", uri)],
+        Raw::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        s.lake.catalog,
+        CatalogUri::Sql(CatalogDb::Postgres(uri.into()))
+    );
+    assert_eq!(s.state_dir, PathBuf::from("/srv/lake/state"));
+    assert!(!format!("{s:?}").contains("pw@"), "the password is hidden");
+    let both = Raw {
+        catalog: Some(CatalogSetting::File("/etc/w2i/catalog.db".into())),
+        ..Raw::default()
+    };
+    let err = resolve(None, &[("WAL2ICEBERG_CATALOG_URI", uri)], both).unwrap_err();
+    assert!(err.to_string().contains("catalog_uri"), "{err}");
+    let sqlite = resolve(
+        None,
+        &[("WAL2ICEBERG_CATALOG_URI", "sqlite:/x/c.db")],
+        Raw::default(),
+    );
+    assert_eq!(
+        sqlite.unwrap().lake.catalog,
+        CatalogUri::Sql(CatalogDb::File("/x/c.db".into()))
+    );
+}
+
+#[test]
+fn a_rest_catalog_from_a_catalog_table_whose_keys_the_flags_override() {
+    let text = "lake = \"/srv/lake\"\n[catalog]\ntype = \"rest\"\nuri = \"http://cat:8181\"\n\
+                warehouse = \"analytics\"\ntoken = \"t0ken-not-shown\"\n\"header.X-Tenant\" = \"a\"\n";
+    let s = resolve(Some(text), &[], Raw::default()).unwrap();
+    assert_eq!(
+        s.lake.catalog,
+        CatalogUri::Rest {
+            uri: "http://cat:8181".into(),
+            warehouse: Some("analytics".into())
+        }
+    );
+    assert_eq!(
+        s.lake.properties,
+        CatalogProperties::parse(["token=t0ken-not-shown", "header.X-Tenant=a"]).unwrap()
+    );
+    assert_eq!(
+        s.lake.warehouse,
+        Warehouse::Folder("/srv/lake/warehouse".into())
+    );
+    assert_eq!(s.state_dir, PathBuf::from("/srv/lake/state"));
+    assert!(!format!("{s:?}").contains("t0ken"), "a token is hidden");
+    // A flag wins over the table's key; a property names its setting.
+    let flags = Raw {
+        catalog_uri: Some("https://other/api".into()),
+        catalog_property: Some(vec!["token=newer".into()]),
+        ..Raw::default()
+    };
+    let s = resolve(Some(text), &[], flags).unwrap();
+    assert!(matches!(&s.lake.catalog, CatalogUri::Rest { uri, .. } if uri == "https://other/api"));
+    assert_eq!(
+        s.lake.properties,
+        CatalogProperties::parse(["token=newer", "header.X-Tenant=a"]).unwrap()
+    );
+    let on_s3 = resolve(
+        Some("[catalog]\nuri = \"http://cat:8181\"\nwarehouse = \"s3://bucket/lake\"\n"),
+        &[],
+        Raw::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        on_s3.lake.warehouse,
+        Warehouse::Uri("s3://bucket/lake".into())
+    );
+    for (text, key) in [
+        ("[catalog]\ntype = \"glue\"\n", "catalog_type"),
+        ("[catalog]\ntype = \"rest\"\n", "catalog_type"),
+        ("catalog_property = [\"token=x\"]\n", "catalog_property"),
+        (
+            "catalog = \"/x/c.db\"\ncatalog_type = \"rest\"\n",
+            "catalog_type",
+        ),
+    ] {
+        let err = resolve(Some(text), &[], Raw::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(key), "{text}: {err}");
+    }
 }
 
 #[test]

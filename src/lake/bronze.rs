@@ -207,16 +207,30 @@ impl BronzeTable {
         lake: &Lake,
         properties: HashMap<String, String>,
     ) -> Result<()> {
+        let delta = self.prepare_with(lake, properties).await?;
+        commit_row_delta(lake, &self.ident, &delta).await?;
+        Ok(())
+    }
+
+    /// What [`Self::commit`] commits, written and handed over, for a
+    /// commit of several tables at once.
+    pub async fn prepare_commit(&mut self, lake: &Lake, position: Position) -> Result<RowDelta> {
+        self.prepare_with(lake, position.summary()).await
+    }
+
+    async fn prepare_with(
+        &mut self,
+        lake: &Lake,
+        properties: HashMap<String, String>,
+    ) -> Result<RowDelta> {
         self.finish_load_file().await?;
         self.write_buffer(lake).await?;
-        let delta = RowDelta {
+        Ok(RowDelta {
             data_files: std::mem::take(&mut self.written),
             properties,
             schema: std::mem::take(&mut self.schema),
             ..RowDelta::default()
-        };
-        commit_row_delta(lake, &self.ident, &delta).await?;
-        Ok(())
+        })
     }
 }
 

@@ -1,21 +1,28 @@
-//! The embedded catalog: an Iceberg SQL catalog on SQLite, by default at
+//! The catalog: an Iceberg SQL catalog on SQLite, by default at
 //! `<lake>/catalog.db` with the warehouse at `<lake>/warehouse`, the layout
 //! pyiceberg's `SqlCatalog` and DuckDB read with no options; the catalog
-//! file and the warehouse may also live apart ([`LakeLocation`]), and the
-//! warehouse on S3 (`s3://bucket/prefix`, see `storage`). Tables are
-//! registered under the catalog name [`CATALOG_NAME`].
+//! file and the warehouse may also live apart ([`LakeLocation`]), the
+//! catalog in a PostgreSQL database (`catalog_db`) or be a REST catalog
+//! (`catalog_uri`, `rest_commit`), and the warehouse on S3
+//! (`s3://bucket/prefix`, see `storage`). A SQL catalog registers tables
+//! under the catalog name [`CATALOG_NAME`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use iceberg::io::{LocalFsStorageFactory, StorageFactory};
+use iceberg::io::StorageFactory;
 use iceberg::spec::Schema;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
-use iceberg_catalog_sql::{SqlBindStyle, SqlCatalog, SqlCatalogBuilder};
+use iceberg_catalog_rest::RestCatalogBuilder;
+use iceberg_catalog_sql::SqlCatalogBuilder;
 
+use super::catalog_db::CatalogDb;
+use super::catalog_uri::CatalogUri;
+use super::durable_fs::DurableFsFactory;
+use super::rest_commit::RestCommits;
 use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
 
@@ -23,13 +30,17 @@ use crate::error::{Error, ErrorKind, Result};
 /// `SqlCatalog("local", uri=..., warehouse=...)`).
 pub const CATALOG_NAME: &str = "local";
 
-/// Where a lake lives: the SQLite file of its SQL catalog, its warehouse
-/// and what its storage needs (an S3 endpoint, credentials). By default
-/// the catalog and a local warehouse sit in one folder, as
-/// `<lake>/catalog.db` and `<lake>/warehouse`.
+/// Where a lake lives: its catalog, its warehouse and what its storage
+/// needs (an S3 endpoint, credentials). By default a SQL catalog on SQLite
+/// and a local warehouse sit in one folder, as `<lake>/catalog.db` and
+/// `<lake>/warehouse`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LakeLocation {
-    pub catalog: PathBuf,
+    /// The lake's folder (`--lake`): where the defaults live.
+    pub folder: PathBuf,
+    pub catalog: CatalogUri,
+    /// Where the files live: for a REST catalog, whose server places the
+    /// tables, what storage they are read and written through.
     pub warehouse: Warehouse,
     pub properties: CatalogProperties,
 }
@@ -37,19 +48,83 @@ pub struct LakeLocation {
 impl LakeLocation {
     pub fn in_folder(root: &Path) -> LakeLocation {
         LakeLocation {
-            catalog: root.join("catalog.db"),
+            folder: root.to_owned(),
+            catalog: CatalogUri::Sql(CatalogDb::File(root.join("catalog.db"))),
             warehouse: Warehouse::Folder(root.join("warehouse")),
             properties: CatalogProperties::default(),
         }
     }
 
+    /// The lake `choice` names, in `folder` (`--lake`); an error names
+    /// the setting it is about.
+    pub fn configure(
+        folder: &Path,
+        choice: &CatalogChoice<'_>,
+    ) -> std::result::Result<LakeLocation, (&'static str, String)> {
+        let mut lake = LakeLocation::in_folder(folder);
+        match (choice.file, choice.uri) {
+            (Some(_), Some(_)) => {
+                return Err((
+                    "catalog_uri",
+                    "give the catalog's file or its URI, not both".to_owned(),
+                ));
+            }
+            (Some(file), None) => {
+                if let Some(kind) = choice.kind.filter(|k| *k != "sql") {
+                    return Err((
+                        "catalog_type",
+                        format!("a catalog file is a SQL catalog's, not a {kind} catalog's"),
+                    ));
+                }
+                lake.catalog = CatalogUri::Sql(CatalogDb::File(file.to_owned()));
+            }
+            (None, Some(uri)) => {
+                lake.catalog = CatalogUri::parse(choice.kind, uri, choice.warehouse)
+                    .map_err(|e| ("catalog_uri", e))?;
+            }
+            (None, None) => {
+                if let Some(kind) = choice.kind {
+                    CatalogUri::check_type(kind).map_err(|e| ("catalog_type", e))?;
+                }
+            }
+        }
+        // A REST catalog's warehouse may be a name the server knows, and
+        // the server places the tables: the warehouse here only says how
+        // their files are reached, through S3 when the warehouse or the
+        // properties name it.
+        let rest = matches!(lake.catalog, CatalogUri::Rest { .. });
+        let properties = CatalogProperties::parse(choice.properties.iter().map(String::as_str))
+            .map_err(|e| ("catalog_property", e))?;
+        if rest && (choice.warehouse.is_some_and(is_s3) || properties.names_s3()) {
+            lake.warehouse = Warehouse::Uri(
+                choice
+                    .warehouse
+                    .filter(|w| is_s3(w))
+                    .unwrap_or("s3://")
+                    .to_owned(),
+            );
+        } else if let Some(warehouse) = choice.warehouse.filter(|_| !rest) {
+            lake.warehouse = Warehouse::parse(warehouse).map_err(|e| ("warehouse", e))?;
+        }
+        if !rest && properties.names_rest() {
+            return Err((
+                "catalog_property",
+                "token, credential and the other REST properties are for a REST catalog".to_owned(),
+            ));
+        }
+        lake.properties = properties;
+        Ok(lake)
+    }
+
     /// The default state directory: `state/` beside the catalog file
-    /// (`<lake>/state`).
+    /// (`<lake>/state`), or in the lake's folder for a catalog that is
+    /// not a file.
     pub fn default_state_dir(&self) -> PathBuf {
-        self.catalog
-            .parent()
-            .unwrap_or(Path::new("."))
-            .join("state")
+        match &self.catalog {
+            CatalogUri::Sql(CatalogDb::File(file)) => file.parent().unwrap_or(Path::new(".")),
+            _ => &self.folder,
+        }
+        .join("state")
     }
 }
 
@@ -59,13 +134,42 @@ impl From<PathBuf> for LakeLocation {
     }
 }
 
-/// An Iceberg catalog and the file it lives in.
+/// The settings of a lake's catalog, as given (flags, file or
+/// environment).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CatalogChoice<'a> {
+    /// `sql` or `rest`; inferred from the URI when not given.
+    pub kind: Option<&'a str>,
+    /// A SQL catalog's SQLite file.
+    pub file: Option<&'a Path>,
+    pub uri: Option<&'a str>,
+    pub warehouse: Option<&'a str>,
+    /// `key=value` pairs.
+    pub properties: &'a [String],
+}
+
+fn is_s3(location: &str) -> bool {
+    location.starts_with("s3://") || location.starts_with("s3a://")
+}
+
+/// An Iceberg catalog, and where the commits `row_delta` and `expire`
+/// make themselves go.
 pub struct Lake {
-    catalog: SqlCatalog,
-    catalog_file: PathBuf,
+    catalog: Arc<dyn Catalog>,
+    commits: Commits,
+    location: CatalogUri,
     /// Opened with a local warehouse: a table on S3 needs the store's
     /// settings to be read.
     local: bool,
+}
+
+/// Where a lake's own commits go.
+pub enum Commits {
+    /// A compare-and-swap of the pointer in a SQL catalog's database,
+    /// through a pool of one connection.
+    Sql { pool: sqlx::AnyPool, db: CatalogDb },
+    /// The REST catalog's table update.
+    Rest(RestCommits),
 }
 
 impl Lake {
@@ -93,14 +197,19 @@ impl Lake {
                     .with_source(e)
             })
         };
+        let rest = matches!(location.catalog, CatalogUri::Rest { .. });
         // A reader never writes there; a missing warehouse is fine for it.
+        // A REST catalog's server places the tables itself.
         let (warehouse, storage, props): (_, Arc<dyn StorageFactory>, _) = match &location.warehouse
         {
+            Warehouse::Folder(_) if rest => {
+                (String::new(), Arc::new(DurableFsFactory), HashMap::new())
+            }
             Warehouse::Folder(path) => {
                 let path =
                     folder(path).or_else(|e| if create { Err(e) } else { Ok(path.clone()) })?;
                 let uri = format!("file://{}", path.display());
-                (uri, Arc::new(LocalFsStorageFactory), HashMap::new())
+                (uri, Arc::new(DurableFsFactory), HashMap::new())
             }
             Warehouse::Uri(uri) => (
                 uri.clone(),
@@ -108,32 +217,79 @@ impl Lake {
                 location.properties.storage_props(),
             ),
         };
-        let catalog_dir = folder(
-            location
-                .catalog
-                .parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new(".")),
-        )?;
-        let file_name = location.catalog.file_name().ok_or_else(|| {
-            Error::new(ErrorKind::Config, "catalog: not a file path")
-                .with_context("file", location.catalog.display())
-        })?;
-        let db = catalog_dir.join(file_name);
-        sqlx::any::install_default_drivers();
-        let catalog = SqlCatalogBuilder::default()
-            .uri(format!("sqlite:{}?mode=rwc", db.display()))
-            .warehouse_location(warehouse)
-            .sql_bind_style(SqlBindStyle::QMark)
-            .with_storage_factory(storage)
-            .load(CATALOG_NAME, props)
-            .await
-            .map_err(|e| {
-                iceberg_error(e, "cannot open the SQL catalog").with_context("file", db.display())
-            })?;
+        let opened = |e| {
+            iceberg_error(e, "cannot open the catalog").with_context("catalog", &location.catalog)
+        };
+        let (catalog, commits): (Arc<dyn Catalog>, _) = match &location.catalog {
+            CatalogUri::Sql(db) => {
+                let file = match db {
+                    CatalogDb::File(file) => {
+                        let catalog_dir = folder(
+                            file.parent()
+                                .filter(|p| !p.as_os_str().is_empty())
+                                .unwrap_or(Path::new(".")),
+                        )?;
+                        let file_name = file.file_name().ok_or_else(|| {
+                            Error::new(ErrorKind::Config, "catalog: not a file path")
+                                .with_context("file", file.display())
+                        })?;
+                        Some(catalog_dir.join(file_name))
+                    }
+                    CatalogDb::Postgres(_) => None,
+                };
+                let url = db.sqlx_url(file.as_deref());
+                sqlx::any::install_default_drivers();
+                let catalog = SqlCatalogBuilder::default()
+                    .uri(&url)
+                    .warehouse_location(warehouse)
+                    .sql_bind_style(db.bind_style())
+                    .with_storage_factory(storage)
+                    .load(CATALOG_NAME, props)
+                    .await
+                    .map_err(opened)?;
+                let pool = sqlx::any::AnyPoolOptions::new()
+                    .max_connections(1)
+                    .connect_lazy(&url)
+                    .map_err(|e| {
+                        Error::new(ErrorKind::Lake, "cannot open the SQL catalog")
+                            .with_context("catalog", &location.catalog)
+                            .with_source(e)
+                    })?;
+                (
+                    Arc::new(catalog),
+                    Commits::Sql {
+                        pool,
+                        db: db.clone(),
+                    },
+                )
+            }
+            CatalogUri::Rest { uri, warehouse } => {
+                let mut props: HashMap<String, String> = props
+                    .into_iter()
+                    .chain(location.properties.rest_props())
+                    .collect();
+                props.insert("uri".to_owned(), uri.clone());
+                // As pyiceberg asks: the server may hand out credentials
+                // for a table's files with it.
+                props
+                    .entry("header.X-Iceberg-Access-Delegation".to_owned())
+                    .or_insert_with(|| "vended-credentials".to_owned());
+                if let Some(warehouse) = warehouse {
+                    props.insert("warehouse".to_owned(), warehouse.clone());
+                }
+                let commits = RestCommits::new(uri, props.clone());
+                let catalog = RestCatalogBuilder::default()
+                    .with_storage_factory(storage)
+                    .load(CATALOG_NAME, props)
+                    .await
+                    .map_err(opened)?;
+                (Arc::new(catalog), Commits::Rest(commits))
+            }
+        };
         Ok(Lake {
             catalog,
-            catalog_file: db,
+            commits,
+            location: location.catalog.clone(),
             local: matches!(location.warehouse, Warehouse::Folder(_)),
         })
     }
@@ -141,12 +297,12 @@ impl Lake {
     /// Opens a lake that must exist already (for readers: a mistyped path
     /// is an error, not a new empty lake).
     pub async fn open_existing(location: &LakeLocation) -> Result<Lake> {
-        if !location.catalog.is_file() {
+        if !location.catalog.may_exist() {
             return Err(Error::new(
                 ErrorKind::Config,
                 "no lake here: the catalog file does not exist (give the --lake or --catalog a run wrote to)",
             )
-            .with_context("file", location.catalog.display()));
+            .with_context("file", &location.catalog));
         }
         Lake::open_at(location, false).await
     }
@@ -173,7 +329,7 @@ impl Lake {
         action
             .apply(tx)
             .map_err(context)?
-            .commit(&self.catalog)
+            .commit(self.catalog.as_ref())
             .await
             .map_err(context)?;
         Ok(())
@@ -243,13 +399,18 @@ impl Lake {
         Ok(ident)
     }
 
-    /// The SQLite file of the catalog.
-    pub fn catalog_file(&self) -> &Path {
-        &self.catalog_file
+    /// The catalog, as configured.
+    pub fn catalog_uri(&self) -> &CatalogUri {
+        &self.location
     }
 
-    pub fn catalog(&self) -> &SqlCatalog {
-        &self.catalog
+    /// Where the commits `row_delta` and `expire` make go.
+    pub fn commits(&self) -> &Commits {
+        &self.commits
+    }
+
+    pub fn catalog(&self) -> &dyn Catalog {
+        self.catalog.as_ref()
     }
 
     /// Loads a table that exists.

@@ -18,7 +18,7 @@ use iceberg::spec::SnapshotRef;
 use iceberg::table::Table;
 
 use super::catalog::{Lake, iceberg_error};
-use super::row_delta::{commit_metadata, current_location};
+use super::catalog_commit::{commit_metadata, current_location};
 use crate::blocking::blocking;
 use crate::error::{Error, ErrorKind, Result};
 

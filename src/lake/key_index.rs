@@ -232,8 +232,7 @@ impl KeyIndex {
             if self.fresh.len() >= self.memory_limit {
                 // Written and emptied, its memory kept for the next ones.
                 let mut entries = std::mem::take(&mut self.fresh);
-                self.write_run(&mut entries)
-                    .map_err(|e| self.io_error(e))?;
+                self.write_run(&mut entries).map_err(|e| self.io_error(e))?;
                 self.fresh = entries;
             }
         }

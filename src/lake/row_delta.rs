@@ -1,9 +1,9 @@
 //! The commit iceberg-rust 0.10 lacks: one snapshot that adds data files
 //! and positional-delete files. Its public transaction API only appends
-//! data files, so this module writes the manifests, the manifest list and
-//! the new table metadata itself, and swaps the catalog's metadata pointer
-//! with the same compare-and-swap `iceberg-catalog-sql` makes (an UPDATE
-//! that only matches the metadata location it started from).
+//! data files, so this module writes the manifests and the manifest list
+//! itself and plans the new table metadata, which `catalog_commit` makes
+//! current only if the table is still the one it was planned on; the
+//! snapshots of several tables at once too ([`commit_row_deltas`]).
 //!
 //! The same commit also rewrites (compaction): a snapshot that removes
 //! live data and delete files while it adds new ones. It then writes the
@@ -23,22 +23,20 @@
 //! a batch deletes rows it has already written to a file.
 
 use std::collections::{HashMap, HashSet};
-use std::str::FromStr;
 
+use iceberg::TableIdent;
 use iceberg::spec::{
     DataFile, MAIN_BRANCH, ManifestContentType, ManifestEntry, ManifestListWriter,
     ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention,
-    SnapshotSummaryCollector, Summary, TableMetadataBuildResult,
+    SnapshotSummaryCollector, Summary,
 };
 use iceberg::table::Table;
-use iceberg::{MetadataLocation, TableIdent};
-use sqlx::Row;
 
-use super::catalog::{CATALOG_NAME, Lake, iceberg_error};
+use super::catalog::{Lake, iceberg_error};
+use super::catalog_commit::{Planned, commit_all, current_location};
 use super::staged_schema::StagedSchema;
 use super::writer::ancestors;
 use crate::error::{Error, ErrorKind, Result};
-use crate::failpoint;
 
 /// How often a commit is tried against a freshly loaded table before the
 /// conflict is reported.
@@ -73,26 +71,46 @@ pub struct RowDelta {
 /// commit with the table reloaded (the new snapshot then builds on the
 /// other writer's). Returns the table as committed.
 pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta) -> Result<Table> {
+    let mut committed = commit_row_deltas(lake, &[(ident, delta)]).await?;
+    Ok(committed.remove(0))
+}
+
+/// Commits each delta as one snapshot of its table, all in one catalog
+/// commit, so a reader sees all of them or none; on a concurrent commit
+/// to any of the tables, all are planned again on the tables reloaded.
+/// Returns the tables as committed, in the order of `deltas`.
+pub async fn commit_row_deltas(
+    lake: &Lake,
+    deltas: &[(&TableIdent, &RowDelta)],
+) -> Result<Vec<Table>> {
     crate::failpoint::stall("commit").await;
     let metrics = crate::metrics::metrics();
     let started = std::time::Instant::now();
+    let names = || {
+        let names: Vec<String> = deltas.iter().map(|(ident, _)| ident.to_string()).collect();
+        names.join(", ")
+    };
     for attempt in 1..=MAX_ATTEMPTS {
-        let table = lake.catalog_table(ident).await?;
-        match try_commit(lake, &table, delta).await? {
-            Some(committed) => {
-                metrics.observe_commit_duration(started.elapsed());
-                metrics.iceberg_commits.inc();
-                return Ok(committed);
-            }
-            None => {
-                metrics.iceberg_commit_retries.inc();
-                tracing::warn!(table = %ident, attempt, "commit conflict; retrying on the new table state")
-            }
+        let mut planned = Vec::with_capacity(deltas.len());
+        for (ident, delta) in deltas {
+            let table = lake.catalog_table(ident).await?;
+            planned.push(plan(&table, delta).await?);
         }
+        if commit_all(lake, planned).await? {
+            metrics.observe_commit_duration(started.elapsed());
+            let mut committed = Vec::with_capacity(deltas.len());
+            for (ident, _) in deltas {
+                metrics.iceberg_commits.inc();
+                committed.push(lake.catalog_table(ident).await?);
+            }
+            return Ok(committed);
+        }
+        metrics.iceberg_commit_retries.inc();
+        tracing::warn!(tables = %names(), attempt, "commit conflict; retrying on the new table state");
     }
     Err(
         Error::new(ErrorKind::Lake, "the table kept changing under the commit")
-            .with_context("table", ident)
+            .with_context("table", names())
             .with_context("attempts", MAX_ATTEMPTS),
     )
 }
@@ -105,17 +123,18 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
 pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Option<Table>> {
     crate::failpoint::stall("compaction").await;
     let started = std::time::Instant::now();
-    let committed = try_commit(lake, base, delta).await?;
-    if committed.is_some() {
-        let metrics = crate::metrics::metrics();
-        metrics.observe_commit_duration(started.elapsed());
-        metrics.iceberg_commits.inc();
+    if !commit_all(lake, vec![plan(base, delta).await?]).await? {
+        return Ok(None);
     }
-    Ok(committed)
+    let metrics = crate::metrics::metrics();
+    metrics.observe_commit_duration(started.elapsed());
+    metrics.iceberg_commits.inc();
+    Ok(Some(lake.catalog_table(base.identifier()).await?))
 }
 
-/// One attempt on `base`; `None` when another commit won the race.
-async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Option<Table>> {
+/// The snapshot of `delta` on `base`: its manifests and manifest list
+/// written, the new metadata planned.
+async fn plan(base: &Table, delta: &RowDelta) -> Result<Planned> {
     let context = |e: iceberg::Error| {
         iceberg_error(e, "cannot write the snapshot").with_context("table", base.identifier())
     };
@@ -285,10 +304,10 @@ async fn try_commit(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Optio
         })
         .and_then(|b| b.build())
         .map_err(context)?;
-    if !commit_metadata(lake, base, built).await? {
-        return Ok(None);
-    }
-    Ok(Some(lake.catalog_table(base.identifier()).await?))
+    Ok(Planned {
+        table: base.clone(),
+        built,
+    })
 }
 
 /// Checks that every snapshot of `base` after `snapshot` only appended;
@@ -317,109 +336,6 @@ fn built_on(base: &Table, snapshot: i64) -> Result<()> {
     )
     .with_context("table", base.identifier())
     .with_context("snapshot", snapshot))
-}
-
-/// The location of the table's current metadata file.
-pub fn current_location(table: &Table) -> Result<String> {
-    table.metadata_location().map(str::to_owned).ok_or_else(|| {
-        Error::new(ErrorKind::Lake, "the table has no metadata location")
-            .with_context("table", table.identifier())
-    })
-}
-
-/// Writes `built` as the table's next metadata file and swaps the catalog
-/// pointer to it; false when another commit got there first. Once it is
-/// current, the metadata files that dropped out of its log
-/// (`write.metadata.previous-versions-max`, 100 by default) are deleted, so
-/// they do not pile up.
-pub async fn commit_metadata(
-    lake: &Lake,
-    table: &Table,
-    built: TableMetadataBuildResult,
-) -> Result<bool> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot write the table metadata")
-            .with_context("table", table.identifier())
-    };
-    let current = current_location(table)?;
-    let new_location = MetadataLocation::from_str(&current)
-        .map_err(context)?
-        .with_next_version()
-        .with_new_metadata(&built.metadata);
-    built
-        .metadata
-        .write_to(table.file_io(), &new_location)
-        .await
-        .map_err(context)?;
-    failpoint::hit("before-catalog-commit");
-    if !swap_metadata_location(
-        lake,
-        table.identifier(),
-        &current,
-        &new_location.to_string(),
-    )
-    .await?
-    {
-        return Ok(false);
-    }
-    for old in built.expired_metadata_logs {
-        if let Err(e) = table.file_io().delete(&old.metadata_file).await {
-            tracing::warn!(table = %table.identifier(), file = %old.metadata_file, error = %e, "cannot delete an old metadata file");
-        }
-    }
-    Ok(true)
-}
-
-/// The compare-and-swap on the SQL catalog's pointer: true when our
-/// metadata became current, false when another commit got there first.
-async fn swap_metadata_location(
-    lake: &Lake,
-    ident: &TableIdent,
-    expected: &str,
-    new: &str,
-) -> Result<bool> {
-    let db_error = |e: sqlx::Error| {
-        Error::new(ErrorKind::Lake, "the catalog database refused the commit")
-            .with_context("table", ident)
-            .with_context("catalog", lake.catalog_file().display())
-            .with_source(e)
-    };
-    let url = format!("sqlite:{}", lake.catalog_file().display());
-    let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&url)
-        .await
-        .map_err(db_error)?;
-    let result = sqlx::query(
-        "UPDATE iceberg_tables SET metadata_location = ?, previous_metadata_location = ? \
-         WHERE catalog_name = ? AND table_namespace = ? AND table_name = ? AND metadata_location = ?",
-    )
-    .bind(new)
-    .bind(expected)
-    .bind(CATALOG_NAME)
-    .bind(ident.namespace().join("."))
-    .bind(ident.name())
-    .bind(expected)
-    .execute(&mut connection)
-    .await
-    .map_err(db_error)?;
-    if result.rows_affected() == 1 {
-        return Ok(true);
-    }
-    // Tell a lost race from a table that is gone.
-    let exists = sqlx::query("SELECT count(*) FROM iceberg_tables WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?")
-        .bind(CATALOG_NAME)
-        .bind(ident.namespace().join("."))
-        .bind(ident.name())
-        .fetch_one(&mut connection)
-        .await
-        .map_err(db_error)?
-        .get::<i64, _>(0);
-    if exists == 0 {
-        return Err(
-            Error::new(ErrorKind::Lake, "the table vanished from the catalog")
-                .with_context("table", ident),
-        );
-    }
-    Ok(false)
 }
 
 /// `total-*` of the new snapshot: the parent's totals plus what is added,

@@ -776,6 +776,16 @@ impl SilverTable {
     /// empty one when the batch changed nothing (which is how the load of
     /// an empty table is marked done).
     pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+        let delta = self.prepare_commit(lake, position).await?;
+        let committed = commit_row_delta(lake, &self.ident, &delta).await?;
+        self.committed(&committed, delta.replace_all);
+        Ok(())
+    }
+
+    /// What [`Self::commit`] commits, written and handed over, for a
+    /// commit of several tables at once; [`Self::committed`] once it
+    /// landed.
+    pub async fn prepare_commit(&mut self, lake: &Lake, position: Position) -> Result<RowDelta> {
         self.finish_load_file().await?;
         self.load = None;
         self.write_pending(lake).await?;
@@ -793,7 +803,7 @@ impl SilverTable {
         self.files.deletes += self.delete_files.len();
         self.files.commits +=
             usize::from(replace_all || !self.written.is_empty() || !self.delete_files.is_empty());
-        let delta = RowDelta {
+        Ok(RowDelta {
             data_files: std::mem::take(&mut self.written),
             delete_files: std::mem::take(&mut self.delete_files),
             properties: position.summary(),
@@ -802,18 +812,21 @@ impl SilverTable {
             // A snapshot that replaces every row names no position.
             built_on: self.built_on.filter(|_| !replace_all),
             ..RowDelta::default()
-        };
-        let committed = commit_row_delta(lake, &self.ident, &delta).await?;
+        })
+    }
+
+    /// Silver's staged snapshot landed: `committed` is the table with it
+    /// (and `replace_all`, whether it replaced every row).
+    pub fn committed(&mut self, committed: &Table, replace_all: bool) {
         self.built_on = committed.metadata().current_snapshot_id();
         // A snapshot that replaces every row holds exactly the index's,
         // whatever it builds on.
         self.exact_at = match replace_all {
             true => committed.metadata().current_snapshot_id(),
-            false => follows(self.exact_at, &committed),
+            false => follows(self.exact_at, committed),
         };
         self.staged = false;
         self.undo = Some(Undo::default());
-        Ok(())
     }
 
     fn batch(&self, changes: &[Arc<Change>]) -> Result<RecordBatch> {

@@ -47,8 +47,9 @@ impl Warehouse {
 }
 
 /// Catalog properties (`--catalog-property key=value`): for storage, the
-/// `s3.*` keys. Their values may be secrets: `Debug` shows keys only, and
-/// no error prints a value.
+/// `s3.*` keys; for a REST catalog, pyiceberg's names ([`REST_PROPERTIES`]
+/// and `header.<name>`). Their values may be secrets: `Debug` shows keys
+/// only, and no error prints a value.
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct CatalogProperties(BTreeMap<String, String>);
 
@@ -67,6 +68,20 @@ const PROPERTIES: &[&str] = &[
     "s3.session-token",
     "s3.region",
     "s3.path-style-access",
+];
+
+/// A REST catalog's properties, as pyiceberg and iceberg-rust name them:
+/// a bearer `token`, or a `credential` (`client_id:client_secret`)
+/// exchanged at `oauth2-server-uri` for a token of `scope` (`audience`,
+/// `resource`); the server's `prefix`.
+const REST_PROPERTIES: &[&str] = &[
+    "token",
+    "credential",
+    "oauth2-server-uri",
+    "scope",
+    "audience",
+    "resource",
+    "prefix",
 ];
 
 /// The properties of a credential: taken all from the properties when
@@ -96,14 +111,22 @@ impl CatalogProperties {
         let mut properties = BTreeMap::new();
         for pair in pairs {
             match pair.split_once('=') {
-                Some((key, value)) if PROPERTIES.contains(&key.trim()) => {
+                Some((key, value))
+                    if PROPERTIES.contains(&key.trim())
+                        || REST_PROPERTIES.contains(&key.trim())
+                        || key
+                            .trim()
+                            .strip_prefix("header.")
+                            .is_some_and(|h| !h.is_empty()) =>
+                {
                     properties.insert(key.trim().to_owned(), value.to_owned());
                 }
                 Some((key, _)) => {
                     return Err(format!(
-                        "unknown property {:?}; known: {}",
+                        "unknown property {:?}; known: {}, {} and header.<name>",
                         key.trim(),
-                        PROPERTIES.join(", ")
+                        PROPERTIES.join(", "),
+                        REST_PROPERTIES.join(", ")
                     ));
                 }
                 None => {
@@ -114,6 +137,24 @@ impl CatalogProperties {
             }
         }
         Ok(CatalogProperties(properties))
+    }
+
+    /// Whether a storage property (`s3.*`) is given.
+    pub fn names_s3(&self) -> bool {
+        self.0.keys().any(|k| PROPERTIES.contains(&k.as_str()))
+    }
+
+    /// Whether a REST catalog's property is given.
+    pub fn names_rest(&self) -> bool {
+        self.0.keys().any(|k| !PROPERTIES.contains(&k.as_str()))
+    }
+
+    /// The REST catalog's properties.
+    pub fn rest_props(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        self.0
+            .iter()
+            .filter(|(k, _)| !PROPERTIES.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
     }
 
     /// The properties the object store reads, from the process's
@@ -260,6 +301,12 @@ mod tests {
         for bad in ["novalue", "=x", "uri=sqlite:/tmp/x", "s3.acess-key-id=x"] {
             assert!(CatalogProperties::parse([bad]).is_err(), "{bad}");
         }
+        let rest =
+            CatalogProperties::parse(["token=t0k", "header.X-Tenant=a", "prefix=p"]).unwrap();
+        assert!(rest.names_rest() && !rest.names_s3());
+        assert_eq!(rest.rest_props().count(), 3);
+        assert!(!format!("{rest:?}").contains("t0k"));
+        assert!(CatalogProperties::parse(["header.=x"]).is_err());
         let err = CatalogProperties::parse(["warehouse=s3://x"]).unwrap_err();
         assert!(err.contains("unknown property \"warehouse\"") && err.contains("s3.endpoint"));
     }

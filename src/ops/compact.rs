@@ -23,7 +23,7 @@ pub async fn compact(
     location: &LakeLocation,
     idents: &[TableIdent],
 ) -> Result<Vec<(TableIdent, Compacted)>> {
-    let _locks = WriterLock::acquire_all(location, idents)?;
+    let _locks = WriterLock::acquire_all(location, idents).await?;
     let mut done = Vec::new();
     for ident in idents {
         let table = lake.catalog_table(ident).await?;

@@ -55,7 +55,7 @@ impl DropTableReport {
 }
 
 pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result<DropTableReport> {
-    let _writer = WriterLock::acquire(&options.lake, &options.namespace)?;
+    let _writer = WriterLock::acquire(&options.lake, &options.namespace).await?;
     let lake = Lake::open_existing(&options.lake).await?;
     let name = match &options.name {
         Some(name) => name.clone(),

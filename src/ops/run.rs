@@ -250,7 +250,7 @@ async fn run_once(
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }
-    let _writer = WriterLock::acquire(&options.lake, &namespace)?;
+    let _writer = WriterLock::acquire(&options.lake, &namespace).await?;
     let lake = Lake::open(&options.lake).await?;
     let mut pipeline = Pipeline::new(lake, namespace, names, options, total);
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);

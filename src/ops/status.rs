@@ -14,9 +14,9 @@
 use std::fmt::Write;
 
 use bytes::Bytes;
+use iceberg::NamespaceIdent;
 use iceberg::spec::{Operation, Snapshot};
 use iceberg::table::Table;
-use iceberg::{Catalog, NamespaceIdent};
 use serde::Serialize;
 
 use crate::apply::table_set::SOURCE_SLOT;
@@ -145,8 +145,8 @@ pub async fn status(
     Ok(Status {
         slot: slot_status,
         slot_name: slot.to_owned(),
-        lake: lake.catalog.display().to_string(),
-        lake_found: lake.catalog.is_file(),
+        lake: lake.catalog.to_string(),
+        lake_found: lake.catalog.may_exist(),
         tables: table_statuses(lake, &namespace).await?,
     })
 }
@@ -220,7 +220,7 @@ async fn table_statuses(
     lake: &LakeLocation,
     namespace: &NamespaceIdent,
 ) -> Result<Vec<TableStatus>> {
-    if !lake.catalog.is_file() {
+    if !lake.catalog.may_exist() {
         return Ok(Vec::new());
     }
     let lake = Lake::open(lake).await?;

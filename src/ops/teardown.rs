@@ -5,7 +5,7 @@
 //! or why it could not; the command exits non-zero when something it was
 //! to drop is left.
 
-use iceberg::{Catalog, NamespaceIdent, TableIdent};
+use iceberg::{NamespaceIdent, TableIdent};
 
 use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::error::{Error, ErrorKind, Result, postgres};
@@ -134,7 +134,7 @@ async fn drop_publication(client: &SourceClient, publication: &str) -> Result<Pu
 /// Drops every table of the namespace from the catalog and deletes its
 /// folder.
 async fn drop_tables(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<Vec<String>> {
-    if !lake.catalog.is_file() {
+    if !lake.catalog.may_exist() {
         return Ok(Vec::new());
     }
     let lake = Lake::open(lake).await?;

@@ -7,19 +7,14 @@ usage: busy_writer.py <lake folder> <seconds> <namespace.table>...
 Prints {"committed": n, "lost": n} on stdout.
 """
 import json
-import os
 import sys
 import time
 
-from pyiceberg.catalog.sql import SqlCatalog
+from lake_catalog import open_catalog
 from pyiceberg.exceptions import CommitFailedException
 
 lake, seconds, tables = sys.argv[1], float(sys.argv[2]), sys.argv[3:]
-catalog = SqlCatalog(
-    "local",
-    uri="sqlite:///" + os.path.join(os.path.abspath(lake), "catalog.db"),
-    warehouse="file://" + os.path.join(os.path.abspath(lake), "warehouse"),
-)
+catalog = open_catalog(lake)
 committed = lost = 0
 end = time.monotonic() + seconds
 tick = 0

@@ -24,6 +24,7 @@ pub mod oracle;
 pub mod python;
 pub mod readers;
 pub mod reconcile;
+pub mod rest;
 pub mod s3;
 
 pub use python::python;
@@ -131,17 +132,40 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
-/// Asserts that a finished command succeeded, showing its stderr if not.
 /// `wal2iceberg` with `args` (warnings and errors on stderr), to the end.
 pub async fn cli<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    cli_logging(args, "warn").await
+}
+
+/// [`cli`] with its debug log on stderr.
+pub async fn logged<S: AsRef<std::ffi::OsStr>>(args: &[S]) -> std::process::Output {
+    cli_logging(args, "debug").await
+}
+
+async fn cli_logging<S: AsRef<std::ffi::OsStr>>(args: &[S], level: &str) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
         .args(args)
-        .env("RUST_LOG", "wal2iceberg=warn")
+        .env("RUST_LOG", format!("wal2iceberg={level}"))
         .output()
         .await
         .expect("start wal2iceberg")
 }
 
+/// Waits up to a minute until a server listens on the loopback `port`;
+/// `log` says why not.
+pub fn wait_for_port(port: u16, what: &str, log: impl Fn() -> String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not listen in 60 s: {}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Asserts that a finished command succeeded, showing its stderr if not.
 pub fn assert_success(out: &std::process::Output) {
     assert!(
         out.status.success(),

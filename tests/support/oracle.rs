@@ -14,11 +14,13 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
-use wal2iceberg::lake::catalog::{Lake, namespace};
+use wal2iceberg::lake::catalog::{CatalogChoice, Lake, LakeLocation, namespace};
 use wal2iceberg::lake::writer::Position;
 use wal2iceberg::pg::source::SourceClient;
 
-use super::{TestDb, assert_reconciled, assert_success, config_for, pyiceberg, unique};
+use super::readers::RemoteLake;
+use super::reconcile::assert_reconciled_through;
+use super::{TestDb, assert_success, config_for, unique};
 
 const SCHEMA: &str = "
     CREATE TABLE accounts(id int PRIMARY KEY, owner text NOT NULL, balance numeric(12,2) NOT NULL, note text);
@@ -191,6 +193,12 @@ pub struct Oracle {
     /// Whether a resync reloaded the table: bronze then also holds the
     /// reload's reads, which the audit knows nothing of.
     pub reloaded: bool,
+    /// A catalog other than the embedded one: its flags, and the readers'
+    /// settings for it (tests/support/lake_catalog.py).
+    catalog: Vec<String>,
+    readers: Vec<(&'static str, String)>,
+    /// Flags every run gets after [`Self::run_args`]'.
+    run_flags: Vec<String>,
 }
 
 impl Oracle {
@@ -235,7 +243,22 @@ impl Oracle {
             commits: Arc::new(AtomicU64::new(0)),
             settings: Vec::new(),
             reloaded: false,
+            catalog: Vec::new(),
+            readers: Vec::new(),
+            run_flags: Vec::new(),
         }
+    }
+
+    /// Runs from now on commit table by table (`--atomic-commits=false`),
+    /// for the crash points between two tables' commits.
+    pub fn table_by_table(&mut self) {
+        self.run_flags.push("--atomic-commits=false".to_owned());
+    }
+
+    /// Runs and readers from now on use the REST catalog at `uri`.
+    pub fn on_rest_catalog(&mut self, uri: &str) {
+        self.catalog = ["--catalog-uri", uri].map(str::to_owned).to_vec();
+        self.readers = vec![("READ_LAKE_CATALOG_URI", uri.to_owned())];
     }
 
     /// A new connection for the checks, after the server restarted.
@@ -272,6 +295,7 @@ impl Oracle {
                 .expect("a flag run_args gives");
             args[at + 1] = value.clone();
         }
+        args.extend(self.run_flags.iter().cloned());
         args
     }
 
@@ -287,8 +311,10 @@ impl Oracle {
             "--namespace",
             NAMESPACE,
         ]
-        .map(str::to_owned)
-        .to_vec()
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(self.catalog.iter().cloned())
+        .collect()
     }
 
     /// A second table, `other` with one row, that runs from now on capture
@@ -371,10 +397,14 @@ impl Oracle {
     /// exist or holds no initial load yet.
     pub async fn positions(&self) -> [Option<Position>; 2] {
         let mut held = [None, None];
-        if !self.lake.path().join("catalog.db").is_file() {
-            return held;
-        }
-        let Ok(lake) = Lake::open_embedded(self.lake.path()).await else {
+        let uri = self.catalog.last().map(String::as_str);
+        let choice = CatalogChoice {
+            uri,
+            ..CatalogChoice::default()
+        };
+        let location =
+            LakeLocation::configure(self.lake.path(), &choice).expect("the lake's place");
+        let Ok(lake) = Lake::open_existing(&location).await else {
             return held;
         };
         for (slot, name) in held.iter_mut().zip(["accounts_changes", "accounts"]) {
@@ -460,10 +490,11 @@ impl Oracle {
     /// then every audited change once, in commit order, with its values.
     /// Returns (changes checked, live rows).
     pub async fn check(&self) -> (usize, u64) {
-        let digest = assert_reconciled(
+        let reader = RemoteLake::with_env(self.lake.path(), self.readers.clone());
+        let digest = assert_reconciled_through(
             &self.db,
             "accounts",
-            self.lake.path(),
+            &reader,
             &format!("{NAMESPACE}.accounts"),
         )
         .await;
@@ -486,12 +517,9 @@ impl Oracle {
                 (r.get(0), json(1), json(2))
             })
             .collect();
-        let bronze = pyiceberg(
-            self.lake.path(),
-            &format!("{NAMESPACE}.accounts_changes"),
-            "rows",
-        )
-        .await;
+        let bronze = reader
+            .pyiceberg(&format!("{NAMESPACE}.accounts_changes"), "rows")
+            .await;
         let rows = bronze.as_array().unwrap();
         // The load comes first, at the slot's consistent point; later reads
         // are rows of attached partitions, which the audit records as `r`.

@@ -1,6 +1,6 @@
 """Reads a wal2iceberg lake through pyiceberg, a reader we did not write.
 
-usage: [READ_LAKE_WAREHOUSE=s3://... READ_LAKE_PROPS={...}] read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical|snapshots|verbatim
+usage: [READ_LAKE_* (lake_catalog.py)] read_lake.py <lake folder> <namespace.table> schema|rows|summary|codecs|canonical|snapshots|verbatim
 Rows of a bronze table come sorted by (_cdc_commit_lsn, _cdc_seq).
 `canonical` gives the source columns of each row in the form the
 reconciliation helper (tests/support/reconcile.rs) compares: temporal values
@@ -11,22 +11,12 @@ as exact text (repr, or NaN and the infinities), and a value kept in `_cdc_verba
 Prints one JSON document on stdout.
 """
 import json
-import os
 import sys
 
-from pyiceberg.catalog.sql import SqlCatalog
+from lake_catalog import open_catalog
 
 lake, ident, mode = sys.argv[1], sys.argv[2], sys.argv[3]
-# A warehouse on S3: READ_LAKE_WAREHOUSE, and the catalog properties
-# (s3.endpoint, ...) as a JSON object in READ_LAKE_PROPS.
-catalog = SqlCatalog(
-    "local",
-    uri="sqlite:///" + os.path.join(os.path.abspath(lake), "catalog.db"),
-    warehouse=os.environ.get(
-        "READ_LAKE_WAREHOUSE", "file://" + os.path.join(os.path.abspath(lake), "warehouse")
-    ),
-    **json.loads(os.environ.get("READ_LAKE_PROPS", "{}")),
-)
+catalog = open_catalog(lake)
 table = catalog.load_table(ident)
 if mode == "schema":
     schema = table.schema()

@@ -1,7 +1,7 @@
 """Reads a wal2iceberg table through DuckDB's iceberg extension, a second
 reader we did not write. Extensions load offline from their PyPI packages.
 
-usage: [READ_LAKE_PROPS={...}] read_lake_duckdb.py <lake folder> <namespace.table>
+usage: [READ_LAKE_PROPS={...}] [READ_LAKE_CATALOG_URI=postgresql://...|http://...] read_lake_duckdb.py <lake folder> <namespace.table>
 Prints the rows as one JSON list on stdout.
 """
 import glob
@@ -16,12 +16,38 @@ import duckdb_extension_iceberg
 
 lake, ident = sys.argv[1], sys.argv[2]
 namespace, table = ident.rsplit(".", 1)
-catalog = sqlite3.connect(os.path.join(lake, "catalog.db"))
-(location,) = catalog.execute(
+# The table's metadata file, from the catalog: the SQLite file, or the
+# PostgreSQL database in READ_LAKE_CATALOG_URI (through psycopg2), or the
+# REST catalog there (its loadTable answer, through the standard library).
+query = (
     "SELECT metadata_location FROM iceberg_tables"
-    " WHERE catalog_name = 'local' AND table_namespace = ? AND table_name = ?",
-    (namespace, table),
-).fetchone()
+    " WHERE catalog_name = 'local' AND table_namespace = ? AND table_name = ?"
+)
+pg_catalog = os.environ.get("READ_LAKE_CATALOG_URI")
+if pg_catalog and pg_catalog.startswith(("http://", "https://")):
+    import urllib.parse
+    import urllib.request
+
+    def get(path):
+        with urllib.request.urlopen(pg_catalog.rstrip("/") + "/v1/" + path) as response:
+            return json.load(response)
+
+    config = get("config")
+    prefix = config.get("overrides", {}).get("prefix") or config.get("defaults", {}).get("prefix")
+    path = "/".join(
+        [*([prefix] if prefix else []), "namespaces", urllib.parse.quote(namespace, safe=""),
+         "tables", urllib.parse.quote(table, safe="")]
+    )
+    location = get(path)["metadata-location"]
+elif pg_catalog:
+    import psycopg2
+
+    with psycopg2.connect(pg_catalog) as catalog, catalog.cursor() as cursor:
+        cursor.execute(query.replace("?", "%s"), (namespace, table))
+        (location,) = cursor.fetchone()
+else:
+    catalog = sqlite3.connect(os.path.join(lake, "catalog.db"))
+    (location,) = catalog.execute(query, (namespace, table)).fetchone()
 
 con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
 extensions = [(duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")]

@@ -9,7 +9,7 @@ async fn read_with(script: &str, args: &[&str]) -> Value {
 }
 
 /// [`read_with`], with environment variables set.
-async fn read_with_env(script: &str, args: &[&str], env: &[(&str, String)]) -> Value {
+pub async fn read_with_env(script: &str, args: &[&str], env: &[(&str, String)]) -> Value {
     let script = format!("{}/tests/support/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = tokio::process::Command::new(crate::support::python())
         .arg(&script)
@@ -57,38 +57,138 @@ pub async fn duckdb(lake: &std::path::Path, table: &str) -> Value {
 }
 
 /// A lake whose catalog file is in `lake` and whose warehouse is on S3.
-pub struct S3Lake<'a> {
+/// A lake the readers reach through settings of its own: a warehouse on
+/// S3, a catalog in a PostgreSQL database.
+pub struct RemoteLake<'a> {
     pub lake: &'a std::path::Path,
-    pub warehouse: String,
-    pub server: &'a crate::support::s3::S3Server,
+    env: Vec<(&'static str, String)>,
 }
 
-impl S3Lake<'_> {
-    fn env(&self) -> Vec<(&'static str, String)> {
-        let props: serde_json::Map<String, Value> = self
-            .server
+impl<'a> RemoteLake<'a> {
+    /// The embedded lake in `lake`.
+    pub fn embedded(lake: &'a std::path::Path) -> RemoteLake<'a> {
+        RemoteLake {
+            lake,
+            env: Vec::new(),
+        }
+    }
+
+    /// The lake in `lake` with the readers' settings `env`
+    /// (tests/support/lake_catalog.py).
+    pub fn with_env(lake: &'a std::path::Path, env: Vec<(&'static str, String)>) -> RemoteLake<'a> {
+        RemoteLake { lake, env }
+    }
+
+    /// The lake whose catalog is in `lake` and warehouse on `server`.
+    pub fn on_s3(
+        lake: &'a std::path::Path,
+        warehouse: String,
+        server: &crate::support::s3::S3Server,
+    ) -> RemoteLake<'a> {
+        let props: serde_json::Map<String, Value> = server
             .properties()
             .iter()
             .chain(&["s3.region=us-east-1".to_owned()])
             .filter_map(|p| p.split_once('='))
             .map(|(k, v)| (k.to_owned(), Value::from(v)))
             .collect();
-        vec![
-            ("READ_LAKE_WAREHOUSE", self.warehouse.clone()),
+        let env = vec![
+            ("READ_LAKE_WAREHOUSE", warehouse),
             ("READ_LAKE_PROPS", Value::Object(props).to_string()),
-        ]
+        ];
+        RemoteLake { lake, env }
     }
 
-    /// [`pyiceberg`], reading from S3.
+    /// The lake whose catalog is the PostgreSQL database at `uri`, and
+    /// warehouse in `lake`.
+    pub fn with_catalog(lake: &'a std::path::Path, uri: String) -> RemoteLake<'a> {
+        let env = vec![("READ_LAKE_CATALOG_URI", uri)];
+        RemoteLake { lake, env }
+    }
+
+    /// [`pyiceberg`], with the lake's settings.
     pub async fn pyiceberg(&self, table: &str, mode: &str) -> Value {
         let lake = self.lake.display().to_string();
-        read_with_env("read_lake.py", &[&lake, table, mode], &self.env()).await
+        read_with_env("read_lake.py", &[&lake, table, mode], &self.env).await
     }
 
-    /// [`duckdb`], reading from S3.
+    /// [`duckdb`], with the lake's settings.
     pub async fn duckdb(&self, table: &str) -> Value {
         let lake = self.lake.display().to_string();
-        read_with_env("read_lake_duckdb.py", &[&lake, table], &self.env()).await
+        read_with_env("read_lake_duckdb.py", &[&lake, table], &self.env).await
+    }
+}
+
+/// The customers every remote-lake test replicates: three rows loaded,
+/// then [`change_customers`].
+pub async fn create_customers(db: &crate::support::TestDb) {
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, name text NOT NULL, plan text)")
+        .await;
+    db.exec("INSERT INTO customers VALUES (1, 'Ada', 'free'), (2, 'Grace', 'pro'), (3, 'Linus', 'free')")
+        .await;
+}
+
+/// `run` of the customers into the lake `place` names, on `slot`.
+pub fn customers_run(db: &crate::support::TestDb, slot: &str, place: &[&str]) -> Vec<String> {
+    let url = db.config_url();
+    [
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        slot,
+    ]
+    .iter()
+    .chain(place)
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// Silver's (id, plan) pairs after the load of [`create_customers`].
+pub fn loaded_customers() -> Vec<(i64, String)> {
+    vec![(1, "free".into()), (2, "pro".into()), (3, "free".into())]
+}
+
+/// An update, a delete, an insert and an update of a column besides the
+/// plan, one transaction each.
+pub async fn change_customers(db: &crate::support::TestDb) {
+    db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
+        .await;
+    db.exec("DELETE FROM customers WHERE id = 3").await;
+    db.exec("INSERT INTO customers VALUES (4, 'Barbara', 'free')")
+        .await;
+    db.exec("UPDATE customers SET name = 'Grace H.' WHERE id = 2")
+        .await;
+}
+
+impl RemoteLake<'_> {
+    /// After [`change_customers`] streamed into `shop`: silver through
+    /// both readers, bronze's ops (every change once) through pyiceberg.
+    pub async fn assert_customers_changed(&self) {
+        let want = vec![(1, "team".into()), (2, "pro".into()), (4, "free".into())];
+        assert_eq!(
+            id_plan_pairs(&self.pyiceberg("shop.customers", "rows").await),
+            want
+        );
+        assert_eq!(id_plan_pairs(&self.duckdb("shop.customers").await), want);
+        assert_eq!(
+            self.bronze_ops("shop.customers_changes").await,
+            "rrrudcu",
+            "bronze holds every change once"
+        );
+    }
+
+    /// The `_cdc_op` of each row of a bronze table, in commit order.
+    pub async fn bronze_ops(&self, table: &str) -> String {
+        self.pyiceberg(table, "rows")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["_cdc_op"].as_str().unwrap())
+            .collect()
     }
 }
 

@@ -17,7 +17,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::TestDb;
-use super::readers::pyiceberg;
+use super::readers::RemoteLake;
 
 /// Row count and order-independent checksum of one side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,6 +242,16 @@ async fn resolve_verbatim(db: &TestDb, columns: &[Column], rows: &mut Value) {
 /// panics naming the first differing keys unless count and checksum agree.
 /// Returns the (equal) digest.
 pub async fn assert_reconciled(db: &TestDb, source: &str, lake: &Path, iceberg: &str) -> Digest {
+    assert_reconciled_through(db, source, &RemoteLake::embedded(lake), iceberg).await
+}
+
+/// [`assert_reconciled`], the lake read with `reader`'s settings.
+pub async fn assert_reconciled_through(
+    db: &TestDb,
+    source: &str,
+    reader: &RemoteLake<'_>,
+    iceberg: &str,
+) -> Digest {
     let columns = columns(db, source).await;
     let key = primary_key(db, source).await;
     let types: BTreeMap<&str, &str> = columns
@@ -264,7 +274,7 @@ pub async fn assert_reconciled(db: &TestDb, source: &str, lake: &Path, iceberg: 
         .iter()
         .map(|r| serde_json::from_str(r.get::<_, &str>(0)).unwrap())
         .collect();
-    let mut lake_rows = pyiceberg(lake, iceberg, "canonical").await;
+    let mut lake_rows = reader.pyiceberg(iceberg, "canonical").await;
     resolve_verbatim(db, &columns, &mut lake_rows).await;
     let source_rows = to_lake(&source_rows, &key, &types);
     let lake_rows = to_lake(lake_rows.as_array().expect("rows"), &key, &types);

@@ -2,9 +2,8 @@
 //! installed with the readers in the harness's virtual environment), one
 //! per test, on a free loopback port, stopped when dropped.
 
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 pub struct S3Server {
     child: Child,
@@ -35,14 +34,7 @@ impl S3Server {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
         };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "moto_server did not listen in 60 s"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        super::wait_for_port(port, "moto_server", String::new);
         server
     }
 

@@ -10,21 +10,16 @@ overwrites the rows of ids from <id> up with themselves and hides nothing,
 as another engine's commit would: its snapshot carries no wal2iceberg
 position.
 """
-import os
 import sys
 import time
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyiceberg.catalog.sql import SqlCatalog
+from lake_catalog import open_catalog
 from pyiceberg.exceptions import CommitFailedException, ValidationException
 
 lake, ident, mode, key = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-catalog = SqlCatalog(
-    "local",
-    uri="sqlite:///" + os.path.join(os.path.abspath(lake), "catalog.db"),
-    warehouse="file://" + os.path.join(os.path.abspath(lake), "warehouse"),
-)
+catalog = open_catalog(lake)
 table = catalog.load_table(ident)
 summary = table.current_snapshot().summary.additional_properties
 hidden = {k: v for k, v in summary.items() if k.startswith("wal2iceberg.")}

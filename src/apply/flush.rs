@@ -1,0 +1,183 @@
+//! The commit of the open batch. Every table the batch staged something
+//! for gets a snapshot: all of them in one catalog commit by default
+//! (`atomic_commits`), so a reader never sees one table of a source
+//! transaction without another, nor bronze without silver; or table by
+//! table, bronze then silver, each table recording the position it holds.
+//! Then what follows a commit: positions, compaction, expiry, metrics.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use iceberg::TableIdent;
+
+use super::pipeline::Pipeline;
+use super::sink::TableSink;
+use crate::error::Result;
+use crate::failpoint;
+use crate::lake::compaction::{Merge, merge_small_files};
+use crate::lake::row_delta::{RowDelta, commit_row_deltas};
+use crate::lake::writer::Position;
+use crate::metrics::{metrics, now_micros};
+use crate::pg::source::TableName;
+
+impl TableSink {
+    /// Whether the open batch gives bronze, and silver, a snapshot: what
+    /// it staged, or a table not yet loaded, whose empty load marks it
+    /// loaded.
+    fn wants_commit(&self) -> (bool, bool) {
+        let bronze = self.bronze_dirty || self.bronze_at.is_none();
+        let silver = self.silver.is_some() && (self.silver_dirty || self.silver_at.is_none());
+        (bronze, silver)
+    }
+}
+
+impl Pipeline<'_> {
+    /// Commits the open batch, then does what follows each commit.
+    pub(super) async fn flush(&mut self) -> Result<()> {
+        let Some(position) = self.batch_end.take() else {
+            return Ok(());
+        };
+        let m = metrics();
+        // A resync commits on its own: its silver replaces every row.
+        let mut resynced = HashSet::new();
+        for (table, sink) in &mut self.sinks {
+            if let Some(id) = sink.resync.take() {
+                let compacted = sink
+                    .commit_resync(&self.lake, position, &id, self.compact_after_files)
+                    .await?;
+                sink.commits_since_expiry += 1;
+                sink.housekeeping(&self.lake, table, compacted, self.retention)
+                    .await;
+                resynced.insert(table.clone());
+            }
+        }
+        if self.atomic_commits {
+            self.commit_together(position, &resynced).await?;
+        } else {
+            self.commit_each(position, &resynced).await?;
+        }
+        for (table, sink) in &mut self.sinks {
+            if resynced.contains(table) {
+                continue;
+            }
+            let (bronze, silver) = sink.wants_commit();
+            let mut compacted = false;
+            if bronze {
+                sink.bronze_at = Some(position);
+                sink.bronze_dirty = false;
+                sink.bronze_commits += 1;
+                if self.compact_after_files > 0 && sink.bronze_commits >= self.compact_after_files {
+                    compacted |= merge_small_files(&self.lake, sink.bronze.ident(), Merge::Tiered)
+                        .await?
+                        .is_some();
+                    sink.bronze_commits = 0;
+                }
+            }
+            if silver {
+                sink.silver_at = Some(position);
+                sink.silver_dirty = false;
+                if let Some(silver) = &mut sink.silver {
+                    compacted |= silver
+                        .compact(&self.lake, self.compact_after_files)
+                        .await?
+                        .is_some();
+                }
+            }
+            // A table without silver: bronze's commit is the table's.
+            if silver || (sink.silver.is_none() && bronze) {
+                sink.commits_since_expiry += 1;
+                sink.housekeeping(&self.lake, table, compacted, self.retention)
+                    .await;
+            }
+        }
+        let now = now_micros();
+        for commit_ts in self.batch_commit_times.drain(..) {
+            let micros = u64::try_from(now - commit_ts).unwrap_or(0);
+            m.observe_commit_to_visible(Duration::from_micros(micros));
+        }
+        m.last_source_commit_micros
+            .fetch_max(position.commit_ts, Ordering::Relaxed);
+        m.oldest_pending_commit_micros.store(0, Ordering::Relaxed);
+        for (table, sink) in &mut self.sinks {
+            let table = table.to_string();
+            for (op, n) in sink.ops.drain() {
+                m.add_changes(&table, op, n);
+            }
+        }
+        if self.batch_changes > 0 {
+            self.report.changes_applied += self.batch_changes as u64;
+            self.report.batches += 1;
+            self.batch_changes = 0;
+            self.batch_bytes = 0;
+        }
+        Ok(())
+    }
+
+    /// Every table's snapshot in one catalog commit.
+    async fn commit_together(
+        &mut self,
+        position: Position,
+        resynced: &HashSet<TableName>,
+    ) -> Result<()> {
+        let mut staged: Vec<(TableIdent, RowDelta)> = Vec::new();
+        for (table, sink) in &mut self.sinks {
+            if resynced.contains(table) {
+                continue;
+            }
+            let (bronze, silver) = sink.wants_commit();
+            if bronze {
+                let delta = sink.bronze.prepare_commit(&self.lake, position).await?;
+                staged.push((sink.bronze.ident().clone(), delta));
+            }
+            if let Some(table) = sink.silver.as_mut().filter(|_| silver) {
+                let delta = table.prepare_commit(&self.lake, position).await?;
+                staged.push((table.ident().clone(), delta));
+            }
+        }
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let deltas: Vec<(&TableIdent, &RowDelta)> = staged.iter().map(|(i, d)| (i, d)).collect();
+        let committed = commit_row_deltas(&self.lake, &deltas).await?;
+        for ((ident, delta), table) in staged.iter().zip(&committed) {
+            let silver = self
+                .sinks
+                .values_mut()
+                .filter_map(|sink| sink.silver.as_mut())
+                .find(|silver| silver.ident() == ident);
+            if let Some(silver) = silver {
+                silver.committed(table, delta.replace_all);
+            }
+        }
+        Ok(())
+    }
+
+    /// Each table's snapshot in a commit of its own, bronze then silver:
+    /// a crash between them leaves each table at the position it records,
+    /// and the next run gives each what it lacks.
+    async fn commit_each(
+        &mut self,
+        position: Position,
+        resynced: &HashSet<TableName>,
+    ) -> Result<()> {
+        for (table, sink) in &mut self.sinks {
+            if resynced.contains(table) {
+                continue;
+            }
+            let (bronze, silver) = sink.wants_commit();
+            if bronze {
+                let evolved = sink.bronze.schema_staged();
+                sink.bronze.commit(&self.lake, position).await?;
+                if evolved {
+                    failpoint::hit("mid-schema-change");
+                }
+                failpoint::hit("between-bronze-and-silver");
+            }
+            if let Some(table) = sink.silver.as_mut().filter(|_| silver) {
+                table.commit(&self.lake, position).await?;
+            }
+        }
+        Ok(())
+    }
+}

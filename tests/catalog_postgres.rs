@@ -1,0 +1,121 @@
+//! A lake whose SQL catalog is a PostgreSQL database (a database of the
+//! harness's server), as other engines share it: runs load, stream and
+//! restart against it, pyiceberg's `SqlCatalog` (psycopg2) and DuckDB
+//! (the metadata location read from the catalog's table) read what it
+//! wrote, the writer lock is an advisory lock in that database, and its
+//! password is never shown.
+
+use tokio::process::Command;
+
+use crate::support::readers::{
+    RemoteLake, change_customers, create_customers, customers_run, id_plan_pairs, loaded_customers,
+};
+use crate::support::*;
+
+#[tokio::test]
+async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_the_database() {
+    let db = TestDb::new().await;
+    create_customers(&db).await;
+    // The catalog's database: empty; the catalog makes its tables. The
+    // harness's server trusts every login, so the password is only shown
+    // (or not).
+    let catalog_db = TestDb::new().await;
+    let secret = "n0t-t0-be-sh0wn";
+    let catalog_uri =
+        catalog_db
+            .config_url()
+            .replacen("postgres@", &format!("postgres:{secret}@"), 1);
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    let lake_arg = lake_dir.display().to_string();
+    let slot = unique("pgcat");
+    let place = [
+        "--lake",
+        &lake_arg,
+        "--catalog-uri",
+        &catalog_uri,
+        "--namespace",
+        "shop",
+    ];
+    let run = customers_run(&db, &slot, &place);
+    let idle = |args: &[String]| [args, &["--exit-when-idle".into(), "1s".into()]].concat();
+    let out = logged(&idle(&run)).await;
+    assert_success(&out);
+    assert!(
+        !lake_dir.join("catalog.db").exists(),
+        "no SQLite catalog beside the warehouse"
+    );
+    let read = RemoteLake::with_catalog(&lake_dir, catalog_db.config_url());
+    assert_eq!(
+        id_plan_pairs(&read.pyiceberg("shop.customers", "rows").await),
+        loaded_customers()
+    );
+
+    change_customers(&db).await;
+    let restarted = logged(&idle(&run)).await;
+    assert_success(&restarted);
+    read.assert_customers_changed().await;
+
+    // A running run holds the namespace's lock in the catalog's database:
+    // a compaction (from anywhere that reaches the catalog) is refused,
+    // and takes it once the run is gone, however it went.
+    let compact: Vec<&str> = ["compact"].iter().chain(&place).copied().collect();
+    let mut running = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(&run)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    db.wait_until_active(&slot).await;
+    let refused = cli(&compact).await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && stderr.contains("another wal2iceberg process")
+            && stderr.contains("advisory lock"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(secret), "{stderr}");
+    running.kill().await.unwrap();
+    running.wait().await.unwrap();
+    let compacted = cli(&compact).await;
+    assert_success(&compacted);
+
+    // The commands that read the lake take the same setting.
+    let out = cli(&[
+        "show",
+        "customers",
+        "--lake",
+        &lake_arg,
+        "--catalog-uri",
+        &catalog_uri,
+        "--format",
+        "json",
+    ])
+    .await;
+    assert_success(&out);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("Barbara") && !shown.contains("Linus"),
+        "{shown}"
+    );
+    for out in [&out, &restarted, &compacted] {
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!all.contains(secret), "the password is shown: {all}");
+    }
+}
+
+#[tokio::test]
+async fn a_postgresql_catalogs_transaction_shows_a_batch_in_both_tables_at_once() {
+    let catalog_db = TestDb::new().await;
+    let uri = catalog_db.config_url();
+    crate::atomic_commits::two_tables_are_seen_together(
+        &["--catalog-uri", &uri],
+        vec![("READ_LAKE_CATALOG_URI", uri.clone())],
+    )
+    .await;
+}

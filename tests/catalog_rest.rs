@@ -1,0 +1,135 @@
+//! A lake behind an Iceberg REST catalog (rustberg, a server we did not
+//! write, started by the harness): runs load, stream and restart through
+//! it, compaction and expiry commit through it, and pyiceberg's
+//! `RestCatalog` and DuckDB (the metadata location the catalog serves)
+//! read what it wrote; the oracle's random workload under random kills
+//! and a crash before a commit lose and repeat nothing there.
+
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+
+use crate::support::oracle::Oracle;
+use crate::support::readers::{
+    RemoteLake, change_customers, create_customers, customers_run, id_plan_pairs, loaded_customers,
+};
+use crate::support::rest::RestServer;
+use crate::support::*;
+
+#[tokio::test]
+async fn a_rest_catalog_is_written_through_its_commits_and_read_by_other_engines() {
+    let db = TestDb::new().await;
+    create_customers(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RestServer::start(dir.path(), &dir.path().join("warehouse"));
+    let lake_dir = dir.path().join("lake");
+    let lake_arg = lake_dir.display().to_string();
+    let slot = unique("restcat");
+    let catalog = [
+        "--lake",
+        &lake_arg,
+        "--catalog-type",
+        "rest",
+        "--catalog-uri",
+        &server.uri,
+        "--namespace",
+        "shop",
+    ];
+    let run = customers_run(
+        &db,
+        &slot,
+        &[&["--exit-when-idle", "1s"], &catalog[..]].concat(),
+    );
+    assert_success(&logged(&run).await);
+    assert!(
+        !lake_dir.join("catalog.db").exists(),
+        "no SQLite catalog beside the REST one"
+    );
+    let read = RemoteLake::with_catalog(&lake_dir, server.uri.clone());
+    assert_eq!(
+        id_plan_pairs(&read.pyiceberg("shop.customers", "rows").await),
+        loaded_customers()
+    );
+
+    change_customers(&db).await;
+    assert_success(&logged(&run).await);
+    read.assert_customers_changed().await;
+
+    // A rewrite and an expiry commit through the catalog too; the rows
+    // stay, and the next run goes on from where the table is.
+    let compact: Vec<&str> = ["compact"].iter().chain(&catalog).copied().collect();
+    assert_success(&cli(&compact).await);
+    let expire: Vec<&str> = [
+        "expire-snapshots",
+        "--older-than",
+        "0s",
+        "--retain-last",
+        "1",
+    ]
+    .iter()
+    .chain(&catalog)
+    .copied()
+    .collect();
+    assert_success(&cli(&expire).await);
+    let snapshots = read.pyiceberg("shop.customers", "snapshots").await;
+    assert_eq!(snapshots.as_array().unwrap().len(), 1, "{snapshots}");
+    db.exec("UPDATE customers SET plan = 'free' WHERE id = 2")
+        .await;
+    assert_success(&logged(&run).await);
+    let want = [(1, "team".into()), (2, "free".into()), (4, "free".into())];
+    assert_eq!(
+        id_plan_pairs(&read.pyiceberg("shop.customers", "rows").await),
+        want
+    );
+    assert_eq!(id_plan_pairs(&read.duckdb("shop.customers").await), want);
+    assert_eq!(read.bronze_ops("shop.customers_changes").await, "rrrudcuu");
+
+    let out = cli(&["show", "customers", "--format", "json"]
+        .iter()
+        .chain(&catalog)
+        .copied()
+        .collect::<Vec<_>>())
+    .await;
+    assert_success(&out);
+    let shown = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        shown.contains("Barbara") && !shown.contains("Linus"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn random_kills_and_a_crash_before_a_commit_on_a_rest_catalog_lose_and_repeat_nothing() {
+    let mut oracle = Oracle::new(500).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = RestServer::start(dir.path(), &dir.path().join("warehouse"));
+    oracle.on_rest_catalog(&server.uri);
+    let mut first = oracle.spawn();
+    oracle.wait_loaded().await;
+    oracle.start_workload();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(19);
+    tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+    first.kill().await.unwrap();
+    for _ in 1..8 {
+        let mut child = oracle.spawn();
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+        child.kill().await.unwrap();
+    }
+    // Data files written, the catalog not yet told: the next run streams
+    // the batch again.
+    let crashing = oracle.spawn_crashing_at("before-catalog-commit", 2);
+    oracle.expect_crash(crashing, "before-catalog-commit").await;
+    let (changes, rows) = oracle.finish().await;
+    assert!(changes > 0 && rows > 0, "{changes} changes, {rows} rows");
+}
+
+#[tokio::test]
+async fn a_rest_catalogs_multi_table_commits_show_a_transaction_in_both_tables_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = RestServer::start(dir.path(), &dir.path().join("warehouse"));
+    crate::atomic_commits::two_tables_are_seen_together(
+        &["--catalog-uri", &server.uri],
+        vec![("READ_LAKE_CATALOG_URI", server.uri.clone())],
+    )
+    .await;
+}
