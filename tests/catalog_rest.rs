@@ -5,10 +5,6 @@
 //! read what it wrote; the oracle's random workload under random kills
 //! and a crash before a commit lose and repeat nothing there.
 
-use std::time::Duration;
-
-use rand::{Rng, SeedableRng};
-
 use crate::support::oracle::Oracle;
 use crate::support::readers::{
     RemoteLake, change_customers, create_customers, customers_run, id_plan_pairs, loaded_customers,
@@ -104,17 +100,7 @@ async fn random_kills_and_a_crash_before_a_commit_on_a_rest_catalog_lose_and_rep
     let dir = tempfile::tempdir().unwrap();
     let server = RestServer::start(dir.path(), &dir.path().join("warehouse"));
     oracle.on_rest_catalog(&server.uri);
-    let mut first = oracle.spawn();
-    oracle.wait_loaded().await;
-    oracle.start_workload();
-    let mut rng = rand::rngs::StdRng::seed_from_u64(19);
-    tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
-    first.kill().await.unwrap();
-    for _ in 1..8 {
-        let mut child = oracle.spawn();
-        tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
-        child.kill().await.unwrap();
-    }
+    oracle.kill_at_random(8, 19).await;
     // Data files written, the catalog not yet told: the next run streams
     // the batch again.
     let crashing = oracle.spawn_crashing_at("before-catalog-commit", 2);

@@ -3,6 +3,7 @@
 //! catalog properties and by the `AWS_*` variables, and pyiceberg and
 //! DuckDB read the tables from S3.
 
+use crate::support::oracle::{Oracle, RemoteSettings};
 use crate::support::readers::{
     RemoteLake, change_customers, create_customers, id_plan_pairs, loaded_customers,
 };
@@ -151,4 +152,28 @@ async fn with_aws_env<S: AsRef<std::ffi::OsStr>>(
         .output()
         .await
         .expect("start wal2iceberg")
+}
+
+#[tokio::test]
+async fn random_kills_on_s3_with_a_catalog_in_postgresql_lose_and_repeat_nothing() {
+    let server = S3Server::start();
+    let bucket = server.bucket("oracle").await;
+    let catalog_db = TestDb::new().await;
+    let mut oracle = Oracle::new(500).await;
+    let warehouse = format!("s3://{bucket}/lake");
+    let mut readers = RemoteLake::on_s3(oracle.lake.path(), warehouse.clone(), &server).into_env();
+    readers.push(("READ_LAKE_CATALOG_URI", catalog_db.config_url()));
+    let remote = RemoteSettings {
+        catalog_uri: Some(catalog_db.config_url()),
+        warehouse: Some(warehouse),
+        properties: server.properties(),
+    };
+    oracle.on_remote_lake(remote, readers);
+    oracle.kill_at_random(8, 23).await;
+    // Files on S3, the catalog not yet told: the next run streams the
+    // batch again.
+    let crashing = oracle.spawn_crashing_at("before-catalog-commit", 2);
+    oracle.expect_crash(crashing, "before-catalog-commit").await;
+    let (changes, rows) = oracle.finish().await;
+    assert!(changes > 0 && rows > 0, "{changes} changes, {rows} rows");
 }

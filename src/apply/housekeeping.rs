@@ -26,9 +26,6 @@ impl TableSink {
         retention: Retention,
     ) {
         let m = metrics();
-        if compacted {
-            m.compacted();
-        }
         if compacted || self.commits_since_expiry >= EXPIRE_EVERY_COMMITS {
             let mut expired_all = true;
             for ident in self.idents() {
@@ -62,6 +59,11 @@ impl TableSink {
                     }
                 }
             }
+        }
+        // Counted once the tables' figures above are current, so that a
+        // scrape that sees the compaction sees what it left.
+        if compacted {
+            m.compacted();
         }
         if let Some(silver) = &self.silver {
             let (data, deletes) = silver.file_counts();

@@ -176,6 +176,33 @@ struct Workload {
     handle: JoinHandle<i64>,
 }
 
+/// Where a lake other than the embedded one is, as a run's settings.
+#[derive(Debug, Default)]
+pub struct RemoteSettings {
+    pub catalog_uri: Option<String>,
+    pub warehouse: Option<String>,
+    /// `key=value` catalog properties.
+    pub properties: Vec<String>,
+}
+
+impl RemoteSettings {
+    fn flags(&self) -> Vec<String> {
+        let mut flags = Vec::new();
+        for (flag, value) in [
+            ("--catalog-uri", &self.catalog_uri),
+            ("--warehouse", &self.warehouse),
+        ] {
+            if let Some(value) = value {
+                flags.extend([flag.to_owned(), value.clone()]);
+            }
+        }
+        for property in &self.properties {
+            flags.extend(["--catalog-property".to_owned(), property.clone()]);
+        }
+        flags
+    }
+}
+
 /// One scenario's source database, lake and slot.
 pub struct Oracle {
     pub db: TestDb,
@@ -193,9 +220,9 @@ pub struct Oracle {
     /// Whether a resync reloaded the table: bronze then also holds the
     /// reload's reads, which the audit knows nothing of.
     pub reloaded: bool,
-    /// A catalog other than the embedded one: its flags, and the readers'
-    /// settings for it (tests/support/lake_catalog.py).
-    catalog: Vec<String>,
+    /// A lake other than the embedded one, and the readers' settings for
+    /// it (tests/support/lake_catalog.py).
+    remote: RemoteSettings,
     readers: Vec<(&'static str, String)>,
     /// Flags every run gets after [`Self::run_args`]'.
     run_flags: Vec<String>,
@@ -243,7 +270,7 @@ impl Oracle {
             commits: Arc::new(AtomicU64::new(0)),
             settings: Vec::new(),
             reloaded: false,
-            catalog: Vec::new(),
+            remote: RemoteSettings::default(),
             readers: Vec::new(),
             run_flags: Vec::new(),
         }
@@ -257,8 +284,18 @@ impl Oracle {
 
     /// Runs and readers from now on use the REST catalog at `uri`.
     pub fn on_rest_catalog(&mut self, uri: &str) {
-        self.catalog = ["--catalog-uri", uri].map(str::to_owned).to_vec();
-        self.readers = vec![("READ_LAKE_CATALOG_URI", uri.to_owned())];
+        let remote = RemoteSettings {
+            catalog_uri: Some(uri.to_owned()),
+            ..RemoteSettings::default()
+        };
+        self.on_remote_lake(remote, vec![("READ_LAKE_CATALOG_URI", uri.to_owned())]);
+    }
+
+    /// Runs from now on write the lake `remote` names, and the checks
+    /// read it with the readers' settings `readers`.
+    pub fn on_remote_lake(&mut self, remote: RemoteSettings, readers: Vec<(&'static str, String)>) {
+        self.remote = remote;
+        self.readers = readers;
     }
 
     /// A new connection for the checks, after the server restarted.
@@ -313,7 +350,7 @@ impl Oracle {
         ]
         .iter()
         .map(|s| (*s).to_owned())
-        .chain(self.catalog.iter().cloned())
+        .chain(self.remote.flags())
         .collect()
     }
 
@@ -397,9 +434,10 @@ impl Oracle {
     /// exist or holds no initial load yet.
     pub async fn positions(&self) -> [Option<Position>; 2] {
         let mut held = [None, None];
-        let uri = self.catalog.last().map(String::as_str);
         let choice = CatalogChoice {
-            uri,
+            uri: self.remote.catalog_uri.as_deref(),
+            warehouse: self.remote.warehouse.as_deref(),
+            properties: &self.remote.properties,
             ..CatalogChoice::default()
         };
         let location =
@@ -448,6 +486,27 @@ impl Oracle {
         let workload = self.workload.take().expect("a workload runs");
         workload.stop.store(true, Ordering::Relaxed);
         self.next_id = workload.handle.await.expect("the workload");
+    }
+
+    /// A first run loads; then, while the workload runs from when the load
+    /// landed, `kills` runs are killed with SIGKILL at random moments
+    /// (100 ms to 1.5 s in, from `seed`).
+    pub async fn kill_at_random(&mut self, kills: usize, seed: u64) {
+        // The workload starts once the load landed, so that every audited
+        // change must appear in bronze as a change (a table whose load a
+        // kill interrupts is loaded again from a later snapshot, which then
+        // holds the changes made before it).
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut child = self.spawn();
+        self.wait_loaded().await;
+        self.start_workload();
+        for kill in 0..kills {
+            if kill > 0 {
+                child = self.spawn();
+            }
+            tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
+            child.kill().await.unwrap();
+        }
     }
 
     /// Transactions the workloads committed so far.

@@ -99,6 +99,12 @@ impl<'a> RemoteLake<'a> {
         RemoteLake { lake, env }
     }
 
+    /// The readers' settings, for a reader of its own
+    /// (tests/support/lake_catalog.py).
+    pub fn into_env(self) -> Vec<(&'static str, String)> {
+        self.env
+    }
+
     /// The lake whose catalog is the PostgreSQL database at `uri`, and
     /// warehouse in `lake`.
     pub fn with_catalog(lake: &'a std::path::Path, uri: String) -> RemoteLake<'a> {

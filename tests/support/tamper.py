@@ -34,8 +34,10 @@ elif mode == "rewrite":
     table.overwrite(changed, overwrite_filter=f"id == {key}", snapshot_properties=hidden)
 elif mode == "touch":
     # Beside a running run, whose commits may come first: tried again on
-    # the table as it is then.
-    for _ in range(50):
+    # the table as it is then, for up to two minutes (a loaded machine
+    # makes each try slow, and the run's commits more likely between).
+    give_up = time.monotonic() + 120
+    while time.monotonic() < give_up:
         try:
             within = f"id >= {key}"
             rows = table.scan(row_filter=within).to_arrow()
