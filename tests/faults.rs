@@ -334,6 +334,18 @@ async fn another_engine_rewriting_silvers_files_under_a_run_makes_it_start_again
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(2)).await;
     oracle.stop_workload().await;
+    // Rows the changes below surely meet (the workload may have ended
+    // with a truncate), in silver before another engine moves them.
+    let before = oracle.positions().await;
+    oracle
+        .db
+        .exec("INSERT INTO accounts SELECT i, 'late ' || i, i, NULL FROM generate_series(900000, 900299) i")
+        .await;
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    while oracle.positions().await[1] == before[1] {
+        assert!(std::time::Instant::now() < give_up, "{}", oracle.run_log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // An overwrite of every row with itself replaces silver's files: the
     // rows move, and a delete by their old place would miss them. Then
     // changes of many rows, with no truncate after, while the run streams.
@@ -346,16 +358,18 @@ async fn another_engine_rewriting_silvers_files_under_a_run_makes_it_start_again
              DELETE FROM accounts WHERE id % 5 = 0;",
         )
         .await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // The run's next silver commit meets the rewrite and starts again,
+    // however long a loaded machine takes to get there.
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    while !oracle
+        .run_log()
+        .contains("another writer rewrote or deleted data files")
+    {
+        assert!(std::time::Instant::now() < give_up, "{}", oracle.run_log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert!(run.try_wait().unwrap().is_none(), "{}", oracle.run_log());
     run.kill().await.unwrap();
-    assert!(
-        oracle
-            .run_log()
-            .contains("another writer rewrote or deleted data files"),
-        "{}",
-        oracle.run_log()
-    );
     oracle.drain().await;
     let (changes, _) = oracle.check().await;
     assert!(changes > 0);
