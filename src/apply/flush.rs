@@ -120,7 +120,8 @@ impl Pipeline<'_> {
         position: Position,
         resynced: &HashSet<TableName>,
     ) -> Result<()> {
-        let mut staged: Vec<(TableIdent, RowDelta)> = Vec::new();
+        // Each delta, and the source table whose silver it is.
+        let mut staged: Vec<(TableIdent, RowDelta, Option<TableName>)> = Vec::new();
         for (table, sink) in &mut self.sinks {
             if resynced.contains(table) {
                 continue;
@@ -128,24 +129,23 @@ impl Pipeline<'_> {
             let (bronze, silver) = sink.wants_commit();
             if bronze {
                 let delta = sink.bronze.prepare_commit(&self.lake, position).await?;
-                staged.push((sink.bronze.ident().clone(), delta));
+                staged.push((sink.bronze.ident().clone(), delta, None));
             }
-            if let Some(table) = sink.silver.as_mut().filter(|_| silver) {
-                let delta = table.prepare_commit(&self.lake, position).await?;
-                staged.push((table.ident().clone(), delta));
+            if let Some(silver) = sink.silver.as_mut().filter(|_| silver) {
+                let delta = silver.prepare_commit(&self.lake, position).await?;
+                staged.push((silver.ident().clone(), delta, Some(table.clone())));
             }
         }
         if staged.is_empty() {
             return Ok(());
         }
-        let deltas: Vec<(&TableIdent, &RowDelta)> = staged.iter().map(|(i, d)| (i, d)).collect();
+        let deltas: Vec<(&TableIdent, &RowDelta)> = staged.iter().map(|(i, d, _)| (i, d)).collect();
         let committed = commit_row_deltas(&self.lake, &deltas).await?;
-        for ((ident, delta), table) in staged.iter().zip(&committed) {
-            let silver = self
-                .sinks
-                .values_mut()
-                .filter_map(|sink| sink.silver.as_mut())
-                .find(|silver| silver.ident() == ident);
+        for ((_, delta, source), table) in staged.iter().zip(&committed) {
+            let silver = source
+                .as_ref()
+                .and_then(|source| self.sinks.get_mut(source))
+                .and_then(|sink| sink.silver.as_mut());
             if let Some(silver) = silver {
                 silver.committed(table, delta.replace_all);
             }
