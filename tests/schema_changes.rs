@@ -778,10 +778,12 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
 }
 
 /// A primary key added to a table without one, while a run streams: the
-/// table stays history-only (bronze keeps every change, no silver
-/// appears), and the run keeps running (docs/tables.md, Schema changes).
+/// table gets its silver, loaded by a resync while the run goes on, and
+/// bronze keeps its whole history (docs/tables.md, Schema changes). The
+/// key dropped again, silver stays keyed as it was, also across a start
+/// that meets the table without a key first.
 #[tokio::test]
-async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
+async fn a_primary_key_added_to_a_keyless_table_gives_it_a_silver_table() {
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE notes(id int NOT NULL, body text);
@@ -793,8 +795,16 @@ async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
     let slot = unique("gainskey");
     let opts = run_options(&db, &["notes"], &slot, dir.path());
     run(&db.config, &opts).await.unwrap();
+    let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
+        .await
+        .unwrap();
+    let silver = iceberg::TableIdent::new(
+        wal2iceberg::lake::catalog::namespace("shop"),
+        "notes".into(),
+    );
+    assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
 
-    let mut running = streaming(&db, &["notes"], &slot, dir.path(), 4).await;
+    let mut running = streaming(&db, &["notes"], &slot, dir.path(), 30).await;
     db.exec(
         "INSERT INTO notes VALUES (2, 'b');
          ALTER TABLE notes ADD PRIMARY KEY (id);
@@ -804,26 +814,52 @@ async fn a_primary_key_added_to_a_keyless_table_keeps_it_history_only() {
     .await;
     applied(&db, &slot, &mut running).await;
     running.await.unwrap().unwrap();
-    // And after a restart, which describes the table with its key.
     db.exec("INSERT INTO notes VALUES (3, 'c');").await;
     run(&db.config, &opts).await.unwrap();
 
-    let ops: String = pyiceberg(dir.path(), "shop.notes_changes", "rows")
+    let notes = || async { id_body_rows(dir.path(), "shop.notes").await };
+    assert_eq!(notes().await, [(1, "a2".to_owned()), (3, "c".to_owned())]);
+    let bronze = pyiceberg(dir.path(), "shop.notes_changes", "rows").await;
+    let mut ops: Vec<&str> = bronze
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["_cdc_op"].as_str().unwrap())
+        .collect();
+    ops.sort();
+    // The load's read, the stream's four changes, the reload's read of
+    // the one row left then, and the insert after it.
+    assert_eq!(ops, ["c", "c", "d", "r", "r", "u"]);
+    assert_eq!(reads_of(&bronze, 1).len(), 2, "{bronze}");
+    assert_success(&verify_lake(&db, &slot, dir.path(), "public.notes").await);
+
+    db.exec(
+        "ALTER TABLE notes DROP CONSTRAINT notes_pkey;
+         INSERT INTO notes VALUES (4, 'd');
+         UPDATE notes SET body = 'c2' WHERE id = 3;",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    let expected = [(1, "a2"), (3, "c2"), (4, "d")].map(|(id, body)| (id, body.to_owned()));
+    assert_eq!(notes().await, expected);
+}
+
+/// The `(id, body)` rows of `table` as pyiceberg reads them, sorted.
+async fn id_body_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
+    let mut rows: Vec<(i64, String)> = pyiceberg(lake, table, "rows")
         .await
         .as_array()
         .unwrap()
         .iter()
-        .map(|r| r["_cdc_op"].as_str().unwrap().to_owned())
+        .map(|r| {
+            (
+                r["id"].as_i64().unwrap(),
+                r["body"].as_str().unwrap().to_owned(),
+            )
+        })
         .collect();
-    assert_eq!(ops, "rcudc");
-    let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
-        .await
-        .unwrap();
-    let silver = iceberg::TableIdent::new(
-        wal2iceberg::lake::catalog::namespace("shop"),
-        "notes".into(),
-    );
-    assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
+    rows.sort();
+    rows
 }
 
 /// The current rows of silver as DuckDB reads them: `(id, customer, qty)`

@@ -25,6 +25,7 @@ use iceberg::table::Table;
 
 use crate::error::Result;
 use crate::lake::catalog::Lake;
+use crate::lake::schema::{HISTORY_ONLY, KEYED};
 use crate::lake::writer::ancestors;
 
 /// Bronze's properties: the latest request, and the latest one done.
@@ -61,25 +62,32 @@ pub fn committed(bronze: &Table, id: &str) -> bool {
 /// Records a new request on the bronze table `ident`; its id.
 pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
     let id = uuid::Uuid::new_v4().to_string();
-    set_property(lake, ident, REQUESTED, &id).await?;
+    set_properties(lake, ident, &[(REQUESTED, id.clone())]).await?;
+    Ok(id)
+}
+
+/// Records on the bronze table `ident` of a table without a primary key
+/// until now that it has one, and a request that loads its new silver
+/// table in the same commit; the request's id. Bronze keeps its history.
+pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
+    let id = uuid::Uuid::new_v4().to_string();
+    let keyed = (HISTORY_ONLY.0, KEYED.to_owned());
+    set_properties(lake, ident, &[keyed, (REQUESTED, id.clone())]).await?;
     Ok(id)
 }
 
 /// Records request `id` done on the bronze table `ident`.
 pub async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
-    set_property(lake, ident, DONE, id).await
+    set_properties(lake, ident, &[(DONE, id.to_owned())]).await
 }
 
-/// Sets one property, reloading the table and trying again when another
-/// commit (a run's) came first.
-async fn set_property(lake: &Lake, ident: &TableIdent, key: &str, value: &str) -> Result<()> {
+/// Sets properties in one commit, reloading the table and trying again
+/// when another commit (a run's) came first.
+async fn set_properties(lake: &Lake, ident: &TableIdent, values: &[(&str, String)]) -> Result<()> {
     let mut attempt = 1;
     loop {
         let table = lake.catalog_table(ident).await?;
-        match lake
-            .set_properties(&table, &[(key, value.to_owned())])
-            .await
-        {
+        match lake.set_properties(&table, values).await {
             Ok(()) => return Ok(()),
             Err(_) if attempt < ATTEMPTS => {
                 attempt += 1;

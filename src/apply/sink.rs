@@ -84,17 +84,26 @@ impl TableSink {
         // numbers, from the first change or load row that reaches them
         // ([`TableSink::follow`]): `relation` may be the catalog's of now,
         // ahead of the stream.
+        // An existing silver keeps the key it has: `relation` may be of a
+        // change before the table had one (a replay behind a resync that
+        // gave it its silver, docs/tables.md, Schema changes).
         let silver_table = match keyless {
             true => None,
-            false => Some(
-                lake.ensure_table(&silver_ident, silver_schema(relation)?)
-                    .await?,
-            ),
+            false => match lake.table_if_exists(&silver_ident).await? {
+                Some(table) => Some(table),
+                None => Some(
+                    lake.ensure_table(&silver_ident, silver_schema(relation)?)
+                        .await?,
+                ),
+            },
         };
-        let mut silver = match &silver_table {
-            Some(_) => {
-                Some(SilverTable::open_with_state(lake, silver_ident, relation, state).await?)
-            }
+        let silver_at = silver_table
+            .as_ref()
+            .map(Position::of)
+            .transpose()?
+            .flatten();
+        let mut silver = match silver_table {
+            Some(table) => Some(SilverTable::open_with_state(silver_ident, table, state).await?),
             None => None,
         };
         // A resync's load replaces every row silver holds.
@@ -113,14 +122,7 @@ impl TableSink {
             reloading: false,
             bronze: BronzeTable::new(bronze),
             bronze_at,
-            silver_at: match resync {
-                Some(_) => None,
-                None => silver_table
-                    .as_ref()
-                    .map(Position::of)
-                    .transpose()?
-                    .flatten(),
-            },
+            silver_at: silver_at.filter(|_| resync.is_none()),
             silver,
             resync,
             gap: Gap::default(),
@@ -156,6 +158,20 @@ impl TableSink {
         let silver = silver.filter(|_| self.silver.is_some() && !same(&self.silver_relation));
         if bronze.is_none() && silver.is_none() {
             return Ok(false);
+        }
+        // A primary key where there was none: the table gets its silver,
+        // loaded by a resync, as a table the lake lacks.
+        let gains_silver = bronze == Some(Mode::Bronze)
+            && self.silver.is_none()
+            && !self.reloading
+            && has_silver(relation);
+        if gains_silver {
+            let id = resync::request_silver(lake, self.bronze.ident()).await?;
+            tracing::info!(
+                table = %relation.name, request = %id,
+                "the table has a primary key now: its silver table is made and loaded (resync) at the next transaction boundary; bronze keeps its history"
+            );
+            self.reloading = true;
         }
         // The changes staged name their columns as the schema does now.
         if bronze.is_some() && self.bronze_relation.is_some() {
@@ -206,9 +222,10 @@ impl TableSink {
             return Ok(true);
         }
         // A table being resynced reads the new columns' values anyway.
-        Ok(self.resync.is_none()
-            && silver.is_some()
-            && resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?)
+        Ok(gains_silver
+            || self.resync.is_none()
+                && silver.is_some()
+                && resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?)
     }
 
     /// Whether every table of the sink holds its initial load.

@@ -169,6 +169,10 @@ fn check_names(relation: &RelationInfo) -> Result<()> {
 /// it is the table's history only, with no silver beside it.
 pub const HISTORY_ONLY: (&str, &str) = ("wal2iceberg.silver", "none");
 
+/// Its value once the source table gained a primary key, and with it a
+/// silver table.
+pub const KEYED: &str = "keyed";
+
 /// Whether `bronze` is the history of a table without silver.
 pub fn history_only(bronze: &iceberg::table::Table) -> bool {
     bronze

@@ -149,16 +149,14 @@ impl SilverTable {
         SilverTable::over(ident, table, None).await
     }
 
-    /// As [`Self::open`], the key index kept in `state`: restored from
+    /// Silver over `table`, the key index kept in `state`: restored from
     /// there when it was persisted at the table's current snapshot
     /// ([`Self::persist_index`]), else rebuilt there.
     pub async fn open_with_state(
-        lake: &Lake,
         ident: TableIdent,
-        relation: &RelationInfo,
+        table: Table,
         state: PathBuf,
     ) -> Result<SilverTable> {
-        let table = lake.ensure_table(&ident, silver_schema(relation)?).await?;
         SilverTable::over(ident, table, Some(state)).await
     }
 
