@@ -68,6 +68,19 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
     change_customers(&db).await;
     // Restarted with the AWS_* variables instead, as S3 users configure it.
     assert_success(&with_aws_env(&server, &run_args(&[])).await);
+    // An expiry keeps an object just written that nothing refers to yet:
+    // it may be on its way to another writer's commit.
+    let young = "shop/shop/customers/data/in-flight-00000.parquet";
+    server.put(&bucket, young, "not committed yet").await;
+    let expire = expire_args(&lake_arg, &warehouse, "customers");
+    let out = with_aws_env(&server, &expire).await;
+    assert_success(&out);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(" 0 orphan files deleted"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(server.objects(&bucket, young).await, 1);
 
     s3.assert_customers_changed().await;
     assert_eq!(
@@ -137,6 +150,80 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
         id_plan_pairs(&s3.pyiceberg("shop.customers2", "rows").await),
         [(9, "pro".into())]
     );
+}
+
+/// The orphan sweep on S3: objects under a table's folders that nothing
+/// refers to, two hours old (the server's clock set back), are deleted by
+/// `expire-snapshots`, and the table's own files, as old, stay: readers
+/// read every row and every change.
+#[tokio::test]
+async fn expire_snapshots_sweeps_old_orphans_on_s3_and_keeps_the_tables_files() {
+    let server = S3Server::start_behind(7200);
+    let bucket = server.bucket("orphans").await;
+    let db = TestDb::new().await;
+    create_customers(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let lake_dir = dir.path().join("lake");
+    let lake = lake_dir.display().to_string();
+    let warehouse = format!("s3://{bucket}/shop");
+    let (url, slot) = (db.config_url(), unique("orphans"));
+    let run = [
+        "run",
+        "--source",
+        &url,
+        "--tables",
+        "public.customers",
+        "--slot",
+        &slot,
+        "--lake",
+        &lake,
+        "--warehouse",
+        &warehouse,
+        "--namespace",
+        "shop",
+        "--exit-when-idle",
+        "1s",
+    ];
+    assert_success(&with_aws_env(&server, &run).await);
+    change_customers(&db).await;
+    assert_success(&with_aws_env(&server, &run).await);
+    let table = "shop/shop/customers";
+    let crashed = [
+        format!("{table}/data/crashed-00000.parquet"),
+        format!("{table}/metadata/99999-crashed.metadata.json"),
+    ];
+    for key in &crashed {
+        server.put(&bucket, key, "left by a crash").await;
+    }
+    let out = with_aws_env(&server, &expire_args(&lake, &warehouse, "customers")).await;
+    assert_success(&out);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(" 2 orphan files deleted"), "{stdout}");
+    for key in &crashed {
+        assert_eq!(server.objects(&bucket, key).await, 0, "{key} kept");
+    }
+    RemoteLake::on_s3(&lake_dir, warehouse, &server)
+        .assert_customers_changed()
+        .await;
+}
+
+/// `expire-snapshots` of `table` on the S3 lake: every snapshot but the
+/// current one past, and orphans as old as the floor allows.
+fn expire_args(lake: &str, warehouse: &str, table: &str) -> Vec<String> {
+    [
+        "expire-snapshots",
+        "--lake",
+        lake,
+        "--warehouse",
+        warehouse,
+        "--older-than",
+        "0s",
+        "--retain-last",
+        "1",
+        table,
+    ]
+    .map(str::to_owned)
+    .to_vec()
 }
 
 /// `wal2iceberg` with `args`, the server reached through the `AWS_*`

@@ -19,7 +19,7 @@ use iceberg::table::Table;
 
 use super::catalog::{Lake, iceberg_error};
 use super::catalog_commit::{commit_metadata, current_location};
-use crate::blocking::blocking;
+use super::listing::files_under;
 use crate::error::{Error, ErrorKind, Result};
 
 /// Which snapshots to keep.
@@ -153,8 +153,8 @@ async fn try_expire(
 /// older than `older_than` (and at least [`ORPHAN_MIN_AGE`]): what a crash
 /// between writing files and committing them left, or a commit that lost
 /// its race. [`expire_snapshots`] does it whenever it expired something;
-/// this is the same on its own. Local warehouses only; elsewhere it
-/// deletes nothing.
+/// this is the same on its own. On a local folder and on S3; a table
+/// stored elsewhere is left as it is.
 pub async fn remove_orphan_files(
     lake: &Lake,
     ident: &TableIdent,
@@ -183,32 +183,22 @@ async fn sweep(
             .map(|m| m.metadata_file.clone()),
     );
     let referenced: HashSet<&str> = referenced.iter().map(|p| local_path(p)).collect();
-    let Some(root) = table.metadata().location().strip_prefix("file://") else {
-        return Ok(0);
-    };
     let cutoff = std::time::SystemTime::now() - older_than.max(ORPHAN_MIN_AGE);
-    blocking(|| delete_unreferenced(ident, root, &referenced, cutoff))
-}
-
-/// Deletes the files under the table's folder `root` that are not
-/// `referenced` and were last changed before `cutoff`; how many.
-fn delete_unreferenced(
-    ident: &TableIdent,
-    root: &str,
-    referenced: &HashSet<&str>,
-    cutoff: std::time::SystemTime,
-) -> Result<usize> {
+    let root = table.metadata().location().trim_end_matches('/');
+    let props = table.file_io().config().props();
     let mut deleted = 0;
     for folder in ["data", "metadata"] {
-        for (path, modified) in files_in(&std::path::Path::new(root).join(folder))? {
-            let Some(name) = path.to_str() else { continue };
-            if referenced.contains(name) || modified > cutoff {
+        let Some(files) = files_under(&format!("{root}/{folder}"), props).await? else {
+            return Ok(0);
+        };
+        for file in files {
+            if referenced.contains(local_path(&file.location)) || file.modified > cutoff {
                 continue;
             }
-            match std::fs::remove_file(&path) {
+            match table.file_io().delete(&file.location).await {
                 Ok(()) => deleted += 1,
                 Err(e) => {
-                    tracing::warn!(table = %ident, file = %path.display(), error = %e, "cannot delete an orphan file")
+                    tracing::warn!(table = %ident, file = %file.location, error = %e, "cannot delete an orphan file")
                 }
             }
         }
@@ -219,37 +209,6 @@ fn delete_unreferenced(
 /// The local path of a `file://` location (the location itself otherwise).
 fn local_path(location: &str) -> &str {
     location.strip_prefix("file://").unwrap_or(location)
-}
-
-/// Every file under `folder`, recursively, with its modification time;
-/// nothing when the folder does not exist.
-fn files_in(folder: &std::path::Path) -> Result<Vec<(std::path::PathBuf, std::time::SystemTime)>> {
-    let mut out = Vec::new();
-    let mut pending = vec![folder.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(listing_error(&dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| listing_error(&dir, e))?;
-            let meta = entry.metadata().map_err(|e| listing_error(&dir, e))?;
-            if meta.is_dir() {
-                pending.push(entry.path());
-            } else {
-                let modified = meta.modified().map_err(|e| listing_error(&dir, e))?;
-                out.push((entry.path(), modified));
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn listing_error(dir: &std::path::Path, e: std::io::Error) -> Error {
-    Error::new(ErrorKind::Io, "cannot list the table's files")
-        .with_context("folder", dir.display())
-        .with_source(e)
 }
 
 /// The snapshots a branch or tag points at (someone else's tags

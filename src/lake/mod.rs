@@ -13,6 +13,8 @@
 //!   silver was loaded again at a later point.
 //! - `key`: primary keys as bytes for silver's index.
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
+//! - `listing`: the files under a table's folder, local or on S3, with
+//!   their ages, for the orphan sweep.
 //! - `lock`: one writing process per namespace of a lake.
 //! - `position_deletes`: position delete files written, read and merged
 //!   as streams of pairs.
@@ -39,6 +41,7 @@ pub mod expire;
 pub mod gap;
 pub mod key;
 pub mod key_index;
+pub mod listing;
 pub mod lock;
 pub mod position_deletes;
 pub mod rest_commit;

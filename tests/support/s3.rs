@@ -14,22 +14,35 @@ pub struct S3Server {
 pub const KEY_ID: &str = "testing";
 pub const SECRET: &str = "testing-secret";
 
+/// moto's server, its S3 clock set back by `argv[1]` seconds: every object
+/// it stores reads that much older (S3 has no call that backdates one).
+const MOTO_BEHIND: &str = "import datetime, sys\n\
+                           import moto.s3.models as models\n\
+                           from moto.server import main\n\
+                           now, behind = models.utcnow, datetime.timedelta(seconds=int(sys.argv[1]))\n\
+                           models.utcnow = lambda: now() - behind\n\
+                           main(sys.argv[2:])";
+
 impl S3Server {
     pub fn start() -> S3Server {
+        S3Server::start_behind(0)
+    }
+
+    /// A server whose objects read `secs` older than they are: the age of
+    /// files a crash left long ago, for the orphan sweep.
+    pub fn start_behind(secs: u64) -> S3Server {
         let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        let bin = crate::support::python()
-            .parent()
-            .expect("the venv's bin folder")
-            .join("moto_server");
-        let child = Command::new(&bin)
+        let python = crate::support::python();
+        let child = Command::new(python)
+            .args(["-c", MOTO_BEHIND, &secs.to_string()])
             .args(["-H", "127.0.0.1", "-p", &port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+            .unwrap_or_else(|e| panic!("start moto with {}: {e}", python.display()));
         let server = S3Server {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
@@ -51,6 +64,17 @@ impl S3Server {
     }
 
     /// How many objects of `bucket` have keys beginning with `prefix`.
+    /// Stores `body` at `key` (an unsigned PUT, which moto takes).
+    pub async fn put(&self, bucket: &str, key: &str, body: &str) {
+        let script = "import sys, urllib.request\n\
+                      urllib.request.urlopen(urllib.request.Request(sys.argv[1], data=sys.argv[2].encode(), method='PUT'))";
+        self.python(
+            script,
+            &[&format!("{}/{bucket}/{key}", self.endpoint), body],
+        )
+        .await;
+    }
+
     pub async fn objects(&self, bucket: &str, prefix: &str) -> usize {
         let script = "import sys, urllib.parse, urllib.request\n\
                       q = urllib.parse.urlencode({'prefix': sys.argv[2]})\n\
