@@ -240,6 +240,7 @@ mod row_delta {
                 column("id", PgType::Int4, true),
                 column("plan", PgType::Text, false),
             ],
+            has_primary_key: true,
         }
     }
 

@@ -780,8 +780,7 @@ async fn a_renamed_table_keeps_flowing_to_its_iceberg_tables_across_restarts() {
 /// A primary key added to a table without one, while a run streams: the
 /// table gets its silver, loaded by a resync while the run goes on, and
 /// bronze keeps its whole history (docs/tables.md, Schema changes). The
-/// key dropped again, silver stays keyed as it was, also across a start
-/// that meets the table without a key first.
+/// key dropped, silver goes, and comes back with a key again.
 #[tokio::test]
 async fn a_primary_key_added_to_a_keyless_table_gives_it_a_silver_table() {
     let db = TestDb::new().await;
@@ -833,15 +832,34 @@ async fn a_primary_key_added_to_a_keyless_table_gives_it_a_silver_table() {
     assert_eq!(reads_of(&bronze, 1).len(), 2, "{bronze}");
     assert_success(&verify_lake(&db, &slot, dir.path(), "public.notes").await);
 
+    // The key dropped (while stopped): silver, which can keep no row by
+    // key, goes; bronze keeps every change, rows no key tells apart too.
     db.exec(
         "ALTER TABLE notes DROP CONSTRAINT notes_pkey;
-         INSERT INTO notes VALUES (4, 'd');
-         UPDATE notes SET body = 'c2' WHERE id = 3;",
+         INSERT INTO notes VALUES (3, 'c-twin'), (4, 'd');
+         UPDATE notes SET body = 'c2' WHERE body = 'c';",
     )
     .await;
     run(&db.config, &opts).await.unwrap();
-    let expected = [(1, "a2"), (3, "c2"), (4, "d")].map(|(id, body)| (id, body.to_owned()));
+    assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
+    let bronze = pyiceberg(dir.path(), "shop.notes_changes", "rows").await;
+    assert_eq!(bronze.as_array().unwrap().len(), 9, "{bronze}");
+    let verified = verify_lake(&db, &slot, dir.path(), "public.notes").await;
+    assert_success(&verified);
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert!(said.contains("not compared: no primary key"), "{said}");
+
+    // And a key again: silver anew.
+    db.exec(
+        "DELETE FROM notes WHERE body = 'c-twin';
+         ALTER TABLE notes ADD PRIMARY KEY (id);
+         INSERT INTO notes VALUES (5, 'e');",
+    )
+    .await;
+    run(&db.config, &opts).await.unwrap();
+    let expected = [(1, "a2"), (3, "c2"), (4, "d"), (5, "e")].map(|(id, b)| (id, b.to_owned()));
     assert_eq!(notes().await, expected);
+    assert_success(&verify_lake(&db, &slot, dir.path(), "public.notes").await);
 }
 
 /// The `(id, body)` rows of `table` as pyiceberg reads them, sorted.

@@ -76,6 +76,14 @@ pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
     Ok(id)
 }
 
+/// Records on the bronze table `ident` that its source table has no
+/// primary key any more: the table is its history only again, and the
+/// next start drops its silver.
+pub async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
+    let history_only = (HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned());
+    set_properties(lake, ident, &[history_only]).await
+}
+
 /// Records request `id` done on the bronze table `ident`.
 pub async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
     set_properties(lake, ident, &[(DONE, id.to_owned())]).await

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 
+use super::naming::remove_state_folder;
 use super::{resync, table_set};
 use crate::cdc::event::{Change, TxInfo};
 use crate::cdc::relation::RelationInfo;
@@ -70,6 +71,13 @@ impl TableSink {
             Some(table) => history_only(&table),
             None => !has_silver(relation),
         };
+        // Silver of a table that lost its primary key
+        // ([`TableSink::follow`]) goes.
+        if keyless && lake.table_if_exists(&silver_ident).await?.is_some() {
+            lake.drop_with_files(&silver_ident).await?;
+            remove_state_folder(&state)?;
+            tracing::warn!(table = %relation.name, silver = %silver_ident, "dropped the silver table of a table without a primary key; its history is in bronze");
+        }
         let source = table_set::source_properties(&relation.name, relation.oid, slot);
         let mut properties: Vec<(&str, &str)> =
             source.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -173,6 +181,20 @@ impl TableSink {
             );
             self.reloading = true;
         }
+        // No primary key any more: silver can keep no row by key. The
+        // table is its history only again, and the start that follows the
+        // transaction boundary drops silver.
+        let loses_silver =
+            bronze == Some(Mode::Bronze) && self.silver.is_some() && !relation.has_primary_key;
+        if loses_silver {
+            resync::retire_silver(lake, self.bronze.ident()).await?;
+            tracing::warn!(
+                table = %relation.name,
+                "the table has no primary key any more: its silver table takes no more changes and is dropped at the next transaction boundary; bronze keeps the whole history, and a primary key added again makes silver anew (docs/tables.md, Schema changes)"
+            );
+            self.reloading = true;
+        }
+        let silver = silver.filter(|_| !loses_silver);
         // The changes staged name their columns as the schema does now.
         if bronze.is_some() && self.bronze_relation.is_some() {
             self.bronze.write_staged(lake).await?;
@@ -223,6 +245,7 @@ impl TableSink {
         }
         // A table being resynced reads the new columns' values anyway.
         Ok(gains_silver
+            || loses_silver
             || self.resync.is_none()
                 && silver.is_some()
                 && resync_for_defaults(lake, self.bronze.ident(), relation, &followed).await?)

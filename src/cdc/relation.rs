@@ -43,6 +43,10 @@ pub struct RelationInfo {
     /// `relreplident`: `d` default, `n` nothing, `f` full, `i` index.
     pub replica_identity: u8,
     pub columns: Vec<ColumnInfo>,
+    /// Whether the catalog, read when the relation was described, gave
+    /// the table a primary key: also when none of these columns is
+    /// marked as one, because the key's columns were renamed since.
+    pub has_primary_key: bool,
 }
 
 /// The table a Relation message names; pgoutput sends an empty namespace
@@ -99,6 +103,7 @@ impl RelationInfo {
             name,
             replica_identity: rel.replica_identity,
             columns,
+            has_primary_key: !primary_key.is_empty(),
         }
     }
 
@@ -462,6 +467,7 @@ impl Catalog {
             oid: table.oid,
             name: table.name.clone(),
             replica_identity: table.replica_identity,
+            has_primary_key: columns.iter().any(|c| c.is_primary_key),
             columns,
         })
     }
@@ -605,6 +611,7 @@ pub(crate) mod fixtures {
             oid: 1,
             name: TableName::parse("public.customers").unwrap(),
             replica_identity: b'd',
+            has_primary_key: columns.iter().any(|c| c.is_primary_key),
             columns,
         }
     }

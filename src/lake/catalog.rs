@@ -441,6 +441,41 @@ impl Lake {
         self.catalog_table(ident).await.map(Some)
     }
 
+    /// Drops a table from the catalog and deletes its folder.
+    pub async fn drop_with_files(&self, ident: &TableIdent) -> Result<()> {
+        let table = self.catalog_table(ident).await?;
+        let location = table.metadata().location().to_owned();
+        let local = location.strip_prefix("file://");
+        // Never a bucket's root: a table another tool registered there would
+        // take every object of the bucket with it.
+        let in_bucket = location.split_once("://").map_or("", |(_, rest)| rest);
+        if local.is_none() && !in_bucket.trim_end_matches('/').contains('/') {
+            return Err(Error::new(
+                ErrorKind::Lake,
+                "the table's location is a bucket's root: drop it with the engine that made it",
+            )
+            .with_context("table", ident)
+            .with_context("location", &location));
+        }
+        self.catalog
+            .drop_table(ident)
+            .await
+            .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", ident))?;
+        let Some(folder) = local else {
+            return table.file_io().delete_prefix(&location).await.map_err(|e| {
+                iceberg_error(e, "cannot delete the table's files")
+                    .with_context("location", &location)
+            });
+        };
+        match std::fs::remove_dir_all(folder) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
+                .with_context("folder", folder)
+                .with_source(e)),
+        }
+    }
+
     /// Loads the table, creating it (and its namespace) with `schema` when
     /// missing.
     pub async fn ensure_table(&self, ident: &TableIdent, schema: Schema) -> Result<Table> {

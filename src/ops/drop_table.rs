@@ -6,7 +6,6 @@
 
 use iceberg::NamespaceIdent;
 
-use super::teardown::drop_with_files;
 use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::apply::table_set;
 use crate::error::{Result, postgres};
@@ -65,7 +64,7 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
     for ident in [format!("{name}_changes"), name.clone()] {
         let ident = iceberg::TableIdent::new(options.namespace.clone(), ident);
         if lake.table_if_exists(&ident).await?.is_some() {
-            drop_with_files(&lake, &ident).await?;
+            lake.drop_with_files(&ident).await?;
             report.dropped.push(ident.to_string());
         }
     }

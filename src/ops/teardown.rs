@@ -5,7 +5,7 @@
 //! or why it could not; the command exits non-zero when something it was
 //! to drop is left.
 
-use iceberg::{NamespaceIdent, TableIdent};
+use iceberg::NamespaceIdent;
 
 use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::error::{Error, ErrorKind, Result, postgres};
@@ -152,42 +152,8 @@ async fn drop_tables(lake: &LakeLocation, namespace: &NamespaceIdent) -> Result<
         .await
         .map_err(|e| iceberg_error(e, "cannot list the lake's tables"))?
     {
-        drop_with_files(&lake, &ident).await?;
+        lake.drop_with_files(&ident).await?;
         dropped.push(ident.to_string());
     }
     Ok(dropped)
-}
-
-/// Drops a table from the catalog and deletes its folder.
-pub(crate) async fn drop_with_files(lake: &Lake, ident: &TableIdent) -> Result<()> {
-    let table = lake.catalog_table(ident).await?;
-    let location = table.metadata().location().to_owned();
-    let local = location.strip_prefix("file://");
-    // Never a bucket's root: a table another tool registered there would
-    // take every object of the bucket with it.
-    let in_bucket = location.split_once("://").map_or("", |(_, rest)| rest);
-    if local.is_none() && !in_bucket.trim_end_matches('/').contains('/') {
-        return Err(Error::new(
-            ErrorKind::Lake,
-            "the table's location is a bucket's root: drop it with the engine that made it",
-        )
-        .with_context("table", ident)
-        .with_context("location", &location));
-    }
-    lake.catalog()
-        .drop_table(ident)
-        .await
-        .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", ident))?;
-    let Some(folder) = local else {
-        return table.file_io().delete_prefix(&location).await.map_err(|e| {
-            iceberg_error(e, "cannot delete the table's files").with_context("location", &location)
-        });
-    };
-    match std::fs::remove_dir_all(folder) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(Error::new(ErrorKind::Io, "cannot delete the table's files")
-            .with_context("folder", folder)
-            .with_source(e)),
-    }
 }

@@ -54,7 +54,7 @@ use crate::lake::catalog::{Lake, namespace};
 use crate::lake::evolve;
 use crate::lake::key::{Key, KeyCodec};
 use crate::lake::scan::scan;
-use crate::lake::schema::{VERBATIM, column_names, history_only, source_arrow_fields};
+use crate::lake::schema::{VERBATIM, column_names, has_silver, history_only, source_arrow_fields};
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
@@ -281,6 +281,15 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
                         .with_context("table", table)
                 })?,
         };
+        if !has_silver(&relation) {
+            return Err(Error::new(
+                ErrorKind::Lake,
+                "the source table has no primary key any more, and the lake still keeps its \
+                 current rows by key: a run that reaches the change drops that silver table \
+                 (bronze keeps the history); run, then verify again",
+            )
+            .with_context("table", table));
+        }
         let shape = Shape::new(&evolve::as_table_holds(
             &relation,
             bronze.metadata().current_schema(),
