@@ -832,8 +832,22 @@ async fn a_primary_key_added_to_a_keyless_table_gives_it_a_silver_table() {
     assert_eq!(reads_of(&bronze, 1).len(), 2, "{bronze}");
     assert_success(&verify_lake(&db, &slot, dir.path(), "public.notes").await);
 
-    // The key dropped (while stopped): silver, which can keep no row by
-    // key, goes; bronze keeps every change, rows no key tells apart too.
+    // The key dropped (while stopped, a resync asked for before): silver,
+    // which can keep no row by key, goes; bronze keeps every change, rows
+    // no key tells apart too, and no reload's reads.
+    let (lake_arg, url) = (dir.path().display().to_string(), db.config_url());
+    let resync = [
+        "resync",
+        "--table",
+        "public.notes",
+        "--namespace",
+        "shop",
+        "--lake",
+        &lake_arg,
+        "--source",
+        &url,
+    ];
+    assert_success(&cli(&resync).await);
     db.exec(
         "ALTER TABLE notes DROP CONSTRAINT notes_pkey;
          INSERT INTO notes VALUES (3, 'c-twin'), (4, 'd');

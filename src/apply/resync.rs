@@ -78,10 +78,12 @@ pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
 
 /// Records on the bronze table `ident` that its source table has no
 /// primary key any more: the table is its history only again, and the
-/// next start drops its silver.
+/// next start drops its silver; a request pending is done, as there is no
+/// silver left to reload.
 pub async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
-    let history_only = (HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned());
-    set_properties(lake, ident, &[history_only]).await
+    let mut values = vec![(HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned())];
+    values.extend(pending(&lake.catalog_table(ident).await?).map(|id| (DONE, id)));
+    set_properties(lake, ident, &values).await
 }
 
 /// Records request `id` done on the bronze table `ident`.

@@ -67,10 +67,18 @@ impl TableSink {
     ) -> Result<TableSink> {
         // A table without a primary key keeps its history only, which its
         // bronze says once made.
-        let keyless = match lake.table_if_exists(&bronze).await? {
+        let mut keyless = match lake.table_if_exists(&bronze).await? {
             Some(table) => history_only(&table),
             None => !has_silver(relation),
         };
+        // A resync's load that finds the table without a primary key (it
+        // was dropped since the request, ahead of the stream): the table is
+        // history-only from here, as the stream would make it.
+        if !keyless && resync.is_some() && !relation.has_primary_key {
+            resync::retire_silver(lake, &bronze).await?;
+            keyless = true;
+        }
+        let resync = resync.filter(|_| !keyless);
         // Silver of a table that lost its primary key
         // ([`TableSink::follow`]) goes.
         if keyless && lake.table_if_exists(&silver_ident).await?.is_some() {
