@@ -60,6 +60,10 @@ pub struct Raw {
     /// ~/.pgpass, is never shown); for rest, http(s)://host:port.
     #[arg(long, value_name = "URI")]
     pub catalog_uri: Option<String>,
+    /// The SQL catalog's name, which engines sharing its database open it
+    /// by (pyiceberg's SqlCatalog(name), a JDBC catalog's name) [default: local].
+    #[arg(long, value_name = "NAME")]
+    pub catalog_name: Option<String>,
     /// The warehouse: a folder, or s3://bucket/prefix [default: <lake>/warehouse];
     /// for a REST catalog, the warehouse asked of it.
     #[arg(long, value_name = "FOLDER|URI")]
@@ -180,6 +184,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("catalog", Kind::Text),
     ("catalog_type", Kind::Text),
     ("catalog_uri", Kind::Text),
+    ("catalog_name", Kind::Text),
     ("warehouse", Kind::Text),
     ("catalog_property", Kind::List),
     ("namespace", Kind::Text),
@@ -514,7 +519,7 @@ impl Merged {
         let properties: Vec<String> = table
             .into_iter()
             .flatten()
-            .filter(|(k, _)| !["type", "uri", "warehouse"].contains(&k.as_str()))
+            .filter(|(k, _)| !["type", "uri", "warehouse", "name"].contains(&k.as_str()))
             .map(|(k, v)| format!("{k}={v}"))
             .chain(raw.catalog_property.iter().flatten().cloned())
             .collect();
@@ -526,6 +531,7 @@ impl Merged {
                 uri: raw.catalog_uri.as_deref().or(from_table("uri")),
                 warehouse: raw.warehouse.as_deref().or(from_table("warehouse")),
                 properties: &properties,
+                name: raw.catalog_name.as_deref().or(from_table("name")),
             },
         )
         .map_err(|(key, e)| self.error(key, e))?;

@@ -211,6 +211,9 @@ struct LakeArgs {
     /// or a REST catalog's http(s)://host:port.
     #[arg(long, value_name = "URI")]
     catalog_uri: Option<String>,
+    /// The SQL catalog's name [default: local].
+    #[arg(long, value_name = "NAME")]
+    catalog_name: Option<String>,
     /// The warehouse, when on S3: s3://bucket/prefix; for a REST catalog,
     /// the warehouse asked of it.
     #[arg(long, value_name = "FOLDER|URI")]
@@ -234,6 +237,7 @@ impl LakeArgs {
                 uri: self.catalog_uri.as_deref(),
                 warehouse: self.warehouse.as_deref(),
                 properties: &self.catalog_property,
+                name: self.catalog_name.as_deref(),
             },
         )
         .map_err(|(key, rule)| {

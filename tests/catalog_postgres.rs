@@ -2,8 +2,8 @@
 //! harness's server), as other engines share it: runs load, stream and
 //! restart against it, pyiceberg's `SqlCatalog` (psycopg2) and DuckDB
 //! (the metadata location read from the catalog's table) read what it
-//! wrote, the writer lock is an advisory lock in that database, and its
-//! password is never shown.
+//! wrote under the catalog name it was given, the writer lock is an
+//! advisory lock in that database, and its password is never shown.
 
 use tokio::process::Command;
 
@@ -34,6 +34,8 @@ async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_
         &lake_arg,
         "--catalog-uri",
         &catalog_uri,
+        "--catalog-name",
+        "lakehouse",
         "--namespace",
         "shop",
     ];
@@ -45,11 +47,21 @@ async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_
         !lake_dir.join("catalog.db").exists(),
         "no SQLite catalog beside the warehouse"
     );
-    let read = RemoteLake::with_catalog(&lake_dir, catalog_db.config_url());
+    let read = RemoteLake::with_catalog(&lake_dir, catalog_db.config_url()).named("lakehouse");
     assert_eq!(
         id_plan_pairs(&read.pyiceberg("shop.customers", "rows").await),
         loaded_customers()
     );
+    // Every table is the named catalog's, none the default's.
+    let names: Vec<String> = catalog_db
+        .client
+        .query("SELECT DISTINCT catalog_name FROM iceberg_tables", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(names, ["lakehouse"]);
 
     change_customers(&db).await;
     let restarted = logged(&idle(&run)).await;
@@ -89,6 +101,8 @@ async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_
         &lake_arg,
         "--catalog-uri",
         &catalog_uri,
+        "--catalog-name",
+        "lakehouse",
         "--format",
         "json",
     ])

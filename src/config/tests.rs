@@ -180,12 +180,29 @@ fn a_rest_catalog_from_a_catalog_table_whose_keys_the_flags_override() {
             "catalog = \"/x/c.db\"\ncatalog_type = \"rest\"\n",
             "catalog_type",
         ),
+        ("[catalog]\nname = \" \"\n", "catalog_name"),
     ] {
         let err = resolve(Some(text), &[], Raw::default())
             .unwrap_err()
             .to_string();
         assert!(err.contains(key), "{text}: {err}");
     }
+    // The catalog's name: the table's `name`, which the flat key overrides;
+    // `local` by default.
+    let named = "[catalog]\nuri = \"sqlite:/x/c.db\"\nname = \"lakehouse\"\n";
+    assert_eq!(
+        resolve(Some(named), &[], Raw::default()).unwrap().lake.name,
+        "lakehouse"
+    );
+    let flag = Raw {
+        catalog_name: Some("prod".into()),
+        ..Raw::default()
+    };
+    assert_eq!(resolve(Some(named), &[], flag).unwrap().lake.name, "prod");
+    assert_eq!(
+        resolve(None, &[], Raw::default()).unwrap().lake.name,
+        "local"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //! catalog in a PostgreSQL database (`catalog_db`) or be a REST catalog
 //! (`catalog_uri`, `rest_commit`), and the warehouse on S3
 //! (`s3://bucket/prefix`, see `storage`). A SQL catalog registers tables
-//! under the catalog name [`CATALOG_NAME`].
+//! under the catalog name [`CATALOG_NAME`] unless one is chosen.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -26,8 +26,8 @@ use super::rest_commit::RestCommits;
 use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
 
-/// The name tables are registered under in the SQL catalog (pyiceberg:
-/// `SqlCatalog("local", uri=..., warehouse=...)`).
+/// The name tables are registered under in the SQL catalog by default
+/// (pyiceberg: `SqlCatalog("local", uri=..., warehouse=...)`).
 pub const CATALOG_NAME: &str = "local";
 
 /// Where a lake lives: its catalog, its warehouse and what its storage
@@ -43,6 +43,9 @@ pub struct LakeLocation {
     /// tables, what storage they are read and written through.
     pub warehouse: Warehouse,
     pub properties: CatalogProperties,
+    /// The catalog's name: a SQL catalog's `catalog_name`, which every
+    /// engine sharing its database opens it by [default: local].
+    pub name: String,
 }
 
 impl LakeLocation {
@@ -52,6 +55,7 @@ impl LakeLocation {
             catalog: CatalogUri::Sql(CatalogDb::File(root.join("catalog.db"))),
             warehouse: Warehouse::Folder(root.join("warehouse")),
             properties: CatalogProperties::default(),
+            name: CATALOG_NAME.to_owned(),
         }
     }
 
@@ -62,6 +66,13 @@ impl LakeLocation {
         choice: &CatalogChoice<'_>,
     ) -> std::result::Result<LakeLocation, (&'static str, String)> {
         let mut lake = LakeLocation::in_folder(folder);
+        match choice.name {
+            Some(name) if name.trim().is_empty() => {
+                return Err(("catalog_name", "a catalog's name is not empty".to_owned()));
+            }
+            Some(name) => lake.name = name.to_owned(),
+            None => {}
+        }
         match (choice.file, choice.uri) {
             (Some(_), Some(_)) => {
                 return Err((
@@ -146,6 +157,7 @@ pub struct CatalogChoice<'a> {
     pub warehouse: Option<&'a str>,
     /// `key=value` pairs.
     pub properties: &'a [String],
+    pub name: Option<&'a str>,
 }
 
 fn is_s3(location: &str) -> bool {
@@ -167,7 +179,12 @@ pub struct Lake {
 pub enum Commits {
     /// A compare-and-swap of the pointer in a SQL catalog's database,
     /// through a pool of one connection.
-    Sql { pool: sqlx::AnyPool, db: CatalogDb },
+    Sql {
+        pool: sqlx::AnyPool,
+        db: CatalogDb,
+        /// The catalog's name, as its rows give it.
+        name: String,
+    },
     /// The REST catalog's table update.
     Rest(RestCommits),
 }
@@ -244,7 +261,7 @@ impl Lake {
                     .warehouse_location(warehouse)
                     .sql_bind_style(db.bind_style())
                     .with_storage_factory(storage)
-                    .load(CATALOG_NAME, props)
+                    .load(&location.name, props)
                     .await
                     .map_err(opened)?;
                 let pool = sqlx::any::AnyPoolOptions::new()
@@ -260,6 +277,7 @@ impl Lake {
                     Commits::Sql {
                         pool,
                         db: db.clone(),
+                        name: location.name.clone(),
                     },
                 )
             }
@@ -280,7 +298,7 @@ impl Lake {
                 let commits = RestCommits::new(uri, props.clone());
                 let catalog = RestCatalogBuilder::default()
                     .with_storage_factory(storage)
-                    .load(CATALOG_NAME, props)
+                    .load(&location.name, props)
                     .await
                     .map_err(opened)?;
                 (Arc::new(catalog), Commits::Rest(commits))

@@ -14,7 +14,7 @@ use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableIdent};
 use sqlx::Row;
 
-use super::catalog::{CATALOG_NAME, Commits, Lake, iceberg_error};
+use super::catalog::{Commits, Lake, iceberg_error};
 use super::catalog_db::CatalogDb;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
@@ -46,8 +46,8 @@ pub async fn commit_metadata(
 /// once it is current, so they do not pile up; a REST catalog writes and
 /// keeps the metadata itself.
 pub async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
-    let (pool, db) = match lake.commits() {
-        Commits::Sql { pool, db } => (pool, db),
+    let (pool, db, name) = match lake.commits() {
+        Commits::Sql { pool, db, name } => (pool, db, name),
         Commits::Rest(rest) => {
             failpoint::hit("before-catalog-commit");
             let changes: Vec<_> = planned.iter().map(|p| (&p.table, &p.built)).collect();
@@ -73,7 +73,7 @@ pub async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
         swaps.push((table.identifier(), current, new_location.to_string()));
     }
     failpoint::hit("before-catalog-commit");
-    if !swap_metadata_locations(pool, db, &swaps).await? {
+    if !swap_metadata_locations(pool, (db, name), &swaps).await? {
         return Ok(false);
     }
     for Planned { table, built } in planned {
@@ -95,12 +95,12 @@ pub fn current_location(table: &Table) -> Result<String> {
 }
 
 /// The compare-and-swap of each `(table, expected, new)` pointer in the
-/// SQL catalog's database, in one transaction: true when every new
+/// SQL catalog `name`'s database, in one transaction: true when every new
 /// metadata became current, false (and none did) when another commit got
 /// to one of them first.
 async fn swap_metadata_locations(
     pool: &sqlx::AnyPool,
-    db: &CatalogDb,
+    (db, name): (&CatalogDb, &str),
     swaps: &[(&TableIdent, String, String)],
 ) -> Result<bool> {
     let db_error = |e: sqlx::Error| {
@@ -118,7 +118,7 @@ async fn swap_metadata_locations(
         let result = sqlx::query(&swap)
             .bind(new)
             .bind(expected)
-            .bind(CATALOG_NAME)
+            .bind(name)
             .bind(ident.namespace().join("."))
             .bind(ident.name())
             .bind(expected)
@@ -141,7 +141,7 @@ async fn swap_metadata_locations(
          WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?",
     );
     let exists = sqlx::query(&count)
-        .bind(CATALOG_NAME)
+        .bind(name)
         .bind(ident.namespace().join("."))
         .bind(ident.name())
         .fetch_one(pool)

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use iceberg::{NamespaceIdent, TableIdent};
 
-use super::catalog::{CATALOG_NAME, LakeLocation};
+use super::catalog::LakeLocation;
 use super::catalog_db::CatalogDb;
 use super::catalog_uri::CatalogUri;
 use crate::error::{Error, ErrorKind, Result};
@@ -61,7 +61,7 @@ impl WriterLock {
         match &lake.catalog {
             CatalogUri::Sql(CatalogDb::File(file)) => WriterLock::beside(file, namespace),
             CatalogUri::Sql(db @ CatalogDb::Postgres(url)) => {
-                WriterLock::in_database(db, url, namespace).await
+                WriterLock::in_database((db, &lake.name), url, namespace).await
             }
             CatalogUri::Rest { .. } => {
                 WriterLock::beside(&lake.folder.join("rest-catalog"), namespace)
@@ -69,11 +69,11 @@ impl WriterLock {
         }
     }
 
-    /// The lock of `namespace` in the catalog's PostgreSQL database: an
-    /// advisory lock on the hashes of the catalog's name and the
-    /// namespace.
+    /// The lock of `namespace` in the catalog `name`'s PostgreSQL
+    /// database: an advisory lock on the hashes of the catalog's name and
+    /// the namespace.
     async fn in_database(
-        db: &CatalogDb,
+        (db, name): (&CatalogDb, &str),
         url: &str,
         namespace: &NamespaceIdent,
     ) -> Result<WriterLock> {
@@ -91,7 +91,7 @@ impl WriterLock {
             .map_err(refused)?;
         let taken: bool =
             sqlx::query_scalar("SELECT pg_try_advisory_lock(hashtext($1), hashtext($2))")
-                .bind(format!("wal2iceberg {CATALOG_NAME}"))
+                .bind(format!("wal2iceberg {name}"))
                 .bind(namespace.join("."))
                 .fetch_one(&mut connection)
                 .await

@@ -4,7 +4,8 @@ helpers beside this file. By default the embedded lake's SQLite catalog in
 READ_LAKE_CATALOG_URI, a PostgreSQL database's URL (read through
 SQLAlchemy's psycopg2 driver) or a REST catalog's http:// URI;
 READ_LAKE_WAREHOUSE, a warehouse on S3; READ_LAKE_PROPS, the catalog
-properties (s3.endpoint, ...) as a JSON object.
+properties (s3.endpoint, ...) as a JSON object; READ_LAKE_CATALOG_NAME, a
+SQL catalog's name (local by default).
 """
 import json
 import os
@@ -20,7 +21,7 @@ def open_catalog(lake):
     from pyiceberg.catalog.sql import SqlCatalog
 
     return SqlCatalog(
-        "local",
+        os.environ.get("READ_LAKE_CATALOG_NAME", "local"),
         uri=(
             "postgresql+psycopg2://" + uri.split("://", 1)[1]
             if uri

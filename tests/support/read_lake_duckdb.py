@@ -21,8 +21,9 @@ namespace, table = ident.rsplit(".", 1)
 # REST catalog there (its loadTable answer, through the standard library).
 query = (
     "SELECT metadata_location FROM iceberg_tables"
-    " WHERE catalog_name = 'local' AND table_namespace = ? AND table_name = ?"
+    " WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?"
 )
+catalog_name = os.environ.get("READ_LAKE_CATALOG_NAME", "local")
 pg_catalog = os.environ.get("READ_LAKE_CATALOG_URI")
 if pg_catalog and pg_catalog.startswith(("http://", "https://")):
     import urllib.parse
@@ -43,11 +44,11 @@ elif pg_catalog:
     import psycopg2
 
     with psycopg2.connect(pg_catalog) as catalog, catalog.cursor() as cursor:
-        cursor.execute(query.replace("?", "%s"), (namespace, table))
+        cursor.execute(query.replace("?", "%s"), (catalog_name, namespace, table))
         (location,) = cursor.fetchone()
 else:
     catalog = sqlite3.connect(os.path.join(lake, "catalog.db"))
-    (location,) = catalog.execute(query, (namespace, table)).fetchone()
+    (location,) = catalog.execute(query, (catalog_name, namespace, table)).fetchone()
 
 con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
 extensions = [(duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")]

@@ -112,6 +112,12 @@ impl<'a> RemoteLake<'a> {
         RemoteLake { lake, env }
     }
 
+    /// The same lake, its SQL catalog opened by `name`.
+    pub fn named(mut self, name: &str) -> RemoteLake<'a> {
+        self.env.push(("READ_LAKE_CATALOG_NAME", name.to_owned()));
+        self
+    }
+
     /// [`pyiceberg`], with the lake's settings.
     pub async fn pyiceberg(&self, table: &str, mode: &str) -> Value {
         let lake = self.lake.display().to_string();
