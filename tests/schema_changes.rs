@@ -876,6 +876,41 @@ async fn a_primary_key_added_to_a_keyless_table_gives_it_a_silver_table() {
     assert_success(&verify_lake(&db, &slot, dir.path(), "public.notes").await);
 }
 
+/// The primary key dropped from a table of the default replica identity,
+/// while a run streams: PostgreSQL refuses the table's UPDATE and DELETE
+/// from then on, its INSERTs still come, and the run, which starts its
+/// stream over to drop silver, keeps running rather than refusing a table
+/// it already publishes.
+#[tokio::test]
+async fn a_primary_key_dropped_under_the_default_identity_keeps_the_run_going() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, customer text NOT NULL, qty int);
+         INSERT INTO orders VALUES (1, 'ann', 1);",
+    )
+    .await;
+    let (dir, opts) = loaded(&db, "unkeyed").await;
+    let slot = opts.capture.slot.clone();
+    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 10).await;
+    db.exec(
+        "ALTER TABLE orders DROP CONSTRAINT orders_pkey;
+         INSERT INTO orders VALUES (1, 'ann again', 2);",
+    )
+    .await;
+    applied(&db, &slot, &mut running).await;
+    running.await.unwrap().unwrap();
+    let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
+        .await
+        .unwrap();
+    let silver = iceberg::TableIdent::new(
+        wal2iceberg::lake::catalog::namespace("shop"),
+        "orders".into(),
+    );
+    assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
+    let bronze = pyiceberg(dir.path(), "shop.orders_changes", "rows").await;
+    assert_eq!(bronze.as_array().unwrap().len(), 2, "{bronze}");
+}
+
 /// The `(id, body)` rows of `table` as pyiceberg reads them, sorted.
 async fn id_body_rows(lake: &std::path::Path, table: &str) -> Vec<(i64, String)> {
     let mut rows: Vec<(i64, String)> = pyiceberg(lake, table, "rows")

@@ -321,8 +321,22 @@ pub async fn preflight(
         }
     }
 
+    let published = published_tables(client, publication).await?;
     for table in tables {
-        failures.extend(check_table(client, table, to_lake).await?);
+        for failure in check_table(client, table, to_lake).await? {
+            // Publishing it would change nothing: PostgreSQL refuses its
+            // UPDATE and DELETE already, and its INSERTs still come.
+            if failure.check == "replica_identity" && published.contains(table) {
+                tracing::warn!(
+                    %table, fix = %failure.fix,
+                    "the table lost its replica identity (a primary key dropped?): PostgreSQL \
+                     refuses its UPDATE and DELETE while it is published; its INSERTs still \
+                     reach the lake"
+                );
+            } else {
+                failures.push(failure);
+            }
+        }
     }
     failures.extend(check_partitions(client, tables, publication).await?);
 
