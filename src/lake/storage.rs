@@ -123,7 +123,8 @@ impl CatalogProperties {
                 }
                 Some((key, _)) => {
                     return Err(format!(
-                        "unknown property {:?}; known: {}, {} and header.<name>",
+                        "unknown property {:?}; known: {}, {} and header.<name> (a [catalog] \
+                         table in a file also takes type, uri, warehouse and name)",
                         key.trim(),
                         PROPERTIES.join(", "),
                         REST_PROPERTIES.join(", ")
@@ -309,5 +310,6 @@ mod tests {
         assert!(CatalogProperties::parse(["header.=x"]).is_err());
         let err = CatalogProperties::parse(["warehouse=s3://x"]).unwrap_err();
         assert!(err.contains("unknown property \"warehouse\"") && err.contains("s3.endpoint"));
+        assert!(err.contains("type, uri, warehouse and name"), "{err}");
     }
 }
