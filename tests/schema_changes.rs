@@ -877,24 +877,37 @@ async fn a_primary_key_added_to_a_keyless_table_gives_it_a_silver_table() {
 }
 
 /// The primary key dropped from a table of the default replica identity,
-/// while a run streams: PostgreSQL refuses the table's UPDATE and DELETE
-/// from then on, its INSERTs still come, and the run, which starts its
-/// stream over to drop silver, keeps running rather than refusing a table
-/// it already publishes.
+/// and from one whose identity is a unique index, while a run streams:
+/// PostgreSQL refuses the first's UPDATE and DELETE from then on, the
+/// second's before images hold the index's columns only, and the run,
+/// which starts its stream over to drop their silver, keeps running
+/// rather than refusing tables it already publishes.
 #[tokio::test]
-async fn a_primary_key_dropped_under_the_default_identity_keeps_the_run_going() {
+async fn a_primary_key_dropped_under_the_default_or_an_index_identity_keeps_the_run_going() {
     let db = TestDb::new().await;
     db.exec(
         "CREATE TABLE orders(id int PRIMARY KEY, customer text NOT NULL, qty int);
-         INSERT INTO orders VALUES (1, 'ann', 1);",
+         INSERT INTO orders VALUES (1, 'ann', 1);
+         CREATE TABLE items(id int PRIMARY KEY, code int NOT NULL UNIQUE, v text);
+         ALTER TABLE items REPLICA IDENTITY USING INDEX items_code_key;
+         INSERT INTO items VALUES (1, 10, 'a');",
     )
     .await;
-    let (dir, opts) = loaded(&db, "unkeyed").await;
-    let slot = opts.capture.slot.clone();
-    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 10).await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("unkeyed");
+    run(
+        &db.config,
+        &run_options(&db, &["orders", "items"], &slot, dir.path()),
+    )
+    .await
+    .unwrap();
+    let mut running = streaming(&db, &["orders", "items"], &slot, dir.path(), 10).await;
     db.exec(
         "ALTER TABLE orders DROP CONSTRAINT orders_pkey;
-         INSERT INTO orders VALUES (1, 'ann again', 2);",
+         INSERT INTO orders VALUES (1, 'ann again', 2);
+         ALTER TABLE items DROP CONSTRAINT items_pkey;
+         INSERT INTO items VALUES (1, 11, 'b');
+         UPDATE items SET v = 'a2' WHERE code = 10;",
     )
     .await;
     applied(&db, &slot, &mut running).await;
@@ -902,13 +915,13 @@ async fn a_primary_key_dropped_under_the_default_identity_keeps_the_run_going() 
     let lake = wal2iceberg::lake::catalog::Lake::open_embedded(dir.path())
         .await
         .unwrap();
-    let silver = iceberg::TableIdent::new(
-        wal2iceberg::lake::catalog::namespace("shop"),
-        "orders".into(),
-    );
-    assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
-    let bronze = pyiceberg(dir.path(), "shop.orders_changes", "rows").await;
-    assert_eq!(bronze.as_array().unwrap().len(), 2, "{bronze}");
+    for (table, changes) in [("orders", 2), ("items", 3)] {
+        let silver =
+            iceberg::TableIdent::new(wal2iceberg::lake::catalog::namespace("shop"), table.into());
+        assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
+        let bronze = pyiceberg(dir.path(), &format!("shop.{table}_changes"), "rows").await;
+        assert_eq!(bronze.as_array().unwrap().len(), changes, "{bronze}");
+    }
 }
 
 /// The `(id, body)` rows of `table` as pyiceberg reads them, sorted.

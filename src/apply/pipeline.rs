@@ -366,7 +366,7 @@ impl Pipeline<'_> {
             let Some(at) = Position::of(&bronze)? else {
                 continue;
             };
-            if let Some(id) = resync::pending(&bronze).filter(|_| !history_only(&bronze)) {
+            if let Some(id) = resync::pending(&bronze) {
                 if !resync::committed(&bronze, &id) {
                     tracing::info!(%table, request = %id, "resyncing: silver is loaded again from a new snapshot");
                     self.resyncing.insert(table.clone(), id);

@@ -25,7 +25,7 @@ use iceberg::table::Table;
 
 use crate::error::Result;
 use crate::lake::catalog::Lake;
-use crate::lake::schema::{HISTORY_ONLY, KEYED};
+use crate::lake::schema::{HISTORY_ONLY, KEYED, RETIRED, history_only};
 use crate::lake::writer::ancestors;
 
 /// Bronze's properties: the latest request, and the latest one done.
@@ -40,8 +40,12 @@ pub const POLL: Duration = Duration::from_secs(5);
 /// How often a property update is tried when a run's commit came first.
 const ATTEMPTS: usize = 10;
 
-/// The request pending on `bronze`: one not done yet.
+/// The request pending on `bronze`: one not done yet; none for a table
+/// without silver, which no request can reload.
 pub fn pending(bronze: &Table) -> Option<String> {
+    if history_only(bronze) {
+        return None;
+    }
     let properties = bronze.metadata().properties();
     let requested = properties.get(REQUESTED)?;
     (properties.get(DONE) != Some(requested)).then(|| requested.clone())
@@ -81,9 +85,15 @@ pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
 /// next start drops its silver; a request pending is done, as there is no
 /// silver left to reload.
 pub async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
-    let mut values = vec![(HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned())];
+    let mut values = vec![(HISTORY_ONLY.0, RETIRED.to_owned())];
     values.extend(pending(&lake.catalog_table(ident).await?).map(|id| (DONE, id)));
     set_properties(lake, ident, &values).await
+}
+
+/// Records on the bronze table `ident` that the silver table it retired
+/// is gone.
+pub async fn silver_dropped(lake: &Lake, ident: &TableIdent) -> Result<()> {
+    set_properties(lake, ident, &[(HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned())]).await
 }
 
 /// Records request `id` done on the bronze table `ident`.

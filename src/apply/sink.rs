@@ -18,7 +18,9 @@ use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::Lake;
 use crate::lake::evolve::{self, Mode};
 use crate::lake::gap::Gap;
-use crate::lake::schema::{HISTORY_ONLY, bronze_schema, has_silver, history_only, silver_schema};
+use crate::lake::schema::{
+    HISTORY_ONLY, bronze_schema, has_silver, history_only, silver_retired, silver_schema,
+};
 use crate::lake::silver::SilverTable;
 use crate::lake::writer::Position;
 use crate::metrics::metrics;
@@ -67,24 +69,30 @@ impl TableSink {
     ) -> Result<TableSink> {
         // A table without a primary key keeps its history only, which its
         // bronze says once made.
-        let mut keyless = match lake.table_if_exists(&bronze).await? {
-            Some(table) => history_only(&table),
+        let existing = lake.table_if_exists(&bronze).await?;
+        let mut keyless = match &existing {
+            Some(table) => history_only(table),
             None => !has_silver(relation),
         };
+        let mut retired = existing.as_ref().is_some_and(silver_retired);
         // A resync's load that finds the table without a primary key (it
         // was dropped since the request, ahead of the stream): the table is
         // history-only from here, as the stream would make it.
         if !keyless && resync.is_some() && !relation.has_primary_key {
             resync::retire_silver(lake, &bronze).await?;
-            keyless = true;
+            (keyless, retired) = (true, true);
         }
         let resync = resync.filter(|_| !keyless);
-        // Silver of a table that lost its primary key
-        // ([`TableSink::follow`]) goes.
-        if keyless && lake.table_if_exists(&silver_ident).await?.is_some() {
-            lake.drop_with_files(&silver_ident).await?;
+        // The silver of a table that lost its primary key
+        // ([`TableSink::follow`]) goes; a table of that name that bronze
+        // did not retire is left as it is.
+        if retired {
+            if lake.table_if_exists(&silver_ident).await?.is_some() {
+                lake.drop_with_files(&silver_ident).await?;
+                tracing::warn!(table = %relation.name, silver = %silver_ident, "dropped the silver table of a table without a primary key; its history is in bronze");
+            }
             remove_state_folder(&state)?;
-            tracing::warn!(table = %relation.name, silver = %silver_ident, "dropped the silver table of a table without a primary key; its history is in bronze");
+            resync::silver_dropped(lake, &bronze).await?;
         }
         let source = table_set::source_properties(&relation.name, relation.oid, slot);
         let mut properties: Vec<(&str, &str)> =

@@ -139,7 +139,14 @@ async fn try_expire(
             }
         }
     }
-    let orphans = sweep(lake, ident, needed, retention.older_than).await?;
+    // The expiry landed: a sweep that cannot list the files (a role
+    // without s3:ListBucket) leaves the orphans for the next one.
+    let orphans = sweep(lake, ident, needed, retention.older_than)
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(table = %ident, error = %e, "cannot sweep orphan files");
+            0
+        });
     tracing::info!(table = %ident, snapshots = ids.len(), files = deleted, orphans, "snapshots expired");
     Ok(Some(Expired {
         snapshots: ids.len(),
@@ -181,6 +188,18 @@ async fn sweep(
             .metadata_log()
             .iter()
             .map(|m| m.metadata_file.clone()),
+    );
+    // Statistics files other engines wrote beside the metadata.
+    let metadata = table.metadata();
+    referenced.extend(
+        metadata
+            .statistics_iter()
+            .map(|s| s.statistics_path.clone()),
+    );
+    referenced.extend(
+        metadata
+            .partition_statistics_iter()
+            .map(|s| s.statistics_path.clone()),
     );
     let referenced: HashSet<&str> = referenced.iter().map(|p| local_path(p)).collect();
     let cutoff = std::time::SystemTime::now() - older_than.max(ORPHAN_MIN_AGE);

@@ -116,9 +116,10 @@ fn s3_operator(
 ) -> opendal::Result<opendal::Operator> {
     let get = |key: &str| props.get(key).map(String::as_str);
     let mut builder = S3::default().bucket(bucket);
-    let settings: [(&str, Setter); 5] = [
+    let settings: [(&str, Setter); 6] = [
         ("s3.endpoint", S3::endpoint),
         ("s3.region", S3::region),
+        ("client.region", S3::region),
         ("s3.access-key-id", S3::access_key_id),
         ("s3.secret-access-key", S3::secret_access_key),
         ("s3.session-token", S3::session_token),

@@ -173,14 +173,27 @@ pub const HISTORY_ONLY: (&str, &str) = ("wal2iceberg.silver", "none");
 /// silver table.
 pub const KEYED: &str = "keyed";
 
+/// Its value once the source table lost its primary key, until the silver
+/// table it had is dropped (then [`HISTORY_ONLY`]).
+pub const RETIRED: &str = "retired";
+
 /// Whether `bronze` is the history of a table without silver.
 pub fn history_only(bronze: &iceberg::table::Table) -> bool {
+    matches!(
+        bronze.metadata().properties().get(HISTORY_ONLY.0).map(String::as_str),
+        Some(value) if value == HISTORY_ONLY.1 || value == RETIRED
+    )
+}
+
+/// Whether `bronze`'s table lost its primary key and its silver table is
+/// still to be dropped.
+pub fn silver_retired(bronze: &iceberg::table::Table) -> bool {
     bronze
         .metadata()
         .properties()
         .get(HISTORY_ONLY.0)
         .map(String::as_str)
-        == Some(HISTORY_ONLY.1)
+        == Some(RETIRED)
 }
 
 /// Whether the table has a primary key, which silver keeps rows by. A

@@ -324,14 +324,18 @@ pub async fn preflight(
     let published = published_tables(client, publication).await?;
     for table in tables {
         for failure in check_table(client, table, to_lake).await? {
-            // Publishing it would change nothing: PostgreSQL refuses its
-            // UPDATE and DELETE already, and its INSERTs still come.
-            if failure.check == "replica_identity" && published.contains(table) {
+            // A table published already that lost its primary key since:
+            // refusing it now would stop the run for good and change
+            // nothing at the source. PostgreSQL refuses its UPDATE and
+            // DELETE without a replica identity, and its INSERTs still
+            // come; under USING INDEX an update's unchanged TOAST values
+            // reach bronze marked not sent.
+            let lost_key = ["replica_identity", "primary_key"].contains(&failure.check);
+            if lost_key && published.contains(table) {
                 tracing::warn!(
-                    %table, fix = %failure.fix,
-                    "the table lost its replica identity (a primary key dropped?): PostgreSQL \
-                     refuses its UPDATE and DELETE while it is published; its INSERTs still \
-                     reach the lake"
+                    %table, check = failure.check, fix = %failure.fix,
+                    "a published table has no primary key any more: its changes still reach the \
+                     lake as PostgreSQL sends them"
                 );
             } else {
                 failures.push(failure);
