@@ -176,6 +176,8 @@ impl Pipeline<'_> {
                 to_silver.then_some(Mode::SilverReload),
             )
             .await?;
+        // A table that lost its key takes no more rows in silver.
+        let to_silver = to_silver && !sink.reloading;
         if !to_bronze && !to_silver {
             return Ok(());
         }

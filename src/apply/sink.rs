@@ -165,7 +165,8 @@ impl TableSink {
     /// Schema changes) in the tables that take a change or load row of
     /// `relation`, each in its mode: a table follows the relations of
     /// what it takes, never one of an earlier or later point. True when
-    /// that asked for a resync.
+    /// that asked for the stream to start over: a resync, or silver
+    /// dropped for a primary key gone.
     pub(super) async fn follow(
         &mut self,
         lake: &Lake,
@@ -174,9 +175,11 @@ impl TableSink {
         silver: Option<Mode>,
     ) -> Result<bool> {
         let same = |followed: &Option<Arc<RelationInfo>>| {
-            followed
-                .as_ref()
-                .is_some_and(|r| Arc::ptr_eq(r, relation) || r.columns == relation.columns)
+            followed.as_ref().is_some_and(|r| {
+                Arc::ptr_eq(r, relation)
+                    || (r.columns == relation.columns
+                        && r.has_primary_key == relation.has_primary_key)
+            })
         };
         let bronze = bronze.filter(|_| !same(&self.bronze_relation));
         let silver = silver.filter(|_| self.silver.is_some() && !same(&self.silver_relation));
