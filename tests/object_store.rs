@@ -5,7 +5,7 @@
 
 use crate::support::oracle::{Oracle, RemoteSettings};
 use crate::support::readers::{
-    RemoteLake, change_customers, create_customers, id_plan_pairs, loaded_customers,
+    RemoteLake, change_customers, create_customers, customers_run, id_plan_pairs, loaded_customers,
 };
 use crate::support::s3::S3Server;
 use crate::support::*;
@@ -166,15 +166,8 @@ async fn expire_snapshots_sweeps_old_orphans_on_s3_and_keeps_the_tables_files() 
     let lake_dir = dir.path().join("lake");
     let lake = lake_dir.display().to_string();
     let warehouse = format!("s3://{bucket}/shop");
-    let (url, slot) = (db.config_url(), unique("orphans"));
-    let run = [
-        "run",
-        "--source",
-        &url,
-        "--tables",
-        "public.customers",
-        "--slot",
-        &slot,
+    let slot = unique("orphans");
+    let place = [
         "--lake",
         &lake,
         "--warehouse",
@@ -184,6 +177,7 @@ async fn expire_snapshots_sweeps_old_orphans_on_s3_and_keeps_the_tables_files() 
         "--exit-when-idle",
         "1s",
     ];
+    let run = customers_run(&db, &slot, &place);
     assert_success(&with_aws_env(&server, &run).await);
     change_customers(&db).await;
     assert_success(&with_aws_env(&server, &run).await);
