@@ -19,8 +19,8 @@ async fn crash_while_streaming(point: &str, n: u32) {
     if point == "between-bronze-and-silver" {
         oracle.table_by_table();
     }
-    let crashing = oracle.spawn_crashing_at(point, n);
-    oracle.wait_loaded().await;
+    let mut crashing = oracle.spawn_crashing_at(point, n);
+    oracle.wait_loaded(&mut crashing).await;
     oracle.start_workload();
     oracle.expect_crash(crashing, point).await;
     oracle.finish().await;
@@ -54,8 +54,8 @@ async fn a_crash_after_the_commits_before_the_confirmation_loses_and_repeats_not
 async fn a_crash_between_the_schema_changes_of_bronze_and_silver_is_finished_by_the_next_run() {
     let mut oracle = Oracle::new(500).await;
     oracle.table_by_table();
-    let crashing = oracle.spawn_crashing_at("mid-schema-change", 1);
-    oracle.wait_loaded().await;
+    let mut crashing = oracle.spawn_crashing_at("mid-schema-change", 1);
+    oracle.wait_loaded(&mut crashing).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_millis(500)).await;
     oracle
@@ -155,7 +155,7 @@ async fn postgres_restarts_fast_and_immediate_mid_stream_are_survived_by_one_run
         .stderr(Stdio::from(log.reopen().unwrap()))
         .spawn()
         .unwrap();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     for mode in [StopMode::Fast, StopMode::Immediate, StopMode::Fast] {
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -188,7 +188,7 @@ async fn a_resync_that_finds_no_free_slot_waits_for_one_and_the_run_goes_on() {
         .command(&["--exit-when-idle", "600s"])
         .spawn()
         .unwrap();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle
         .db
         .exec("SELECT pg_create_logical_replication_slot('squatter', 'pgoutput')")
@@ -255,7 +255,7 @@ async fn an_unwritable_warehouse_stops_the_run_clearly_and_a_restart_loses_nothi
     } else {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
     };
-    let run = command
+    let mut run = command
         .args(oracle.run_args())
         .env("RUST_LOG", "wal2iceberg=warn")
         .stdout(Stdio::null())
@@ -263,7 +263,7 @@ async fn an_unwritable_warehouse_stops_the_run_clearly_and_a_restart_loses_nothi
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(1)).await;
     shell("chmod", &["-R", "a-w", &lake]);
@@ -299,7 +299,7 @@ async fn a_second_writer_on_the_same_tables_makes_commits_retry_and_nothing_is_l
         .stderr(Stdio::from(log.reopen().unwrap()))
         .spawn()
         .unwrap();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     let script = format!(
         "{}/tests/support/busy_writer.py",
@@ -330,7 +330,7 @@ async fn another_engine_rewriting_silvers_files_under_a_run_makes_it_start_again
  {
     let mut oracle = Oracle::new(500).await;
     let mut run = oracle.spawn();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(2)).await;
     oracle.stop_workload().await;
@@ -481,7 +481,7 @@ async fn an_invalidated_slot_stops_the_run_and_the_documented_recovery_reloads()
 async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing() {
     let mut oracle = Oracle::new(500).await;
     let mut first = oracle.spawn();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut first).await;
     oracle.db.wait_until_active(&oracle.slot).await;
     oracle.start_workload();
     let out = oracle.run_until_idle("1s").await;
@@ -505,7 +505,7 @@ async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing
 async fn a_second_run_on_a_held_lake_refuses_before_it_creates_a_slot() {
     let mut oracle = Oracle::new(100).await;
     let mut first = oracle.spawn();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut first).await;
     oracle.db.wait_until_active(&oracle.slot).await;
     // Another table, so that nothing of the lake stops the second run
     // before it would create its slot and publish its table.

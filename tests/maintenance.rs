@@ -52,7 +52,7 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
     let mut oracle = Oracle::new(500).await;
     oracle.set("--compact-after-files", "0");
     let mut run = oracle.spawn();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(5)).await;
 
@@ -187,7 +187,7 @@ async fn compact_is_refused_beside_a_run_and_afterwards_changes_no_row() {
 async fn a_quiet_stream_gets_a_full_compaction_and_reads_the_same() {
     let mut oracle = Oracle::new(500).await;
     let mut run = oracle.spawn();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(3)).await;
     oracle.stop_workload().await;

@@ -193,8 +193,8 @@ async fn a_partitioned_table_under_a_random_workload_new_and_attached_partitions
     // while rows move between partitions and levels.
     let point = "between-bronze-and-silver";
     oracle.table_by_table();
-    let crashing = oracle.spawn_crashing_at(point, 3);
-    oracle.wait_loaded().await;
+    let mut crashing = oracle.spawn_crashing_at(point, 3);
+    oracle.wait_loaded(&mut crashing).await;
     oracle.start_workload();
     oracle.expect_crash(crashing, point).await;
     // While a run streams: a partition created while the workload goes

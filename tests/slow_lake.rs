@@ -27,7 +27,7 @@ async fn commits_and_compactions_of_ten_seconds_keep_a_two_second_wal_sender_tim
         )
         .spawn()
         .expect("start wal2iceberg");
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.db.wait_until_streaming(&oracle.slot).await;
     let holder = oracle.db.active_pid(&oracle.slot).await;
     assert!(holder.is_some());

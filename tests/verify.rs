@@ -52,7 +52,7 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
     // the run commits, and a read needs its snapshot's files.
     oracle.set("--snapshot-retention", "1h");
     let mut run = oracle.spawn();
-    oracle.wait_loaded().await;
+    oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
     tokio::time::sleep(Duration::from_secs(2)).await;
 

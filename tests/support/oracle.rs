@@ -454,10 +454,15 @@ impl Oracle {
         held
     }
 
-    /// Waits (at most a minute) until both tables hold their initial load.
-    pub async fn wait_loaded(&self) {
-        let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    /// Waits until both tables hold their initial load, failing at once
+    /// when `run` exits first and after three minutes (a loaded CI
+    /// machine's S3 server can be slow) otherwise.
+    pub async fn wait_loaded(&self, run: &mut Child) {
+        let give_up = std::time::Instant::now() + Duration::from_secs(180);
         while self.positions().await.iter().any(Option::is_none) {
+            if let Some(status) = run.try_wait().expect("the run's status") {
+                panic!("the run exited ({status}) before its initial load landed");
+            }
             assert!(
                 std::time::Instant::now() < give_up,
                 "the initial load never landed"
@@ -498,7 +503,7 @@ impl Oracle {
         // holds the changes made before it).
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut child = self.spawn();
-        self.wait_loaded().await;
+        self.wait_loaded(&mut child).await;
         self.start_workload();
         for kill in 0..kills {
             if kill > 0 {
