@@ -806,6 +806,13 @@ async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCo
             ),
         }
     );
+    if let Some(slot) = &report.slot_left {
+        outln!(
+            "slot {slot}: the lake holds no other table from it, and it retains WAL until \
+             dropped; if nothing else reads it, drop it (wal2iceberg teardown --slot {slot}); \
+             until then a run of this lake on it is refused as another lake's"
+        );
+    }
     Ok(if report.incomplete() {
         ExitCode::from(1)
     } else {

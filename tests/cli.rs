@@ -1070,6 +1070,7 @@ async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
     let pipeline = tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &opts).await });
     db.wait_until_streaming(&slot).await;
     let url = db.config_url();
+    let lake = dir.path().display().to_string();
     let check = [
         "check",
         "--source",
@@ -1080,6 +1081,10 @@ async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
         &slot,
         "--publication",
         "pub",
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
     ];
     let (code, stdout, _) = run(&check).await;
     assert_eq!(code, 3, "{stdout}");
@@ -1911,6 +1916,34 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
     assert_ne!(code, 0, "{stdout}");
     wal2iceberg::ops::run::run(&db.config, &both).await.unwrap();
     assert_reconciled(&db, "orders", dir.path(), "shop.orders").await;
+
+    // The last table out: the slot claims nothing of the lake now, which
+    // drop-table says, and a run of the lake on it is refused.
+    let (code, stdout, stderr) = run(&drop).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(!stdout.contains("no other table"), "{stdout}");
+    let drop_customers = drop.map(|a| match a {
+        "public.orders" => "public.customers",
+        a => a,
+    });
+    let (code, stdout, stderr) = run(&drop_customers).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stdout.contains(&format!(
+            "slot {slot}: the lake holds no other table from it"
+        )),
+        "{stdout}"
+    );
+    let refused = wal2iceberg::ops::run::run(&db.config, &both)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains(&format!(
+            "replication slot {slot:?} exists, and this lake records no table"
+        )),
+        "{refused}"
+    );
 }
 
 #[tokio::test]

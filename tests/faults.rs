@@ -502,6 +502,64 @@ async fn a_second_run_on_the_same_slot_stops_clearly_and_the_first_loses_nothing
 }
 
 #[tokio::test]
+async fn a_slot_another_lake_reads_is_refused_and_one_a_crash_left_unloaded_is_taken_up() {
+    let mut oracle = Oracle::new(100).await;
+    // A crash right after the slot was made, before any row was loaded:
+    // the lake's bronze tables recorded the slot before it was made, so
+    // the next run takes it up and loads.
+    let crashing = oracle.spawn_crashing_at("slot-created", 1);
+    oracle.expect_crash(crashing, "slot-created").await;
+    assert!(oracle.db.confirmed_flush(&oracle.slot).await.is_some());
+    assert_eq!(oracle.positions().await, [None, None], "nothing loaded yet");
+    oracle.drain().await;
+    assert!(oracle.positions().await.iter().all(Option::is_some));
+
+    // Another lake on the same slot: refused by check and run alike,
+    // before anything is made or published, and the slot is not moved.
+    oracle
+        .db
+        .exec("CREATE TABLE other(id int PRIMARY KEY); INSERT INTO other VALUES (1)")
+        .await;
+    let first_lake = oracle.lake.path().display().to_string();
+    let other_lake = tempfile::tempdir().unwrap();
+    oracle.set("--lake", &other_lake.path().display().to_string());
+    oracle.set("--tables", "public.other");
+    let confirmed = oracle.db.confirmed_flush(&oracle.slot).await;
+    let refusal = format!(
+        "replication slot {:?} exists, and this lake records no table from it",
+        oracle.slot
+    );
+    let mut check = oracle.run_args();
+    check[0] = "check".to_owned();
+    let out = cli(&check).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stdout.contains("[slot_not_this_lakes]") && stdout.contains(&refusal),
+        "{stdout}"
+    );
+    let out = oracle.run_until_idle("1s").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&refusal) && stderr.contains("--slot"),
+        "{stderr}"
+    );
+    assert_eq!(oracle.db.confirmed_flush(&oracle.slot).await, confirmed);
+    assert_eq!(oracle.db.publishing("other").await, 0, "nothing published");
+    assert!(
+        !other_lake.path().join("warehouse").exists(),
+        "no Iceberg table was made"
+    );
+
+    // The first lake goes on from where it was, nothing lost.
+    oracle.set("--lake", &first_lake);
+    oracle.set("--tables", "public.accounts");
+    oracle.start_workload();
+    oracle.finish().await;
+}
+
+#[tokio::test]
 async fn a_second_run_on_a_held_lake_refuses_before_it_creates_a_slot() {
     let mut oracle = Oracle::new(100).await;
     let mut first = oracle.spawn();

@@ -64,8 +64,15 @@ async fn run_lands_the_seed_walkthrough_and_a_replay_adds_nothing() {
     assert_eq!(db.confirmed_flush(&slot).await, Some(report.confirmed));
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
 
-    // The replay: the stale slot sends the four changes again.
-    let replay = run(&db.config, &options(&db, &stale, dir.path()))
+    // The replay: the stale copy, under the slot's name (the lake claims
+    // its slot by name), sends the four changes again.
+    db.exec(&format!(
+        "SELECT pg_drop_replication_slot('{slot}');
+         SELECT pg_copy_logical_replication_slot('{stale}', '{slot}');
+         SELECT pg_drop_replication_slot('{stale}');"
+    ))
+    .await;
+    let replay = run(&db.config, &options(&db, &slot, dir.path()))
         .await
         .unwrap();
     assert_eq!(replay.changes_applied, 4, "the changes did come again");

@@ -154,6 +154,23 @@ pub async fn record_source(
     lake.set_properties(bronze, &properties).await
 }
 
+/// The slot `bronze` records it is replicated from.
+pub fn recorded_slot(bronze: &Table) -> Option<String> {
+    bronze.metadata().properties().get(SOURCE_SLOT).cloned()
+}
+
+/// Whether a bronze table in `namespace` records `slot`.
+pub async fn records_slot(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Result<bool> {
+    for ident in lake.tables(namespace.first().map(String::as_str)).await? {
+        if ident.name().ends_with("_changes")
+            && recorded_slot(&lake.catalog_table(&ident).await?).as_deref() == Some(slot)
+        {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 /// The source tables the lake at `location` replicates from `slot` in
 /// `namespace`, by the properties their bronze tables record. A bronze
 /// table that records none (made before they were recorded) counts when

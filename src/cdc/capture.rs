@@ -38,6 +38,11 @@ pub struct CaptureOptions {
     /// the old slot and the new one), and on an existing slot the tables
     /// not held are loaded from a temporary slot's snapshot.
     pub held_tables: Option<Vec<TableName>>,
+    /// Whether the lake records tables from `slot` (its bronze tables name
+    /// their slot): with `to_lake`, an existing slot it does not is
+    /// another's, and refused before anything changes (docs/tables.md,
+    /// The table set).
+    pub claimed: bool,
     /// Every table must have a primary key and no column named like the
     /// lake's own (`_cdc_*`): silver keeps rows in step by key. `run` and
     /// `check` need this; `tail` does not.
@@ -59,6 +64,7 @@ impl CaptureOptions {
             messages: true,
             temporary_slot: false,
             held_tables: None,
+            claimed: false,
             to_lake: false,
             manage_publication: true,
         }
@@ -127,13 +133,7 @@ impl PendingStream {
     /// stream starts: a started stream must be read within the server's
     /// `wal_sender_timeout`, an idle replication connection need not.
     pub async fn describe_tables(&mut self) -> Result<Vec<RelationInfo>> {
-        let client = self.catalog.client().clone();
-        let mut relations = Vec::with_capacity(self.tables.len());
-        for table in &self.tables {
-            let described = source::describe_table(&client, table).await?;
-            relations.push(self.catalog.relation_from_table(&described).await?);
-        }
-        Ok(relations)
+        describe_in(&mut self.catalog, &self.tables).await
     }
 
     /// Starts streaming at the consistent point. Call after the load has
@@ -141,6 +141,28 @@ impl PendingStream {
     pub async fn start(self) -> Result<ChangeStream> {
         start_stream(self.connection, self.start, self.catalog, &self.tables).await
     }
+}
+
+/// `tables` as the catalog describes them now.
+pub async fn describe(config: &PgConfig, tables: &[TableName]) -> Result<Vec<RelationInfo>> {
+    let client = Arc::new(SourceClient::connect(config).await?);
+    describe_in(&mut Catalog::new(client), tables).await
+}
+
+async fn describe_in(catalog: &mut Catalog, tables: &[TableName]) -> Result<Vec<RelationInfo>> {
+    let client = catalog.client().clone();
+    let mut relations = Vec::with_capacity(tables.len());
+    for table in tables {
+        let described = source::describe_table(&client, table).await?;
+        relations.push(catalog.relation_from_table(&described).await?);
+    }
+    Ok(relations)
+}
+
+/// Whether replication slot `slot` exists.
+pub async fn slot_exists(config: &PgConfig, slot: &str) -> Result<bool> {
+    let client = SourceClient::connect(config).await?;
+    Ok(source::slot_info(&client, slot).await?.is_some())
 }
 
 /// The tables to capture: those given, or else every table the existing
@@ -181,23 +203,55 @@ pub fn preflight_error(failures: &[CheckFailure]) -> Error {
     )
 }
 
-/// Runs the preflight checks; every failure is reported at once. With
-/// `held_tables`, a slot that is gone is one ([`open`] refuses it).
+/// Runs the preflight checks; every failure is reported at once. For a
+/// lake, a slot that is gone under its `held_tables` is one, and so is one
+/// that is another's ([`open`] refuses both).
 pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<CheckFailure>> {
     options.validate()?;
     let client = SourceClient::connect(config).await?;
     let mut failures = preflight(&client, options).await?;
-    // A lake's tables from a slot that is gone, as `open` refuses them.
-    if let Some(table) = options.held_tables.as_deref().and_then(<[_]>::first)
-        && source::slot_info(&client, &options.slot).await?.is_none()
-    {
-        failures.push(CheckFailure {
-            check: "slot_lost",
-            problem: lost_slot_problem(&options.slot, table),
-            fix: LOST_SLOT_FIX.to_owned(),
-        });
-    }
+    let exists = source::slot_info(&client, &options.slot).await?.is_some();
+    failures.extend(slot_failure(options, exists));
     Ok(failures)
+}
+
+/// What is wrong with the slot for a lake, given whether it `exists`:
+/// gone under a loaded copy (`held_tables`; a new slot would start after
+/// a gap), or there and another's (its confirmations would lose the other
+/// consumer's changes).
+fn slot_failure(options: &CaptureOptions, exists: bool) -> Option<CheckFailure> {
+    if !options.to_lake {
+        return None;
+    }
+    let slot = &options.slot;
+    let held = options.held_tables.as_deref().unwrap_or_default();
+    match (exists, held.first()) {
+        (false, Some(table)) => Some(CheckFailure {
+            check: "slot_lost",
+            problem: format!(
+                "replication slot {slot:?} does not exist, but the lake already holds {table}: \
+                 a new slot would start after a gap in its history."
+            ),
+            fix: "If the slot was dropped on purpose, remove the lake's tables (or choose \
+                  another lake or namespace) and run again to load from a new snapshot"
+                .to_owned(),
+        }),
+        (true, _) if !options.claimed => Some(CheckFailure {
+            check: "slot_not_this_lakes",
+            problem: format!(
+                "replication slot {slot:?} exists, and this lake records no table from it: \
+                 it serves another lake (another --lake, catalog or namespace) or was made \
+                 outside wal2iceberg, and confirming it from here would lose that one's \
+                 changes."
+            ),
+            fix: format!(
+                "Give this lake a slot and a publication of its own (--slot, --publication); \
+                 if no one reads slot {slot:?}, drop it (SELECT \
+                 pg_drop_replication_slot('{slot}')) and run again"
+            ),
+        }),
+        _ => None,
+    }
 }
 
 /// The preflight checks of `options`, on `client`.
@@ -212,17 +266,6 @@ async fn preflight(client: &SourceClient, options: &CaptureOptions) -> Result<Ve
     .await
 }
 
-/// What to do about a lost slot under a loaded lake.
-const LOST_SLOT_FIX: &str = "If the slot was dropped on purpose, remove the lake's tables (or \
-     choose another lake or namespace) and run again to load from a new snapshot";
-
-fn lost_slot_problem(slot: &str, table: &TableName) -> String {
-    format!(
-        "replication slot {slot:?} does not exist, but the lake already holds {table}: a new \
-         slot would start after a gap in its history."
-    )
-}
-
 pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture> {
     options.validate()?;
     let client = Arc::new(SourceClient::connect(config).await?);
@@ -231,16 +274,14 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         return Err(preflight_error(&failures));
     }
     // Before anything is created: a lake that holds tables from a slot
-    // that is gone cannot go on from a new one.
+    // that is gone cannot go on from a new one, nor one from a slot that
+    // is another's.
     let existing = source::slot_info(&client, &options.slot).await?;
     let held = options.held_tables.as_deref();
-    if let (None, Some(table)) = (&existing, held.and_then(|h| h.first())) {
+    if let Some(failure) = slot_failure(options, existing.is_some()) {
         return Err(Error::new(
             ErrorKind::Slot,
-            format!(
-                "{} {LOST_SLOT_FIX}",
-                lost_slot_problem(&options.slot, table)
-            ),
+            format!("{} {}", failure.problem, failure.fix),
         ));
     }
     if options.manage_publication {
@@ -323,6 +364,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
     let created = connection
         .create_slot(&options.slot, options.temporary_slot)
         .await?;
+    crate::failpoint::hit("slot-created");
     tracing::info!(
         slot = %created.slot_name,
         consistent_point = %created.consistent_point,

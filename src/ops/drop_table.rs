@@ -31,6 +31,11 @@ pub struct DropTableReport {
     /// The Iceberg tables dropped, files included.
     pub dropped: Vec<String>,
     pub publication: PublicationMembership,
+    /// The slot the table was replicated from, when the lake records no
+    /// other table from it: it retains WAL for nothing now, and a run of
+    /// this lake on it is refused as another's (docs/tables.md, The table
+    /// set).
+    pub slot_left: Option<String>,
 }
 
 /// What became of the table's place in the publication.
@@ -61,12 +66,19 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
         None => table_set::recorded_name(&lake, &options.namespace, &options.table, None).await?,
     };
     let mut report = DropTableReport::default();
+    let mut slot = None;
     for ident in [format!("{name}_changes"), name.clone()] {
         let ident = iceberg::TableIdent::new(options.namespace.clone(), ident);
-        if lake.table_if_exists(&ident).await?.is_some() {
+        if let Some(table) = lake.table_if_exists(&ident).await? {
+            slot = slot.or_else(|| table_set::recorded_slot(&table));
             lake.drop_with_files(&ident).await?;
             report.dropped.push(ident.to_string());
         }
+    }
+    if let Some(slot) = slot
+        && !table_set::records_slot(&lake, &options.namespace, &slot).await?
+    {
+        report.slot_left = Some(slot);
     }
     remove_state_folder(&state_folder(
         &options.state_dir,

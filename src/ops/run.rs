@@ -190,7 +190,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         tables.retain(|t| t != old);
         chosen.remove(old);
     }
-    let held_tables = held.iter().map(|h| h.table.clone()).collect();
+    let held_tables: Vec<TableName> = held.iter().map(|h| h.table.clone()).collect();
     for held in held {
         if !tables.contains(&held.table) {
             if !named_by_old_name.contains(&held.table) {
@@ -208,6 +208,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     let names = names(&tables, &chosen)?;
     let mut capture = options.capture.clone();
     capture.to_lake = true;
+    capture.claimed = !held_tables.is_empty();
     capture.tables = tables;
     Ok(Settled {
         namespace,
@@ -254,6 +255,14 @@ async fn run_once(
     let lake = Lake::open(&options.lake).await?;
     let mut pipeline = Pipeline::new(lake, namespace, names, options, total);
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
+    // The lake claims a slot before it is made: its bronze tables record
+    // the slot from the start, so a later run tells its own slot (one a
+    // crash left before the load landed too) from another lake's.
+    if !capture_options.claimed && !capture::slot_exists(config, &capture_options.slot).await? {
+        let tables = capture::describe(config, &capture_options.tables).await?;
+        pipeline.open(&tables).await?;
+        capture_options.claimed = true;
+    }
     let (load, mut pending, new_slot) = match capture::open(config, &capture_options).await? {
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
