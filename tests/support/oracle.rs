@@ -282,15 +282,6 @@ impl Oracle {
         self.run_flags.push("--atomic-commits=false".to_owned());
     }
 
-    /// Runs and readers from now on use the REST catalog at `uri`.
-    pub fn on_rest_catalog(&mut self, uri: &str) {
-        let remote = RemoteSettings {
-            catalog_uri: Some(uri.to_owned()),
-            ..RemoteSettings::default()
-        };
-        self.on_remote_lake(remote, vec![("READ_LAKE_CATALOG_URI", uri.to_owned())]);
-    }
-
     /// Runs from now on write the lake `remote` names, and the checks
     /// read it with the readers' settings `readers`.
     pub fn on_remote_lake(&mut self, remote: RemoteSettings, readers: Vec<(&'static str, String)>) {

@@ -1,16 +1,19 @@
 //! An Iceberg REST catalog server for the lake tests: rustberg, a crate
 //! built on the Apache iceberg crates, installed from crates.io into
 //! `target/test-tools` by the first test that needs it (a debug build
-//! without TLS or cloud storage: the tests' warehouses are local folders);
-//! one server per test, on a free loopback port, its catalog in a redb
-//! file of the test's, stopped when dropped.
+//! without TLS, with S3 storage); one server per test, on a free loopback
+//! port, its catalog in a redb file of the test's and its warehouse a
+//! local folder or a bucket of the test's S3 server, stopped when dropped.
 
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 
+use super::s3::S3Server;
+
 const RUSTBERG: &str = "0.3.0";
+const FEATURES: &str = "cli,storage-s3";
 
 pub struct RestServer {
     child: Child,
@@ -20,19 +23,46 @@ pub struct RestServer {
 impl RestServer {
     /// A server whose tables live under `warehouse`, its catalog in `dir`.
     pub fn start(dir: &Path, warehouse: &Path) -> RestServer {
+        std::fs::create_dir_all(warehouse).expect("create the warehouse");
+        RestServer::start_with(dir, &format!("file://{}", warehouse.display()), &[])
+    }
+
+    /// A server whose tables live under `warehouse`, an `s3://` URI on
+    /// `s3`, its catalog in `dir`. Its own reads and writes reach `s3` by
+    /// the storage properties of a config file (path-style addressing has
+    /// no flag); it vends no credentials, so clients bring their own.
+    pub fn start_on_s3(dir: &Path, warehouse: &str, s3: &S3Server) -> RestServer {
+        let properties: String = s3
+            .properties()
+            .iter()
+            .chain(&[
+                "s3.region=us-east-1".to_owned(),
+                "s3.path-style-access=true".to_owned(),
+            ])
+            .filter_map(|p| p.split_once('='))
+            .map(|(k, v)| format!("{k:?} = {v:?}\n"))
+            .collect();
+        let config = dir.join("rustberg.toml");
+        // A config file turns rate limiting on, which a test's bursts trip.
+        let text = format!("[storage.properties]\n{properties}[rate_limit]\nenabled = false\n");
+        std::fs::write(&config, text).expect("write rustberg.toml");
+        let config = config.display().to_string();
+        RestServer::start_with(dir, warehouse, &["--config", &config])
+    }
+
+    fn start_with(dir: &Path, warehouse: &str, args: &[&str]) -> RestServer {
         let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .and_then(|l| l.local_addr())
             .expect("a free port")
             .port();
-        std::fs::create_dir_all(warehouse).expect("create the warehouse");
         let log = std::fs::File::create(dir.join("rustberg.log")).expect("create the server's log");
         let child = Command::new(rustberg())
             .args(["--dev", "--no-auth", "--insecure-http"])
             .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+            .args(args)
             .arg("--catalog-url")
-            .arg(format!("file://{}", dir.join("catalog.redb").display()))
-            .arg("--warehouse")
-            .arg(format!("file://{}", warehouse.display()))
+            .arg(format!("file://{}", dir.join("catalog").display()))
+            .args(["--warehouse", warehouse])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(log)
@@ -62,7 +92,7 @@ fn rustberg() -> &'static Path {
     BIN.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-tools");
         let bin = root.join("bin/rustberg");
-        let marker = root.join(format!("rustberg-{RUSTBERG}.installed"));
+        let marker = root.join(format!("rustberg-{RUSTBERG}-{FEATURES}.installed"));
         if marker.is_file() {
             return bin;
         }
@@ -82,7 +112,7 @@ fn rustberg() -> &'static Path {
                 RUSTBERG,
                 "--no-default-features",
                 "--features",
-                "cli",
+                FEATURES,
             ])
             .arg("--root")
             .arg(&root)
