@@ -271,18 +271,7 @@ impl Settings {
         vars: impl IntoIterator<Item = (String, String)>,
         flags: Raw,
     ) -> Result<Settings> {
-        let mut layers = Vec::new();
-        if let Some(path) = file {
-            layers.push((from_file(path)?, format!("config file {}", path.display())));
-        }
-        let (env, names) = from_env(vars)?;
-        layers.push((env, "environment".to_owned()));
-        layers.push((flags, "command line".to_owned()));
-        let mut merged = Merged::default();
-        for (layer, origin) in layers {
-            merged.over(layer, &origin, &names)?;
-        }
-        merged.check()
+        Merged::layered(file, vars, flags)?.check()
     }
 
     /// The lake namespace: `namespace`, or the source database's name.
@@ -396,7 +385,98 @@ struct Merged {
     origins: BTreeMap<String, String>,
 }
 
+/// The settings of the commands that read or maintain the lake alone
+/// (`show`, `compact`, `expire-snapshots`): from the same layers, but they
+/// connect to no source, so one is neither needed nor checked.
+pub struct LakeSettings {
+    pub lake: LakeLocation,
+    pub namespace: Option<String>,
+    pub log_format: LogFormat,
+}
+
+impl LakeSettings {
+    /// Resolves the layers as [`Settings::resolve`] does.
+    pub fn resolve(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+        flags: Raw,
+    ) -> Result<LakeSettings> {
+        let merged = Merged::layered(file, vars, flags)?;
+        let raw = &merged.raw()?;
+        Ok(LakeSettings {
+            lake: merged.lake(raw)?,
+            namespace: raw.namespace.clone(),
+            log_format: merged.log_format(raw)?,
+        })
+    }
+}
+
 impl Merged {
+    /// `file` (if given), the environment `vars`, then `flags`, each over
+    /// the one before.
+    fn layered(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (String, String)>,
+        flags: Raw,
+    ) -> Result<Merged> {
+        let mut layers = Vec::new();
+        if let Some(path) = file {
+            layers.push((from_file(path)?, format!("config file {}", path.display())));
+        }
+        let (env, names) = from_env(vars)?;
+        layers.push((env, "environment".to_owned()));
+        layers.push((flags, "command line".to_owned()));
+        let mut merged = Merged::default();
+        for (layer, origin) in layers {
+            merged.over(layer, &origin, &names)?;
+        }
+        Ok(merged)
+    }
+
+    /// The merged values as the struct.
+    fn raw(&self) -> Result<Raw> {
+        Raw::deserialize(self.values.clone())
+            .map_err(|e| Error::new(ErrorKind::Config, format!("settings: {}", e.message())))
+    }
+
+    fn log_format(&self, raw: &Raw) -> Result<LogFormat> {
+        match raw.log_format.as_deref() {
+            None | Some("text") => Ok(LogFormat::Text),
+            Some("json") => Ok(LogFormat::Json),
+            Some(other) => Err(self.error("log_format", format!("{other:?} is not text or json"))),
+        }
+    }
+
+    /// The lake's place: its folder, catalog and warehouse.
+    fn lake(&self, raw: &Raw) -> Result<LakeLocation> {
+        let (file, table) = match &raw.catalog {
+            Some(CatalogSetting::File(file)) => (Some(file.as_path()), None),
+            Some(CatalogSetting::Table(table)) => (None, Some(table)),
+            None => (None, None),
+        };
+        let from_table = |key: &str| table.and_then(|t| t.get(key)).map(String::as_str);
+        // The table's properties, then the flat key's, which win.
+        let properties: Vec<String> = table
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !["type", "uri", "warehouse", "name"].contains(&k.as_str()))
+            .map(|(k, v)| format!("{k}={v}"))
+            .chain(raw.catalog_property.iter().flatten().cloned())
+            .collect();
+        LakeLocation::configure(
+            raw.lake.as_deref().unwrap_or(Path::new("./lake")),
+            &CatalogChoice {
+                kind: raw.catalog_type.as_deref().or(from_table("type")),
+                file,
+                uri: raw.catalog_uri.as_deref().or(from_table("uri")),
+                warehouse: raw.warehouse.as_deref().or(from_table("warehouse")),
+                properties: &properties,
+                name: raw.catalog_name.as_deref().or(from_table("name")),
+            },
+        )
+        .map_err(|(key, e)| self.error(key, e))
+    }
+
     /// Puts `layer`'s values over those before it.
     fn over(&mut self, layer: Raw, origin: &str, names: &BTreeMap<String, String>) -> Result<()> {
         let values = toml::Table::try_from(layer).map_err(|e| {
@@ -441,8 +521,7 @@ impl Merged {
     }
 
     fn check(self) -> Result<Settings> {
-        let raw = &Raw::deserialize(self.values.clone())
-            .map_err(|e| Error::new(ErrorKind::Config, format!("settings: {}", e.message())))?;
+        let raw = &self.raw()?;
         let source = PgConfig::parse(raw.source.as_deref().unwrap_or(""))
             .map_err(|e| self.error("source", e))?;
         let tables = raw
@@ -471,13 +550,7 @@ impl Merged {
             }
             table_names.insert(table, name.clone());
         }
-        let log_format = match raw.log_format.as_deref() {
-            None | Some("text") => LogFormat::Text,
-            Some("json") => LogFormat::Json,
-            Some(other) => {
-                return Err(self.error("log_format", format!("{other:?} is not text or json")));
-            }
-        };
+        let log_format = self.log_format(raw)?;
         let proto_version = match raw.proto_version {
             None => 2,
             Some(v @ (1 | 2)) => v as u32,
@@ -509,32 +582,7 @@ impl Merged {
                 ));
             }
         };
-        let (file, table) = match &raw.catalog {
-            Some(CatalogSetting::File(file)) => (Some(file.as_path()), None),
-            Some(CatalogSetting::Table(table)) => (None, Some(table)),
-            None => (None, None),
-        };
-        let from_table = |key: &str| table.and_then(|t| t.get(key)).map(String::as_str);
-        // The table's properties, then the flat key's, which win.
-        let properties: Vec<String> = table
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| !["type", "uri", "warehouse", "name"].contains(&k.as_str()))
-            .map(|(k, v)| format!("{k}={v}"))
-            .chain(raw.catalog_property.iter().flatten().cloned())
-            .collect();
-        let lake = LakeLocation::configure(
-            raw.lake.as_deref().unwrap_or(Path::new("./lake")),
-            &CatalogChoice {
-                kind: raw.catalog_type.as_deref().or(from_table("type")),
-                file,
-                uri: raw.catalog_uri.as_deref().or(from_table("uri")),
-                warehouse: raw.warehouse.as_deref().or(from_table("warehouse")),
-                properties: &properties,
-                name: raw.catalog_name.as_deref().or(from_table("name")),
-            },
-        )
-        .map_err(|(key, e)| self.error(key, e))?;
+        let lake = self.lake(raw)?;
         Ok(Settings {
             source,
             tables,

@@ -6,9 +6,9 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use iceberg::TableIdent;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
-use wal2iceberg::config::{LogFormat, Raw, Settings};
+use wal2iceberg::config::{LakeSettings, LogFormat, Raw, Settings};
 use wal2iceberg::error::OutputClosed;
-use wal2iceberg::lake::catalog::{CatalogChoice, Lake, LakeLocation};
+use wal2iceberg::lake::catalog::Lake;
 use wal2iceberg::lake::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
@@ -46,6 +46,14 @@ struct SettingsArgs {
 impl SettingsArgs {
     fn resolve(self) -> Result<Settings, Error> {
         Settings::resolve(self.config.as_deref(), std::env::vars(), self.flags)
+    }
+
+    /// The lake's settings alone, for the commands that read or maintain
+    /// it; logging started as they say.
+    fn lake(self) -> Result<LakeSettings, Error> {
+        let settings = LakeSettings::resolve(self.config.as_deref(), std::env::vars(), self.flags)?;
+        init_logging(settings.log_format);
+        Ok(settings)
     }
 }
 
@@ -124,7 +132,7 @@ enum Command {
         /// The table: `customers`, `customers_changes`, or `shop.customers`.
         table: String,
         #[command(flatten)]
-        lake: LakeArgs,
+        settings: SettingsArgs,
         /// At most this many rows.
         #[arg(long)]
         limit: Option<usize>,
@@ -142,9 +150,10 @@ enum Command {
     ExpireSnapshots {
         /// Tables (`customers`, `customers_changes`, `shop.customers`)
         /// [default: every table of the namespace].
-        tables: Vec<String>,
+        #[arg(value_name = "TABLES")]
+        lake_tables: Vec<String>,
         #[command(flatten)]
-        lake: LakeArgs,
+        settings: SettingsArgs,
         /// Expire snapshots older than this (30m, 2h, 7d).
         #[arg(long, value_name = "DURATION")]
         older_than: String,
@@ -170,12 +179,13 @@ enum Command {
     Compact {
         /// Tables (`customers`, `customers_changes`, `shop.customers`)
         /// [default: every table of the namespace].
-        tables: Vec<String>,
+        #[arg(value_name = "TABLES")]
+        lake_tables: Vec<String>,
         /// A table, as the positional ones; may be repeated.
         #[arg(long = "table", value_name = "TABLE")]
         table: Vec<String>,
         #[command(flatten)]
-        lake: LakeArgs,
+        settings: SettingsArgs,
     },
     /// Print the decoded change stream as JSON lines. Without --slot, from
     /// a temporary slot of its own (the tables' current rows first, then
@@ -194,74 +204,21 @@ enum Command {
     Demo,
 }
 
-/// An existing embedded lake, for the commands that only read or maintain
-/// it.
-#[derive(clap::Args)]
-struct LakeArgs {
-    /// Folder of the embedded lake.
-    #[arg(long, default_value = "./lake")]
-    lake: PathBuf,
-    /// The SQL catalog's SQLite file [default: <lake>/catalog.db].
-    #[arg(long, value_name = "FILE")]
-    catalog: Option<PathBuf>,
-    /// The catalog type: sql or rest [default: from the URI, else sql].
-    #[arg(long, value_name = "TYPE")]
-    catalog_type: Option<String>,
-    /// The catalog's URI instead: sqlite:FILE, postgresql://user@host/db,
-    /// or a REST catalog's http(s)://host:port.
-    #[arg(long, value_name = "URI")]
-    catalog_uri: Option<String>,
-    /// The SQL catalog's name [default: local].
-    #[arg(long, value_name = "NAME")]
-    catalog_name: Option<String>,
-    /// The warehouse, when on S3: s3://bucket/prefix; for a REST catalog,
-    /// the warehouse asked of it.
-    #[arg(long, value_name = "FOLDER|URI")]
-    warehouse: Option<String>,
-    /// A catalog property, key=value, repeated (s3.endpoint, token, ...).
-    #[arg(long, value_name = "KEY=VALUE")]
-    catalog_property: Vec<String>,
-    /// Iceberg namespace, when a table name has none [default: the lake's
-    /// only namespace].
-    #[arg(long)]
-    namespace: Option<String>,
-}
-
-impl LakeArgs {
-    fn location(&self) -> Result<LakeLocation, Error> {
-        LakeLocation::configure(
-            &self.lake,
-            &CatalogChoice {
-                kind: self.catalog_type.as_deref(),
-                file: self.catalog.as_deref(),
-                uri: self.catalog_uri.as_deref(),
-                warehouse: self.warehouse.as_deref(),
-                properties: &self.catalog_property,
-                name: self.catalog_name.as_deref(),
-            },
-        )
-        .map_err(|(key, rule)| {
-            let flag = key.replace('_', "-");
-            Error::new(ErrorKind::Config, format!("{flag}: {rule}"))
-        })
+/// `tables` resolved in the lake, or every table of the namespace (the
+/// lake's only one when `namespace` is not given).
+async fn lake_idents(
+    lake: &Lake,
+    namespace: Option<&str>,
+    tables: &[String],
+) -> Result<Vec<TableIdent>, Error> {
+    if tables.is_empty() {
+        return lake.tables(namespace).await;
     }
-
-    async fn open(&self) -> Result<Lake, Error> {
-        Lake::open_existing(&self.location()?).await
+    let mut idents = Vec::new();
+    for table in tables {
+        idents.push(lake.resolve_table(table, namespace).await?);
     }
-
-    /// `tables` resolved in the lake, or every table of the namespace.
-    async fn idents(&self, lake: &Lake, tables: &[String]) -> Result<Vec<TableIdent>, Error> {
-        let namespace = self.namespace.as_deref();
-        if tables.is_empty() {
-            return lake.tables(namespace).await;
-        }
-        let mut idents = Vec::new();
-        for table in tables {
-            idents.push(lake.resolve_table(table, namespace).await?);
-        }
-        Ok(idents)
-    }
+    Ok(idents)
 }
 
 /// The standard output, with EPIPE marked as [`OutputClosed`].
@@ -322,6 +279,15 @@ const LAKE: &[&str] = &[
     "catalog_property",
     "namespace",
 ];
+/// Read by the commands that reach the source.
+const SOURCE: &[&str] = &[
+    "source",
+    "tables",
+    "slot",
+    "publication",
+    "state_dir",
+    "atomic_commits",
+];
 
 /// Each command's settings flags that it does not read. They stay
 /// accepted, so that scripts passing one set of flags to every command
@@ -347,6 +313,9 @@ const UNREAD: &[(&str, &[&[&str]])] = &[
     ),
     ("verify", &[RUN_TUNING, IDLE, STREAM]),
     ("tail", &[RUN_TUNING, LAKE]),
+    ("show", &[RUN_TUNING, IDLE, STREAM, SOURCE]),
+    ("expire-snapshots", &[RUN_TUNING, IDLE, STREAM, SOURCE]),
+    ("compact", &[RUN_TUNING, IDLE, STREAM, SOURCE]),
 ];
 
 /// The command line, each command's help showing the flags it reads.
@@ -539,15 +508,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         }
         Command::Show {
             table,
-            lake: lake_args,
+            settings: args,
             limit,
             as_of,
             format,
         } => {
-            init_logging(LogFormat::Text);
-            let lake = lake_args.open().await?;
+            let settings = args.lake()?;
+            let lake = Lake::open_existing(&settings.lake).await?;
             let ident =
-                wal2iceberg::ops::show::resolve(&lake, &table, lake_args.namespace.as_deref())
+                wal2iceberg::ops::show::resolve(&lake, &table, settings.namespace.as_deref())
                     .await?;
             let options = ShowOptions {
                 limit,
@@ -562,12 +531,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::ExpireSnapshots {
-            tables,
-            lake: lake_args,
+            lake_tables,
+            settings: args,
             older_than,
             retain_last,
         } => {
-            init_logging(LogFormat::Text);
+            let settings = args.lake()?;
             let older_than = wal2iceberg::config::parse_duration(&older_than)
                 .map_err(|e| Error::new(ErrorKind::Config, format!("--older-than: {e}")))?;
             if retain_last == 0 {
@@ -576,11 +545,11 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     "--retain-last must be at least 1: the current snapshot is always kept",
                 ));
             }
-            let lake = lake_args.open().await?;
-            let idents = lake_args.idents(&lake, &tables).await?;
+            let lake = Lake::open_existing(&settings.lake).await?;
+            let idents = lake_idents(&lake, settings.namespace.as_deref(), &lake_tables).await?;
             // Beside a run its commits would win every race, for nothing:
             // a run expires its tables itself.
-            let _locks = WriterLock::acquire_all(&lake_args.location()?, &idents).await?;
+            let _locks = WriterLock::acquire_all(&settings.lake, &idents).await?;
             let retention = Retention {
                 older_than,
                 retain_last,
@@ -601,16 +570,15 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Compact {
-            mut tables,
+            mut lake_tables,
             table,
-            lake: lake_args,
+            settings: args,
         } => {
-            init_logging(LogFormat::Text);
-            tables.extend(table);
-            let lake = lake_args.open().await?;
-            let idents = lake_args.idents(&lake, &tables).await?;
-            let done =
-                wal2iceberg::ops::compact::compact(&lake, &lake_args.location()?, &idents).await?;
+            let settings = args.lake()?;
+            lake_tables.extend(table);
+            let lake = Lake::open_existing(&settings.lake).await?;
+            let idents = lake_idents(&lake, settings.namespace.as_deref(), &lake_tables).await?;
+            let done = wal2iceberg::ops::compact::compact(&lake, &settings.lake, &idents).await?;
             for (ident, c) in done {
                 outln!(
                     "{ident}: {} data files merged into {}, {} delete files into {}, {} rows rewritten",

@@ -92,6 +92,22 @@ async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_
     running.wait().await.unwrap();
     let compacted = cli(&compact).await;
     assert_success(&compacted);
+    // The lake commands read the config file a run reads, its catalog
+    // table included.
+    let config = dir.path().join("wal2iceberg.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "lake = {lake_arg:?}\nnamespace = \"shop\"\n[catalog]\ntype = \"sql\"\nuri = {catalog_uri:?}\nname = \"lakehouse\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let from_file = cli(&["compact", "--config", &config]).await;
+    assert_success(&from_file);
+    let from_file = cli(&["show", "customers", "--config", &config, "--format", "csv"]).await;
+    assert_success(&from_file);
+    assert!(String::from_utf8_lossy(&from_file.stdout).contains("Barbara"));
 
     // The commands that read the lake take the same setting.
     let out = cli(&[
@@ -113,7 +129,7 @@ async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_
         shown.contains("Barbara") && !shown.contains("Linus"),
         "{shown}"
     );
-    for out in [&out, &restarted, &compacted] {
+    for out in [&out, &restarted, &compacted, &from_file] {
         let all = format!(
             "{}{}",
             String::from_utf8_lossy(&out.stdout),

@@ -85,6 +85,21 @@ async fn each_commands_help_shows_the_flags_it_reads_and_the_others_are_still_ac
             &["tables", "heartbeat-interval"],
         ),
         ("teardown", &["slot", "drop-tables"], &["retain-snapshots"]),
+        (
+            "show",
+            &["config", "lake", "catalog-uri", "namespace", "as-of"],
+            &["source", "tables", "slot", "flush-interval"],
+        ),
+        (
+            "compact",
+            &["config", "lake", "catalog-property", "table"],
+            &["source", "publication", "streaming"],
+        ),
+        (
+            "expire-snapshots",
+            &["config", "warehouse", "older-than", "retain-last"],
+            &["source", "retain-snapshots", "exit-when-idle"],
+        ),
     ] {
         let listed = help(command).await;
         for flag in shown {

@@ -429,3 +429,29 @@ fn streaming_is_a_flag_that_may_say_false() {
     );
     assert!(parse(&["--table-names", "x"]).is_err(), "a file-only key");
 }
+
+#[test]
+fn the_lake_commands_take_the_lake_from_the_same_layers_and_no_source() {
+    let f = file(
+        r#"
+        source = "port=notanumber"
+        lake = "/srv/lake"
+        namespace = "shop"
+        [catalog]
+        type = "sql"
+        name = "lakehouse"
+    "#,
+    );
+    let env = vars(&[("WAL2ICEBERG_LOG_FORMAT", "json")]);
+    let run = Settings::resolve(Some(f.path()), env.clone(), Raw::default());
+    assert!(run.is_err(), "a run needs a valid source");
+    let flags = Raw {
+        namespace: Some("sales".into()),
+        ..Raw::default()
+    };
+    let lake = LakeSettings::resolve(Some(f.path()), env, flags).unwrap();
+    assert_eq!(lake.namespace.as_deref(), Some("sales"));
+    assert_eq!(lake.log_format, LogFormat::Json);
+    assert_eq!(lake.lake.name, "lakehouse");
+    assert_eq!(lake.lake.folder, Path::new("/srv/lake"));
+}
