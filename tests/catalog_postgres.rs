@@ -108,6 +108,25 @@ async fn a_catalog_in_postgresql_is_written_read_by_other_engines_and_locked_in_
     let from_file = cli(&["show", "customers", "--config", &config, "--format", "csv"]).await;
     assert_success(&from_file);
     assert!(String::from_utf8_lossy(&from_file.stdout).contains("Barbara"));
+    // The wrong catalog name: the error names the ones the database holds.
+    for table in ["customers", "shop.customers"] {
+        let wrong = cli(&[
+            "show",
+            table,
+            "--config",
+            &config,
+            "--catalog-name",
+            "local",
+        ])
+        .await;
+        let stderr = String::from_utf8_lossy(&wrong.stderr);
+        assert_eq!(wrong.status.code(), Some(2), "{stderr}");
+        assert!(
+            stderr.contains("catalog name \"local\"")
+                && stderr.contains("the catalogs lakehouse: choose one with --catalog-name"),
+            "{stderr}"
+        );
+    }
 
     // The commands that read the lake take the same setting.
     let out = cli(&[

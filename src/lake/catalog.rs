@@ -377,6 +377,13 @@ impl Lake {
             .map_err(|e| iceberg_error(e, "cannot read the catalog"))?;
         match namespaces.as_slice() {
             [only] => Ok(only.clone()),
+            [] => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "the catalog holds no namespace{}",
+                    self.other_catalogs().await
+                ),
+            )),
             _ => Err(Error::new(
                 ErrorKind::Config,
                 format!(
@@ -390,6 +397,31 @@ impl Lake {
                 ),
             )),
         }
+    }
+
+    /// For an error about a SQL catalog that lacks what was asked: the
+    /// other catalog names its database holds tables under, and how to
+    /// choose one; empty when there are none (or they cannot be read).
+    async fn other_catalogs(&self) -> String {
+        let Commits::Sql { pool, db, name } = &self.commits else {
+            return String::new();
+        };
+        let sql = db.placeholders(
+            "SELECT DISTINCT catalog_name FROM iceberg_tables WHERE catalog_name <> ? \
+             ORDER BY catalog_name",
+        );
+        let names: Vec<String> = match sqlx::query_scalar(&sql).bind(name).fetch_all(pool).await {
+            Ok(names) => names,
+            Err(_) => return String::new(),
+        };
+        if names.is_empty() {
+            return format!(" (catalog name {name:?})");
+        }
+        format!(
+            " (catalog name {name:?}); its database holds tables of the catalogs {}: choose \
+             one with --catalog-name (catalog_name)",
+            names.join(", ")
+        )
     }
 
     /// The table `name` names: `namespace.table`, or `table` in
@@ -409,6 +441,12 @@ impl Lake {
             let message = if self.table_if_exists(&history).await?.is_some() {
                 // A table without a primary key keeps its history only.
                 format!("no such table in the lake; its history is {history}")
+            } else if !self.has_namespace(ident.namespace()).await? {
+                format!(
+                    "no such table in the lake: the catalog holds no namespace {}{}",
+                    ident.namespace().join("."),
+                    self.other_catalogs().await
+                )
             } else {
                 "no such table in the lake".to_owned()
             };
