@@ -659,15 +659,12 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
             ),
         ));
     }
-    let lake_namespace = settings.lake_namespace();
     let options = wal2iceberg::ops::teardown::TeardownOptions {
         slot: slot.clone(),
         publication: publication.clone(),
-        drop_tables: drop_tables.then_some((
-            settings.lake.clone(),
-            lake_namespace,
-            settings.state_dir.clone(),
-        )),
+        lake: settings.lake.clone(),
+        namespace: settings.lake_namespace(),
+        drop_tables: drop_tables.then(|| settings.state_dir.clone()),
     };
     let report = wal2iceberg::ops::teardown::teardown(config, &options).await?;
     outln!(
@@ -678,6 +675,12 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
             "did not exist"
         }
     );
+    for table in &report.released {
+        outln!(
+            "table {table}: kept; it no longer claims slot {slot}, so a slot made later under \
+             that name is not taken for its own (its history cannot go on from a new slot)"
+        );
+    }
     use wal2iceberg::ops::teardown::Publication;
     outln!(
         "publication {publication}: {}",

@@ -992,6 +992,35 @@ async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unles
     );
     assert_eq!(count(slots, slot.clone()).await, 0);
     assert_eq!(count(pubs, publication.clone()).await, 1);
+    let dbname = db.config.dbname.clone();
+    assert!(
+        stdout.contains(&format!(
+            "table {dbname}.customers_changes: kept; it no longer claims slot {slot}"
+        )),
+        "{stdout}"
+    );
+    // A slot made later under that name is not the kept lake's: a run of
+    // it is refused, the slot not moved.
+    db.client
+        .execute(
+            "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
+            &[&slot],
+        )
+        .await
+        .unwrap();
+    db.exec("INSERT INTO customers VALUES (2, 'pro')").await;
+    let made = db.confirmed_flush(&slot).await;
+    let (code, _, stderr) = run(&run_args).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("this lake records no table from it"),
+        "{stderr}"
+    );
+    assert_eq!(db.confirmed_flush(&slot).await, made);
+    db.client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await
+        .unwrap();
     let last = teardown.map(|a| {
         if a == slot.as_str() {
             second.as_str()
@@ -1006,7 +1035,6 @@ async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unles
         "{stdout}"
     );
     assert_eq!(count(pubs, publication.clone()).await, 0);
-    let dbname = db.config.dbname.clone();
     assert_eq!(
         pyiceberg(lake.path(), &format!("{dbname}.customers"), "rows")
             .await
@@ -1064,7 +1092,10 @@ async fn teardown_refuses_a_slot_in_use() {
     ])
     .await;
     assert_ne!(code, 0);
-    assert!(stderr.contains("in use by process"), "{stderr}");
+    assert!(
+        stderr.contains("in use: the server's walsender process"),
+        "{stderr}"
+    );
     assert!(
         db.confirmed_flush(&options.slot).await.is_some(),
         "the slot stays"

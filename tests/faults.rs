@@ -560,6 +560,66 @@ async fn a_slot_another_lake_reads_is_refused_and_one_a_crash_left_unloaded_is_t
 }
 
 #[tokio::test]
+async fn a_claim_that_loses_the_race_for_a_new_slot_is_withdrawn() {
+    let mut oracle = Oracle::new(100).await;
+    oracle
+        .db
+        .exec("CREATE TABLE other(id int PRIMARY KEY); INSERT INTO other VALUES (1)")
+        .await;
+    let first_lake = oracle.lake.path().display().to_string();
+    let other_lake = tempfile::tempdir().unwrap();
+    oracle.set("--lake", &other_lake.path().display().to_string());
+    oracle.set("--tables", "public.other");
+    // The other lake claims the slot, then waits before making it ...
+    let late = oracle
+        .command(&[])
+        .env(wal2iceberg::failpoint::STALL_VARIABLE, "slot-create:4000")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let claimed = other_lake
+        .path()
+        .join("warehouse")
+        .join(NAMESPACE)
+        .join("other_changes");
+    let give_up = std::time::Instant::now() + Duration::from_secs(120);
+    while !claimed.exists() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the claim was never made"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ... while the first lake makes it and loads.
+    oracle.set("--lake", &first_lake);
+    oracle.set("--tables", "public.accounts");
+    oracle.drain().await;
+    let out = late.wait_with_output().await.unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("was made by another run while this one started")
+            && stderr.contains("claim on it (its new, empty tables) was withdrawn"),
+        "{stderr}"
+    );
+    assert!(!claimed.exists(), "the claim's tables are gone");
+    // Its next run is refused as on any slot that is another lake's.
+    oracle.set("--lake", &other_lake.path().display().to_string());
+    oracle.set("--tables", "public.other");
+    let out = oracle.run_until_idle("1s").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("this lake records no table from it"),
+        "{stderr}"
+    );
+    oracle.set("--lake", &first_lake);
+    oracle.set("--tables", "public.accounts");
+    oracle.start_workload();
+    oracle.finish().await;
+}
+
+#[tokio::test]
 async fn a_second_run_on_a_held_lake_refuses_before_it_creates_a_slot() {
     let mut oracle = Oracle::new(100).await;
     let mut first = oracle.spawn();

@@ -122,6 +122,40 @@ impl<'r> Pipeline<'r> {
         Ok(())
     }
 
+    /// Opens the sinks of `relations` as [`Self::open`] does, before the
+    /// slot is made: their bronze tables then record the slot, the lake's
+    /// claim on it (docs/tables.md, The table set). The Iceberg tables this
+    /// made, which [`Self::withdraw`] removes.
+    pub(crate) async fn claim(&mut self, relations: &[RelationInfo]) -> Result<Vec<TableIdent>> {
+        let mut missing = Vec::new();
+        for relation in relations {
+            let (bronze, silver) = self.idents(&relation.name);
+            for ident in [bronze, silver] {
+                if self.lake.table_if_exists(&ident).await?.is_none() {
+                    missing.push(ident);
+                }
+            }
+        }
+        self.open(relations).await?;
+        let mut made = Vec::new();
+        for ident in missing {
+            if self.lake.table_if_exists(&ident).await?.is_some() {
+                made.push(ident);
+            }
+        }
+        Ok(made)
+    }
+
+    /// Drops the tables a [`Self::claim`] made, empty still, and closes
+    /// every sink.
+    pub(crate) async fn withdraw(&mut self, made: &[TableIdent]) -> Result<()> {
+        self.sinks.clear();
+        for ident in made {
+            self.lake.drop_with_files(ident).await?;
+        }
+        Ok(())
+    }
+
     /// The slot stands at `lsn`.
     pub(crate) fn confirmed(&mut self, lsn: Lsn) {
         self.report.confirmed = lsn;

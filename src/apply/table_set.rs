@@ -8,8 +8,8 @@
 //! so that one renamed is followed under its new name, and one dropped and
 //! created again under the same name is told from the one the lake holds.
 
-use iceberg::NamespaceIdent;
 use iceberg::table::Table;
+use iceberg::{NamespaceIdent, TableIdent};
 
 use crate::apply::naming::iceberg_name;
 use crate::error::{Error, ErrorKind, Result};
@@ -169,6 +169,38 @@ pub async fn records_slot(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -
         }
     }
     Ok(false)
+}
+
+/// Releases the lake's claim on `slot`, which is being dropped: each
+/// bronze table in `namespace` recording it records it dropped instead,
+/// so a slot made later under that name is not taken for theirs
+/// (docs/tables.md, The table set). The bronze tables released.
+pub async fn release_slot(
+    location: &LakeLocation,
+    namespace: &NamespaceIdent,
+    slot: &str,
+) -> Result<Vec<TableIdent>> {
+    if !location.catalog.may_exist() {
+        return Ok(Vec::new());
+    }
+    let lake = Lake::open_existing(location).await?;
+    if !lake.has_namespace(namespace).await? {
+        return Ok(Vec::new());
+    }
+    let mut released = Vec::new();
+    for ident in lake.tables(namespace.first().map(String::as_str)).await? {
+        if !ident.name().ends_with("_changes") {
+            continue;
+        }
+        let bronze = lake.catalog_table(&ident).await?;
+        if recorded_slot(&bronze).as_deref() == Some(slot) {
+            let dropped = format!("{slot} (dropped)");
+            lake.set_properties(&bronze, &[(SOURCE_SLOT, dropped)])
+                .await?;
+            released.push(ident);
+        }
+    }
+    Ok(released)
 }
 
 /// The source tables the lake at `location` replicates from `slot` in

@@ -240,14 +240,15 @@ fn slot_failure(options: &CaptureOptions, exists: bool) -> Option<CheckFailure> 
             check: "slot_not_this_lakes",
             problem: format!(
                 "replication slot {slot:?} exists, and this lake records no table from it: \
-                 it serves another lake (another --lake, catalog or namespace) or was made \
-                 outside wal2iceberg, and confirming it from here would lose that one's \
-                 changes."
+                 it serves another lake (another --lake, catalog, catalog name or \
+                 namespace), was made outside wal2iceberg, or outlived this lake's tables \
+                 (drop-table, teardown), and confirming it from here would lose what its \
+                 reader has not read."
             ),
             fix: format!(
                 "Give this lake a slot and a publication of its own (--slot, --publication); \
-                 if no one reads slot {slot:?}, drop it (SELECT \
-                 pg_drop_replication_slot('{slot}')) and run again"
+                 if no one reads slot {slot:?}, drop it (wal2iceberg teardown --slot {slot}, \
+                 or SELECT pg_drop_replication_slot('{slot}')) and run again"
             ),
         }),
         _ => None,
@@ -361,6 +362,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             },
         });
     }
+    crate::failpoint::stall("slot-create").await;
     let created = connection
         .create_slot(&options.slot, options.temporary_slot)
         .await?;

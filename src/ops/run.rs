@@ -107,6 +107,9 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
 }
 
 /// How long a restart waits for the server to let go of the slot.
+/// SQLSTATE of CREATE_REPLICATION_SLOT for a slot that exists.
+const DUPLICATE_OBJECT: &str = "42710";
+
 const SLOT_RELEASE_WAIT: Duration = Duration::from_secs(60);
 
 /// Waits, up to [`SLOT_RELEASE_WAIT`], until no process holds `slot`: the
@@ -258,12 +261,33 @@ async fn run_once(
     // The lake claims a slot before it is made: its bronze tables record
     // the slot from the start, so a later run tells its own slot (one a
     // crash left before the load landed too) from another lake's.
+    let mut claim = Vec::new();
     if !capture_options.claimed && !capture::slot_exists(config, &capture_options.slot).await? {
         let tables = capture::describe(config, &capture_options.tables).await?;
-        pipeline.open(&tables).await?;
+        claim = pipeline.claim(&tables).await?;
         capture_options.claimed = true;
     }
-    let (load, mut pending, new_slot) = match capture::open(config, &capture_options).await? {
+    let opened = match capture::open(config, &capture_options).await {
+        // Another run made the slot between the look and the creation:
+        // this lake's claim is withdrawn, so that no later run of it takes
+        // up a slot that is another's.
+        Err(e) if !claim.is_empty() && e.sqlstate() == Some(DUPLICATE_OBJECT) => {
+            pipeline.withdraw(&claim).await?;
+            return Err(Error::new(
+                ErrorKind::Slot,
+                format!(
+                    "replication slot {:?} was made by another run while this one started; \
+                     this lake's claim on it (its new, empty tables) was withdrawn. If that \
+                     run is another lake's, give this lake a slot and a publication of its \
+                     own (--slot, --publication)",
+                    capture_options.slot
+                ),
+            )
+            .with_source(e));
+        }
+        opened => opened?,
+    };
+    let (load, mut pending, new_slot) = match opened {
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
     };

@@ -8,6 +8,7 @@
 use iceberg::NamespaceIdent;
 
 use crate::apply::naming::{remove_state_folder, state_folder};
+use crate::apply::table_set;
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation, iceberg_error};
 use crate::pg::config::PgConfig;
@@ -17,15 +18,20 @@ use crate::pg::source::{CREATED_BY_MARK, SourceClient};
 pub struct TeardownOptions {
     pub slot: String,
     pub publication: String,
-    /// Also drop every table of this lake namespace, files included.
-    /// The lake, the namespace and the state directory, whose folder of
-    /// the namespace goes too.
-    pub drop_tables: Option<(LakeLocation, NamespaceIdent, std::path::PathBuf)>,
+    /// The lake and its namespace: its tables that record the slot no
+    /// longer claim it once it is dropped.
+    pub lake: LakeLocation,
+    pub namespace: NamespaceIdent,
+    /// Also drop every table of the namespace, files included, and the
+    /// namespace's folder of this state directory.
+    pub drop_tables: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct TeardownReport {
     pub slot_dropped: bool,
+    /// The bronze tables kept that claimed the slot and no longer do.
+    pub released: Vec<String>,
     pub publication: Publication,
     pub tables_dropped: Vec<String>,
 }
@@ -61,16 +67,27 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
         )
         .await
         .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
-    if let Some(row) = slot {
-        if let Some(pid) = row.get::<_, Option<i32>>(0) {
-            return Err(Error::new(
-                ErrorKind::Slot,
-                format!(
-                    "replication slot {:?} is in use by process {pid}: stop that wal2iceberg run first",
-                    options.slot
-                ),
-            ));
-        }
+    if let Some(pid) = slot.as_ref().and_then(|row| row.get::<_, Option<i32>>(0)) {
+        return Err(Error::new(
+            ErrorKind::Slot,
+            format!(
+                "replication slot {:?} is in use: the server's walsender process {pid} \
+                 serves it to a client (a wal2iceberg run, whose own process this is not); \
+                 stop that client first",
+                options.slot
+            ),
+        ));
+    }
+    // Released before the drop (and when someone dropped it already): a
+    // lake that still claims no slot is refused, never wrongly resumed.
+    if options.drop_tables.is_none() {
+        report.released = table_set::release_slot(&options.lake, &options.namespace, &options.slot)
+            .await?
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+    }
+    if slot.is_some() {
         client
             .execute("SELECT pg_drop_replication_slot($1)", &[&options.slot])
             .await
@@ -111,9 +128,9 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
             }
         };
     }
-    if let Some((lake, namespace, state_dir)) = &options.drop_tables {
-        report.tables_dropped = drop_tables(lake, namespace).await?;
-        remove_state_folder(&state_folder(state_dir, namespace, None))?;
+    if let Some(state_dir) = &options.drop_tables {
+        report.tables_dropped = drop_tables(&options.lake, &options.namespace).await?;
+        remove_state_folder(&state_folder(state_dir, &options.namespace, None))?;
     }
     Ok(report)
 }
