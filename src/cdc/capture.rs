@@ -211,7 +211,11 @@ pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<Ch
     let client = SourceClient::connect(config).await?;
     let mut failures = preflight(&client, options).await?;
     let exists = source::slot_info(&client, &options.slot).await?.is_some();
-    failures.extend(slot_failure(options, exists));
+    if let Some(failure) = slot_failure(options, exists) {
+        // Another lake's run holding the slot is no reason to stop it.
+        failures.retain(|f| f.check != source::SLOT_HELD_BY_RUN);
+        failures.push(failure);
+    }
     Ok(failures)
 }
 

@@ -285,8 +285,11 @@ pub async fn preflight(
                 failures.push(CheckFailure {
                     check: "slot_plugin",
                     problem: format!(
-                        "replication slot {slot:?} exists but is not a pgoutput logical slot (plugin {:?})",
-                        info.plugin
+                        "replication slot {slot:?} exists but is not a pgoutput logical slot ({})",
+                        match &info.plugin {
+                            Some(plugin) => format!("its plugin is {plugin}"),
+                            None => "a physical slot".to_owned(),
+                        }
                     ),
                     fix: "use another slot name".to_owned(),
                 });
