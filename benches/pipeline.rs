@@ -11,10 +11,13 @@
 //! streaming reference, then lets wal2iceberg apply the same WAL. Then a
 //! steady 1,000 transactions per second for the commit-to-visible latency,
 //! and a full scan of silver through pyiceberg. The restart phase times a
-//! start until streaming with the key index persisted and rebuilt.
+//! start until streaming with the key index persisted and rebuilt. The s3
+//! phase applies the same WAL to a lake on the local disk and to one on S3
+//! (moto's server, from `python3 -m moto.server`) and counts the requests
+//! the S3 apply made per table commit.
 //!
 //! ```sh
-//! cargo bench --bench pipeline -- [--rows N] [--phases load,stream,restart,latency,read]
+//! cargo bench --bench pipeline -- [--rows N] [--phases load,stream,restart,latency,read,s3]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -53,7 +56,7 @@ struct Args {
 fn parse_args() -> BenchResult<Args> {
     let mut args = Args {
         rows: 1_000_000,
-        phases: ["load", "stream", "restart", "latency", "read"]
+        phases: ["load", "stream", "restart", "latency", "read", "s3"]
             .map(String::from)
             .to_vec(),
     };
@@ -641,6 +644,200 @@ impl Bench {
     }
 }
 
+impl Bench {
+    /// N/2 inserts in transactions of 1,000 and N/4 updates in
+    /// transactions of 100 applied by two lakes, each loaded first on a
+    /// slot of its own: one on the local disk, one on S3. The S3 apply's
+    /// speed against the local one, and the requests it sent per table
+    /// commit (each commit writes one `metadata.json`), from moto's log.
+    async fn s3(&mut self) -> BenchResult<()> {
+        let n = (self.rows / 2_000).max(1) * 1_000;
+        println!(
+            "s3: {n} inserts and {} updates, local lake and S3 lake",
+            n / 2
+        );
+        let moto = Moto::start()?;
+        moto.create_bucket("bench").await?;
+        let local = tempfile::Builder::new()
+            .prefix("wal2iceberg-bench-local-")
+            .tempdir()?;
+        let remote = tempfile::Builder::new()
+            .prefix("wal2iceberg-bench-s3-")
+            .tempdir()?;
+        let endpoint = format!("s3.endpoint=http://{}", moto.addr);
+        let on_s3 = [
+            "--warehouse",
+            "s3://bench/lake",
+            "--catalog-property",
+            &endpoint,
+            "--catalog-property",
+            "s3.access-key-id=bench",
+            "--catalog-property",
+            "s3.secret-access-key=bench",
+        ];
+        let idle = format!("{}ms", IDLE_EXIT.as_millis());
+        let lakes: [(&str, &Path, &[&str]); 2] = [
+            ("bench_s3_local", local.path(), &[]),
+            ("bench_s3_remote", remote.path(), &on_s3),
+        ];
+        for (slot, lake, extra) in lakes {
+            let args = [&["--exit-when-idle", idle.as_str()][..], extra].concat();
+            timed(&mut self.wal2iceberg_into(slot, lake, &args))?;
+        }
+        let max_id: i64 = self
+            .client
+            .query_one("SELECT coalesce(max(id), 0) FROM orders", &[])
+            .await?
+            .get(0);
+        self.sql(&format!(
+            "DO $$ DECLARE b bigint; BEGIN
+               FOR b IN 0 .. {n} / 1000 - 1 LOOP
+                 INSERT INTO orders SELECT {max_id} + b * 1000 + i, (i % 10000)::int, 'new',
+                   i / 100.0, 'order note ' || i, now(), now() FROM generate_series(1, 1000) i;
+                 COMMIT;
+               END LOOP;
+               FOR b IN 0 .. {n} / 2 / 100 - 1 LOOP
+                 UPDATE orders SET status = 'paid', amount = amount + 1, updated_at = now()
+                   WHERE id IN (SELECT {max_id} + b * 100 + i FROM generate_series(1, 100) i);
+                 COMMIT;
+               END LOOP;
+             END $$;"
+        ))
+        .await?;
+        let mut seconds = Vec::new();
+        let (mut requests, mut server_cpu) = ((0, 0), 0.0);
+        for (slot, lake, extra) in lakes {
+            let before = (moto.requests()?, moto.cpu_seconds()?);
+            let args = [&["--exit-when-idle", idle.as_str()][..], extra].concat();
+            let run = timed(&mut self.wal2iceberg_into(slot, lake, &args))?;
+            seconds.push(run.seconds - IDLE_EXIT.as_secs_f64());
+            let after = (moto.requests()?, moto.cpu_seconds()?);
+            requests = (after.0.0 - before.0.0, after.0.1 - before.0.1);
+            server_cpu = after.1 - before.1;
+        }
+        let changes = (n + n / 2) as f64;
+        let r = &mut self.report;
+        for (what, s) in [
+            ("on the local disk", seconds[0]),
+            ("on S3 (moto)", seconds[1]),
+        ] {
+            r.figure(
+                &format!("apply, lake {what}"),
+                format!("{:.0} changes/s ({s:.1} s)", changes / s),
+            );
+        }
+        let ratio = seconds[0] / seconds[1];
+        r.check(
+            "S3 apply speed against the local lake's",
+            format!("{ratio:.2}"),
+            ">= 0.80".into(),
+            ratio >= 0.8,
+        );
+        r.figure(
+            "S3 server's CPU during the S3 apply (it shares the cores)",
+            format!("{server_cpu:.1} s"),
+        );
+        let (all, commits) = requests;
+        r.figure(
+            "object-store requests per table commit (S3 apply)",
+            format!(
+                "{:.1} ({all} requests, {commits} table commits)",
+                all as f64 / commits.max(1) as f64
+            ),
+        );
+        Ok(())
+    }
+}
+
+/// moto's S3 server on a free loopback port, its request log in a file.
+struct Moto {
+    child: std::process::Child,
+    addr: String,
+    log: tempfile::NamedTempFile,
+}
+
+impl Moto {
+    fn start() -> BenchResult<Moto> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let log = tempfile::NamedTempFile::new()?;
+        let child = Command::new("python3")
+            .args([
+                "-m",
+                "moto.server",
+                "-H",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(log.reopen()?)
+            .spawn()
+            .map_err(|e| format!("start moto's server (python3 -m moto.server): {e}"))?;
+        let addr = format!("127.0.0.1:{port}");
+        let give_up = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            if Instant::now() > give_up {
+                return Err("moto's server did not listen (is moto[server] installed?)".into());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(Moto { child, addr, log })
+    }
+
+    async fn create_bucket(&self, bucket: &str) -> BenchResult<()> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(&self.addr).await?;
+        let request = format!(
+            "PUT /{bucket} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
+            self.addr
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        if !answer.starts_with("HTTP/1.0 200") && !answer.starts_with("HTTP/1.1 200") {
+            return Err(format!("create bucket {bucket}: {answer}").into());
+        }
+        Ok(())
+    }
+
+    /// The CPU time the server used so far (`/proc/<pid>/stat`).
+    fn cpu_seconds(&self) -> BenchResult<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))?;
+        // utime and stime, fields 14 and 15, after the parenthesised name.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .ok_or("an unreadable /proc stat")?
+            .1
+            .split_whitespace()
+            .collect();
+        let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+        Ok(ticks / 100.0)
+    }
+
+    /// (requests, `metadata.json` objects written) the log holds so far.
+    fn requests(&self) -> BenchResult<(u64, u64)> {
+        let log = std::fs::read_to_string(self.log.path())?;
+        let lines = log.lines().filter(|l| l.contains(" HTTP/1.1"));
+        let (mut all, mut commits) = (0, 0);
+        for line in lines {
+            all += 1;
+            if line.contains("PUT /") && line.contains(".metadata.json ") {
+                commits += 1;
+            }
+        }
+        Ok((all, commits))
+    }
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// The value of a gauge series in a Prometheus scrape.
 fn gauge(scrape: &str, series: &str) -> Option<f64> {
     scrape
@@ -704,6 +901,7 @@ async fn main() -> BenchResult<()> {
             "restart" => bench.restart().await?,
             "latency" => bench.latency().await?,
             "read" => bench.read().await?,
+            "s3" => bench.s3().await?,
             other => return Err(format!("unknown phase {other:?}").into()),
         }
     }
