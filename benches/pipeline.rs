@@ -704,17 +704,22 @@ impl Bench {
              END $$;"
         ))
         .await?;
-        let mut seconds = Vec::new();
-        let (mut requests, mut server_cpu) = ((0, 0), 0.0);
-        for (slot, lake, extra) in lakes {
-            let before = (moto.requests()?, moto.cpu_seconds()?);
+        let apply = |slot: &str, lake: &Path, extra: &[&str]| -> BenchResult<f64> {
             let args = [&["--exit-when-idle", idle.as_str()][..], extra].concat();
             let run = timed(&mut self.wal2iceberg_into(slot, lake, &args))?;
-            seconds.push(run.seconds - IDLE_EXIT.as_secs_f64());
-            let after = (moto.requests()?, moto.cpu_seconds()?);
-            requests = (after.0.0 - before.0.0, after.0.1 - before.0.1);
-            server_cpu = after.1 - before.1;
+            Ok(run.seconds - IDLE_EXIT.as_secs_f64())
+        };
+        let local_seconds = apply(lakes[0].0, lakes[0].1, lakes[0].2)?;
+        let before = (moto.requests()?, moto.cpu_seconds()?);
+        let s3_seconds = apply(lakes[1].0, lakes[1].1, lakes[1].2)?;
+        let after = (moto.requests()?, moto.cpu_seconds()?);
+        let (all, commits) = (after.0.0 - before.0.0, after.0.1 - before.0.1);
+        let server_cpu = after.1 - before.1;
+        for (slot, _, _) in lakes {
+            self.sql(&format!("SELECT pg_drop_replication_slot('{slot}')"))
+                .await?;
         }
+        let seconds = [local_seconds, s3_seconds];
         let changes = (n + n / 2) as f64;
         let r = &mut self.report;
         for (what, s) in [
@@ -737,7 +742,6 @@ impl Bench {
             "S3 server's CPU during the S3 apply (it shares the cores)",
             format!("{server_cpu:.1} s"),
         );
-        let (all, commits) = requests;
         r.figure(
             "object-store requests per table commit (S3 apply)",
             format!(

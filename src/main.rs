@@ -49,8 +49,16 @@ impl SettingsArgs {
     }
 
     /// The lake's settings alone, for the commands that read or maintain
-    /// it; logging started as they say.
+    /// it; logging started as they say. `--tables` is refused there: those
+    /// commands name their tables as arguments, and one ignored would act
+    /// on every table.
     fn lake(self) -> Result<LakeSettings, Error> {
+        if self.flags.tables.is_some() {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "--tables: this command takes its tables as arguments (or --table)",
+            ));
+        }
         let settings = LakeSettings::resolve(self.config.as_deref(), std::env::vars(), self.flags)?;
         init_logging(settings.log_format);
         Ok(settings)
@@ -430,8 +438,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 table_names: settings.table_names.clone(),
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
-            let mut settled = wal2iceberg::ops::run::settle(&settings.source, &run_options).await?;
-            settled.capture.held_tables = Some(settled.held);
+            let settled = wal2iceberg::ops::run::settle(&settings.source, &run_options).await?;
             let failures = capture::check(&settings.source, &settled.capture).await?;
             if failures.is_empty() {
                 outln!("all checks passed: {}", settings.source);

@@ -999,8 +999,19 @@ async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unles
         )),
         "{stdout}"
     );
-    // A slot made later under that name is not the kept lake's: a run of
-    // it is refused, the slot not moved.
+    // The kept tables' history cannot go on from a new slot: refused,
+    // none made.
+    let (code, _, stderr) = run(&run_args).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "holds this table's history from replication slot \"{slot} (dropped)\""
+        )),
+        "{stderr}"
+    );
+    assert_eq!(count(slots, slot.clone()).await, 0);
+    // Nor from a slot made later under that name: refused, the slot not
+    // moved.
     db.client
         .execute(
             "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
@@ -1013,7 +1024,7 @@ async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unles
     let (code, _, stderr) = run(&run_args).await;
     assert_eq!(code, 1, "{stderr}");
     assert!(
-        stderr.contains("this lake records no table from it"),
+        stderr.contains("holds this table's history from replication slot"),
         "{stderr}"
     );
     assert_eq!(db.confirmed_flush(&slot).await, made);

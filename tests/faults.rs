@@ -514,6 +514,21 @@ async fn a_slot_another_lake_reads_is_refused_and_one_a_crash_left_unloaded_is_t
     oracle.drain().await;
     assert!(oracle.positions().await.iter().all(Option::is_some));
 
+    // A mistyped slot for the same lake: refused before it makes the slot
+    // or records anything, so the lake's own slot still serves it.
+    let own = oracle.slot.clone();
+    let typo = crate::support::unique("typo");
+    oracle.set("--slot", &typo);
+    let out = oracle.run_until_idle("1s").await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("history from replication slot {own:?}")),
+        "{stderr}"
+    );
+    assert_eq!(oracle.db.confirmed_flush(&typo).await, None);
+    oracle.set("--slot", &own);
+
     // Another lake on the same slot: refused by check and run alike,
     // before anything is made or published, and the slot is not moved.
     oracle
@@ -573,7 +588,7 @@ async fn a_claim_that_loses_the_race_for_a_new_slot_is_withdrawn() {
     // The other lake claims the slot, then waits before making it ...
     let late = oracle
         .command(&[])
-        .env(wal2iceberg::failpoint::STALL_VARIABLE, "slot-create:4000")
+        .env(wal2iceberg::failpoint::STALL_VARIABLE, "slot-create:20000")
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

@@ -14,6 +14,7 @@ use iceberg::{NamespaceIdent, TableIdent};
 use crate::apply::naming::iceberg_name;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
+use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::source::{self, SourceClient, TableName};
 
@@ -47,17 +48,32 @@ pub struct Held {
     /// The names it had before, each with whether a table of that name
     /// exists at the source now.
     pub old_names: Vec<(TableName, bool)>,
+    /// Whether its bronze holds history (a position) from the slot, not
+    /// only the claim a run makes before it creates the slot.
+    pub history: bool,
 }
 
 impl Held {
     /// A table under the name its bronze recorded.
-    fn same(table: TableName, iceberg: String) -> Held {
+    fn same(table: TableName, iceberg: String, history: bool) -> Held {
         Held {
             table,
             iceberg,
             old_names: Vec::new(),
+            history,
         }
     }
+}
+
+/// What the lake's bronze tables say of a slot.
+#[derive(Debug, Default)]
+pub struct Recorded {
+    /// The tables it holds from the slot.
+    pub held: Vec<Held>,
+    /// Source tables whose bronze holds history from another slot (one
+    /// `teardown` dropped reads `<slot> (dropped)`), by their recorded
+    /// name: their history cannot go on from this one.
+    pub elsewhere: Vec<(String, String)>,
 }
 
 /// The former names `properties` record ([`SOURCE_FORMER_NAMES`]).
@@ -121,6 +137,20 @@ pub async fn record_source(
 ) -> Result<()> {
     let properties = source_properties(table, oid, slot);
     let recorded = bronze.metadata().properties();
+    // History from another slot cannot go on from this one (`settle`
+    // refuses it first; a claim's empty bronze may take a new slot).
+    if let Some(other) = recorded.get(SOURCE_SLOT).filter(|s| *s != slot)
+        && Position::of(bronze)?.is_some()
+    {
+        return Err(Error::new(
+            ErrorKind::Preflight,
+            "the table's bronze holds history from another replication slot, which cannot go on \
+             from this one",
+        )
+        .with_context("table", table)
+        .with_context("recorded_slot", other)
+        .with_context("slot", slot));
+    }
     if let Some(other) = recorded.get(SOURCE_OID).filter(|o| **o != oid.to_string()) {
         return Err(Error::new(
             ErrorKind::Preflight,
@@ -154,9 +184,13 @@ pub async fn record_source(
     lake.set_properties(bronze, &properties).await
 }
 
-/// The slot `bronze` records it is replicated from.
+/// What [`release_slot`] appends to the slot a bronze table records.
+const RELEASED: &str = " (dropped)";
+
+/// The slot `bronze` records it is replicated from, unless released.
 pub fn recorded_slot(bronze: &Table) -> Option<String> {
-    bronze.metadata().properties().get(SOURCE_SLOT).cloned()
+    let slot = bronze.metadata().properties().get(SOURCE_SLOT)?;
+    (!slot.ends_with(RELEASED)).then(|| slot.clone())
 }
 
 /// Whether a bronze table in `namespace` records `slot`.
@@ -194,7 +228,7 @@ pub async fn release_slot(
         }
         let bronze = lake.catalog_table(&ident).await?;
         if recorded_slot(&bronze).as_deref() == Some(slot) {
-            let dropped = format!("{slot} (dropped)");
+            let dropped = format!("{slot}{RELEASED}");
             lake.set_properties(&bronze, &[(SOURCE_SLOT, dropped)])
                 .await?;
             released.push(ident);
@@ -216,13 +250,14 @@ pub async fn held(
     namespace: &NamespaceIdent,
     slot: &str,
     publication: &str,
-) -> Result<Vec<Held>> {
+) -> Result<Recorded> {
+    let mut found = Recorded::default();
     if !location.catalog.may_exist() {
-        return Ok(Vec::new());
+        return Ok(found);
     }
     let lake = Lake::open_existing(location).await?;
     if !lake.has_namespace(namespace).await? {
-        return Ok(Vec::new());
+        return Ok(found);
     }
     let mut recorded = Vec::new();
     let mut unrecorded = Vec::new();
@@ -231,6 +266,7 @@ pub async fn held(
             continue;
         };
         let bronze = lake.catalog_table(&ident).await?;
+        let history = Position::of(&bronze)?.is_some();
         let properties = bronze.metadata().properties();
         match (properties.get(SOURCE_TABLE), properties.get(SOURCE_SLOT)) {
             (Some(table), Some(recorded_slot)) if recorded_slot == slot => {
@@ -238,20 +274,30 @@ pub async fn held(
                     .get(SOURCE_OID)
                     .and_then(|o| o.parse::<u32>().ok());
                 let former = former_names(properties);
-                recorded.push((TableName::parse(table)?, oid, name.to_owned(), former));
+                recorded.push((
+                    TableName::parse(table)?,
+                    oid,
+                    name.to_owned(),
+                    former,
+                    history,
+                ));
             }
-            (Some(_), Some(_)) => {}
-            _ => unrecorded.push(name.to_owned()),
+            (Some(table), Some(other)) => {
+                if history {
+                    found.elsewhere.push((table.clone(), other.clone()));
+                }
+            }
+            _ => unrecorded.push((name.to_owned(), history)),
         }
     }
     if recorded.is_empty() && unrecorded.is_empty() {
-        return Ok(Vec::new());
+        return Ok(found);
     }
     let client = SourceClient::connect(config).await?;
-    let mut held = Vec::new();
-    for (table, oid, iceberg, former) in recorded {
+    let held = &mut found.held;
+    for (table, oid, iceberg, former, history) in recorded {
         let Some(oid) = oid else {
-            held.push(Held::same(table, iceberg));
+            held.push(Held::same(table, iceberg, history));
             continue;
         };
         let mut old_names = Vec::new();
@@ -273,6 +319,7 @@ pub async fn held(
                     table: now,
                     iceberg,
                     old_names,
+                    history,
                 });
             }
             None if source::table_exists(&client, &table).await? => {
@@ -284,16 +331,16 @@ pub async fn held(
                 .with_context("recorded_oid", oid));
             }
             // Dropped: the preflight names it.
-            None => held.push(Held::same(table, iceberg)),
+            None => held.push(Held::same(table, iceberg, history)),
         }
     }
     if !unrecorded.is_empty() {
         for table in source::published_tables(&client, publication).await? {
             let name = iceberg_name(&table);
-            if unrecorded.contains(&name) {
-                held.push(Held::same(table, name));
+            if let Some((_, history)) = unrecorded.iter().find(|(n, _)| *n == name) {
+                held.push(Held::same(table, name, *history));
             }
         }
     }
-    Ok(held)
+    Ok(found)
 }

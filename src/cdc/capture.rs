@@ -43,6 +43,13 @@ pub struct CaptureOptions {
     /// another's, and refused before anything changes (docs/tables.md,
     /// The table set).
     pub claimed: bool,
+    /// The tables the lake holds history of from `slot`: with `to_lake`,
+    /// a slot that is gone under them is refused (a new one would start
+    /// after a gap).
+    pub history: Vec<TableName>,
+    /// The lake claimed `slot` for a slot this start makes: finding it
+    /// made meanwhile is a race another run won.
+    pub new_slot: bool,
     /// Every table must have a primary key and no column named like the
     /// lake's own (`_cdc_*`): silver keeps rows in step by key. `run` and
     /// `check` need this; `tail` does not.
@@ -65,6 +72,8 @@ impl CaptureOptions {
             temporary_slot: false,
             held_tables: None,
             claimed: false,
+            history: Vec::new(),
+            new_slot: false,
             to_lake: false,
             manage_publication: true,
         }
@@ -204,7 +213,7 @@ pub fn preflight_error(failures: &[CheckFailure]) -> Error {
 }
 
 /// Runs the preflight checks; every failure is reported at once. For a
-/// lake, a slot that is gone under its `held_tables` is one, and so is one
+/// lake, a slot that is gone under its `history` is one, and so is one
 /// that is another's ([`open`] refuses both).
 pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<CheckFailure>> {
     options.validate()?;
@@ -220,16 +229,15 @@ pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<Ch
 }
 
 /// What is wrong with the slot for a lake, given whether it `exists`:
-/// gone under a loaded copy (`held_tables`; a new slot would start after
-/// a gap), or there and another's (its confirmations would lose the other
+/// gone under the lake's `history` (a new slot would start after a gap),
+/// or there and another's (its confirmations would lose the other
 /// consumer's changes).
 fn slot_failure(options: &CaptureOptions, exists: bool) -> Option<CheckFailure> {
     if !options.to_lake {
         return None;
     }
     let slot = &options.slot;
-    let held = options.held_tables.as_deref().unwrap_or_default();
-    match (exists, held.first()) {
+    match (exists, options.history.first()) {
         (false, Some(table)) => Some(CheckFailure {
             check: "slot_lost",
             problem: format!(
@@ -274,6 +282,11 @@ async fn preflight(client: &SourceClient, options: &CaptureOptions) -> Result<Ve
 pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture> {
     options.validate()?;
     let client = Arc::new(SourceClient::connect(config).await?);
+    // Before the preflight, which would find the slot another run made
+    // (and holds) a fault of its own.
+    if options.new_slot && source::slot_info(&client, &options.slot).await?.is_some() {
+        return Err(lost_race(&options.slot));
+    }
     let failures = preflight(&client, options).await?;
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
@@ -369,7 +382,11 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
     crate::failpoint::stall("slot-create").await;
     let created = connection
         .create_slot(&options.slot, options.temporary_slot)
-        .await?;
+        .await
+        .map_err(|e| match e.sqlstate() {
+            Some(DUPLICATE_OBJECT) if options.new_slot => lost_race(&options.slot).with_source(e),
+            _ => e,
+        })?;
     crate::failpoint::hit("slot-created");
     tracing::info!(
         slot = %created.slot_name,
@@ -389,6 +406,23 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             tables: options.tables.clone(),
         },
     })
+}
+
+/// SQLSTATE of CREATE_REPLICATION_SLOT for a slot that exists, which
+/// [`open`] gives too when a slot it was to make exists.
+pub const DUPLICATE_OBJECT: &str = "42710";
+
+/// The slot a lake claimed was made by another run first.
+fn lost_race(slot: &str) -> Error {
+    Error::new(
+        ErrorKind::Slot,
+        format!(
+            "replication slot {slot:?} was made by another run while this one started; this \
+             lake's claim on it (its new, empty tables) was withdrawn. If that run is another \
+             lake's, give this lake a slot and a publication of its own (--slot, --publication)"
+        ),
+    )
+    .with_sqlstate(DUPLICATE_OBJECT)
 }
 
 /// `tables` as they are now, read in the snapshot a new temporary slot

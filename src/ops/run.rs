@@ -107,9 +107,6 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
 }
 
 /// How long a restart waits for the server to let go of the slot.
-/// SQLSTATE of CREATE_REPLICATION_SLOT for a slot that exists.
-const DUPLICATE_OBJECT: &str = "42710";
-
 const SLOT_RELEASE_WAIT: Duration = Duration::from_secs(60);
 
 /// Waits, up to [`SLOT_RELEASE_WAIT`], until no process holds `slot`: the
@@ -154,7 +151,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     // position is shared, and confirming past a table's changes loses them.
     let mut tables = options.capture.tables.clone();
     let mut chosen = options.table_names.clone();
-    let held = table_set::held(
+    let table_set::Recorded { held, elsewhere } = table_set::held(
         config,
         &options.lake,
         &namespace,
@@ -162,6 +159,23 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         &options.capture.publication,
     )
     .await?;
+    // A table whose history came from another slot cannot go on from
+    // this one: between the two slots' positions lies a gap.
+    if let Some((table, other)) = elsewhere
+        .iter()
+        .find(|(table, _)| tables.iter().any(|t| t.to_string() == *table))
+    {
+        return Err(Error::new(
+            ErrorKind::Preflight,
+            format!(
+                "the lake holds this table's history from replication slot {other:?}, not {:?}: \
+                 it cannot go on from another slot, which would leave a gap. Run it on its own \
+                 slot, or drop its Iceberg tables (wal2iceberg drop-table) to load it afresh",
+                options.capture.slot
+            ),
+        )
+        .with_context("table", table));
+    }
     // A table renamed is the same table under its new name, whatever
     // `--tables` calls it; an old name another table has now is not that
     // one (names may have been swapped among held tables), and naming it
@@ -194,6 +208,11 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         chosen.remove(old);
     }
     let held_tables: Vec<TableName> = held.iter().map(|h| h.table.clone()).collect();
+    let history = held
+        .iter()
+        .filter(|h| h.history)
+        .map(|h| h.table.clone())
+        .collect();
     for held in held {
         if !tables.contains(&held.table) {
             if !named_by_old_name.contains(&held.table) {
@@ -212,6 +231,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     let mut capture = options.capture.clone();
     capture.to_lake = true;
     capture.claimed = !held_tables.is_empty();
+    capture.history = history;
     capture.tables = tables;
     Ok(Settled {
         namespace,
@@ -261,32 +281,22 @@ async fn run_once(
     // The lake claims a slot before it is made: its bronze tables record
     // the slot from the start, so a later run tells its own slot (one a
     // crash left before the load landed too) from another lake's.
-    let mut claim = Vec::new();
+    let mut claim = None;
     if !capture_options.claimed && !capture::slot_exists(config, &capture_options.slot).await? {
         let tables = capture::describe(config, &capture_options.tables).await?;
-        claim = pipeline.claim(&tables).await?;
+        claim = Some(pipeline.claim(&tables).await?);
         capture_options.claimed = true;
+        capture_options.new_slot = true;
     }
-    let opened = match capture::open(config, &capture_options).await {
-        // Another run made the slot between the look and the creation:
-        // this lake's claim is withdrawn, so that no later run of it takes
-        // up a slot that is another's.
-        Err(e) if !claim.is_empty() && e.sqlstate() == Some(DUPLICATE_OBJECT) => {
-            pipeline.withdraw(&claim).await?;
-            return Err(Error::new(
-                ErrorKind::Slot,
-                format!(
-                    "replication slot {:?} was made by another run while this one started; \
-                     this lake's claim on it (its new, empty tables) was withdrawn. If that \
-                     run is another lake's, give this lake a slot and a publication of its \
-                     own (--slot, --publication)",
-                    capture_options.slot
-                ),
-            )
-            .with_source(e));
-        }
-        opened => opened?,
-    };
+    let opened = capture::open(config, &capture_options).await;
+    // Another run made the slot first: the claim is withdrawn, so that no
+    // later run of this lake takes up a slot that is another's.
+    if let (Err(e), Some(made)) = (&opened, &claim)
+        && e.sqlstate() == Some(capture::DUPLICATE_OBJECT)
+    {
+        pipeline.withdraw(made).await?;
+    }
+    let opened = opened?;
     let (load, mut pending, new_slot) = match opened {
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
