@@ -240,16 +240,18 @@ pub async fn release_slot(
 /// The source tables the lake at `location` replicates from `slot` in
 /// `namespace`, by the properties their bronze tables record. A bronze
 /// table that records none (made before they were recorded) counts when
-/// its name is the default name of a table the publication holds. A table
-/// renamed since is found by its OID; one whose name now belongs to
-/// another table (dropped and created again) is refused before anything
-/// changes, since its Iceberg tables hold the old one's rows.
+/// its name is the Iceberg name (`table_names`, else the default) of a
+/// table the publication holds. A table renamed since is found by its OID;
+/// one whose name now belongs to another table (dropped and created
+/// again) is refused before anything changes, since its Iceberg tables
+/// hold the old one's rows.
 pub async fn held(
     config: &PgConfig,
     location: &LakeLocation,
     namespace: &NamespaceIdent,
     slot: &str,
     publication: &str,
+    table_names: &std::collections::BTreeMap<TableName, String>,
 ) -> Result<Recorded> {
     let mut found = Recorded::default();
     if !location.catalog.may_exist() {
@@ -336,7 +338,10 @@ pub async fn held(
     }
     if !unrecorded.is_empty() {
         for table in source::published_tables(&client, publication).await? {
-            let name = iceberg_name(&table);
+            let name = table_names
+                .get(&table)
+                .cloned()
+                .unwrap_or_else(|| iceberg_name(&table));
             if let Some((_, history)) = unrecorded.iter().find(|(n, _)| *n == name) {
                 held.push(Held::same(table, name, *history));
             }

@@ -157,6 +157,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         &namespace,
         &options.capture.slot,
         &options.capture.publication,
+        &options.table_names,
     )
     .await?;
     // A table whose history came from another slot cannot go on from
