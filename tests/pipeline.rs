@@ -1259,3 +1259,25 @@ async fn a_stream_lost_mid_batch_hands_silvers_key_index_to_the_reconnect() {
     );
     assert_eq!(ops.matches('d').count(), 1);
 }
+
+#[tokio::test]
+async fn a_bronze_made_before_it_recorded_its_source_is_held_under_its_chosen_name() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1, 'free');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("legacy");
+    let mut opts = options_for(&db, &["customers"], &slot, dir.path());
+    let table = wal2iceberg::pg::source::TableName::parse("public.customers").unwrap();
+    opts.table_names.insert(table, "clients".into());
+    run(&db.config, &opts).await.unwrap();
+    // As a lake of a version before bronze recorded its source and slot.
+    tamper(dir.path(), "shop.clients_changes", &["forget", "0"]).await;
+    db.exec("UPDATE customers SET plan = 'pro'").await;
+    // Its tables are the lake's claim on the slot: the run goes on there.
+    let report = run(&db.config, &opts).await.unwrap();
+    assert_eq!(report.changes_applied, 1);
+    assert_reconciled(&db, "customers", dir.path(), "shop.clients").await;
+}

@@ -4,11 +4,14 @@ hides it: the new snapshot carries the source position of the one before.
 usage: tamper.py <lake folder> <namespace.table> delete <id>
        tamper.py <lake folder> <namespace.table> rewrite <id> <column> <text>
        tamper.py <lake folder> <namespace.table> touch <id>
+       tamper.py <lake folder> <namespace.table> forget <id>
 `delete` removes the row; `rewrite` puts a copy of it with the text column
 changed in place of the file's row (a copy-on-write overwrite). `touch`
 overwrites the rows of ids from <id> up with themselves and hides nothing,
 as another engine's commit would: its snapshot carries no wal2iceberg
-position.
+position. `forget` removes the source properties a bronze table records
+(`wal2iceberg.source-table`, `-oid`, `wal2iceberg.slot`), as a bronze made
+before they were recorded lacks them.
 """
 import sys
 import time
@@ -51,6 +54,9 @@ elif mode == "touch":
         table = catalog.load_table(ident)
     else:
         sys.exit("the table kept changing under the overwrite")
+elif mode == "forget":
+    with table.transaction() as tx:
+        tx.remove_properties("wal2iceberg.source-table", "wal2iceberg.source-oid", "wal2iceberg.slot")
 else:
     sys.exit(f"unknown mode {mode}")
 print(pc.sum(pc.equal(table.refresh().scan().to_arrow()["id"], key)).as_py() or 0)
