@@ -13,7 +13,7 @@
 //! and a full scan of silver through pyiceberg. The restart phase times a
 //! start until streaming with the key index persisted and rebuilt. The s3
 //! phase applies the same WAL to a lake on the local disk and to one on S3
-//! (moto's server, from `python3 -m moto.server`) and counts the requests
+//! (s3s-fs when installed, else moto's server) and counts the requests
 //! the S3 apply made per table commit.
 //!
 //! ```sh
@@ -649,22 +649,23 @@ impl Bench {
     /// transactions of 100 applied by two lakes, each loaded first on a
     /// slot of its own: one on the local disk, one on S3. The S3 apply's
     /// speed against the local one, and the requests it sent per table
-    /// commit (each commit writes one `metadata.json`), from moto's log.
+    /// commit (each commit writes one `metadata.json`), from the S3
+    /// server's log.
     async fn s3(&mut self) -> BenchResult<()> {
         let n = (self.rows / 2_000).max(1) * 1_000;
         println!(
             "s3: {n} inserts and {} updates, local lake and S3 lake",
             n / 2
         );
-        let moto = Moto::start()?;
-        moto.create_bucket("bench").await?;
+        let server = S3Server::start()?;
+        server.create_bucket("bench").await?;
         let local = tempfile::Builder::new()
             .prefix("wal2iceberg-bench-local-")
             .tempdir()?;
         let remote = tempfile::Builder::new()
             .prefix("wal2iceberg-bench-s3-")
             .tempdir()?;
-        let endpoint = format!("s3.endpoint=http://{}", moto.addr);
+        let endpoint = format!("s3.endpoint=http://{}", server.addr);
         let on_s3 = [
             "--warehouse",
             "s3://bench/lake",
@@ -710,9 +711,9 @@ impl Bench {
             Ok(run.seconds - IDLE_EXIT.as_secs_f64())
         };
         let local_seconds = apply(lakes[0].0, lakes[0].1, lakes[0].2)?;
-        let before = (moto.requests()?, moto.cpu_seconds()?);
+        let before = (server.requests()?, server.cpu_seconds()?);
         let s3_seconds = apply(lakes[1].0, lakes[1].1, lakes[1].2)?;
-        let after = (moto.requests()?, moto.cpu_seconds()?);
+        let after = (server.requests()?, server.cpu_seconds()?);
         let (all, commits) = (after.0.0 - before.0.0, after.0.1 - before.0.1);
         let server_cpu = after.1 - before.1;
         for (slot, _, _) in lakes {
@@ -721,11 +722,9 @@ impl Bench {
         }
         let seconds = [local_seconds, s3_seconds];
         let changes = (n + n / 2) as f64;
+        let on_s3 = format!("on S3 ({})", server.name());
         let r = &mut self.report;
-        for (what, s) in [
-            ("on the local disk", seconds[0]),
-            ("on S3 (moto)", seconds[1]),
-        ] {
+        for (what, s) in [("on the local disk", seconds[0]), (&on_s3, seconds[1])] {
             r.figure(
                 &format!("apply, lake {what}"),
                 format!("{:.0} changes/s ({s:.1} s)", changes / s),
@@ -753,45 +752,83 @@ impl Bench {
     }
 }
 
-/// moto's S3 server on a free loopback port, its request log in a file.
-struct Moto {
+/// An S3 server on a free loopback port, its request log in a file:
+/// s3s-fs (Rust, a folder behind S3's API) when it is installed, on PATH
+/// or in `target/test-tools/bin`, else moto's (Python, `python3 -m
+/// moto.server`), which costs far more CPU on the cores it shares.
+struct S3Server {
     child: std::process::Child,
     addr: String,
     log: tempfile::NamedTempFile,
+    /// s3s-fs's data folder, where a bucket is a folder; `None` for moto.
+    root: Option<tempfile::TempDir>,
 }
 
-impl Moto {
-    fn start() -> BenchResult<Moto> {
+impl S3Server {
+    fn start() -> BenchResult<S3Server> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
-            .port();
+            .port()
+            .to_string();
         let log = tempfile::NamedTempFile::new()?;
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "moto.server",
-                "-H",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-            ])
-            .stdout(Stdio::null())
+        let s3s = std::env::var_os("PATH")
+            .into_iter()
+            .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+            .chain([Path::new(env!("CARGO_MANIFEST_DIR")).join("target/test-tools/bin")])
+            .map(|dir| dir.join("s3s-fs"))
+            .find(|bin| bin.is_file());
+        let (mut command, root) = match s3s {
+            Some(bin) => {
+                let root = tempfile::Builder::new()
+                    .prefix("wal2iceberg-bench-s3s-")
+                    .tempdir()?;
+                let mut c = Command::new(bin);
+                c.args(["--host", "127.0.0.1", "--port", &port])
+                    .args(["--access-key", "bench", "--secret-key", "bench"])
+                    .arg(root.path())
+                    .env("RUST_LOG", "s3s::service=debug");
+                (c, Some(root))
+            }
+            None => {
+                let mut c = Command::new("python3");
+                c.args(["-m", "moto.server", "-H", "127.0.0.1", "-p", &port]);
+                (c, None)
+            }
+        };
+        let child = command
+            .stdout(log.reopen()?)
             .stderr(log.reopen()?)
             .spawn()
-            .map_err(|e| format!("start moto's server (python3 -m moto.server): {e}"))?;
+            .map_err(|e| format!("start an S3 server ({command:?}): {e}"))?;
         let addr = format!("127.0.0.1:{port}");
         let give_up = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(&addr).is_err() {
             if Instant::now() > give_up {
-                return Err("moto's server did not listen (is moto[server] installed?)".into());
+                return Err("the S3 server did not listen (s3s-fs, or moto[server])".into());
             }
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(Moto { child, addr, log })
+        Ok(S3Server {
+            child,
+            addr,
+            log,
+            root,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        match self.root {
+            Some(_) => "s3s-fs",
+            None => "moto",
+        }
     }
 
     async fn create_bucket(&self, bucket: &str) -> BenchResult<()> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        if let Some(root) = &self.root {
+            std::fs::create_dir(root.path().join(bucket))?;
+            return Ok(());
+        }
         let mut stream = tokio::net::TcpStream::connect(&self.addr).await?;
         let request = format!(
             "PUT /{bucket} HTTP/1.0\r\nHost: {}\r\nContent-Length: 0\r\n\r\n",
@@ -820,14 +857,18 @@ impl Moto {
         Ok(ticks / 100.0)
     }
 
-    /// (requests, `metadata.json` objects written) the log holds so far.
+    /// (requests, `metadata.json` objects written) the log holds so far:
+    /// a request is a line of moto's access log, or of s3s's debug log.
     fn requests(&self) -> BenchResult<(u64, u64)> {
         let log = std::fs::read_to_string(self.log.path())?;
-        let lines = log.lines().filter(|l| l.contains(" HTTP/1.1"));
+        let (request, put, metadata) = match self.root {
+            Some(_) => ("req: Request { method:", "method: PUT", ".metadata.json,"),
+            None => (" HTTP/1.1", "PUT /", ".metadata.json "),
+        };
         let (mut all, mut commits) = (0, 0);
-        for line in lines {
+        for line in log.lines().filter(|l| l.contains(request)) {
             all += 1;
-            if line.contains("PUT /") && line.contains(".metadata.json ") {
+            if line.contains(put) && line.contains(metadata) {
                 commits += 1;
             }
         }
@@ -835,7 +876,7 @@ impl Moto {
     }
 }
 
-impl Drop for Moto {
+impl Drop for S3Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
