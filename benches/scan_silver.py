@@ -1,5 +1,5 @@
 """Full scan of a silver table through pyiceberg, against a scan of the same
-rows freshly written as one table, for benches/pipeline.rs and the
+rows freshly written as one table, for benches/pipeline/main.rs and the
 500-batch compaction test.
 
 usage: scan_silver.py <lake folder> <namespace.table>
