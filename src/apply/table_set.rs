@@ -195,14 +195,22 @@ pub fn recorded_slot(bronze: &Table) -> Option<String> {
 
 /// Whether a bronze table in `namespace` records `slot`.
 pub async fn records_slot(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Result<bool> {
+    Ok(!recording(lake, namespace, slot).await?.is_empty())
+}
+
+/// The bronze tables in `namespace` that record `slot`.
+async fn recording(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Result<Vec<Table>> {
+    let mut found = Vec::new();
     for ident in lake.tables(namespace.first().map(String::as_str)).await? {
-        if ident.name().ends_with("_changes")
-            && recorded_slot(&lake.catalog_table(&ident).await?).as_deref() == Some(slot)
-        {
-            return Ok(true);
+        if !ident.name().ends_with("_changes") {
+            continue;
+        }
+        let bronze = lake.catalog_table(&ident).await?;
+        if recorded_slot(&bronze).as_deref() == Some(slot) {
+            found.push(bronze);
         }
     }
-    Ok(false)
+    Ok(found)
 }
 
 /// Releases the lake's claim on `slot`, which is being dropped: each
@@ -222,17 +230,11 @@ pub async fn release_slot(
         return Ok(Vec::new());
     }
     let mut released = Vec::new();
-    for ident in lake.tables(namespace.first().map(String::as_str)).await? {
-        if !ident.name().ends_with("_changes") {
-            continue;
-        }
-        let bronze = lake.catalog_table(&ident).await?;
-        if recorded_slot(&bronze).as_deref() == Some(slot) {
-            let dropped = format!("{slot}{RELEASED}");
-            lake.set_properties(&bronze, &[(SOURCE_SLOT, dropped)])
-                .await?;
-            released.push(ident);
-        }
+    for bronze in recording(&lake, namespace, slot).await? {
+        let dropped = format!("{slot}{RELEASED}");
+        lake.set_properties(&bronze, &[(SOURCE_SLOT, dropped)])
+            .await?;
+        released.push(bronze.identifier().clone());
     }
     Ok(released)
 }
