@@ -52,7 +52,7 @@ pub struct Raw {
     /// file, a [catalog] table of pyiceberg's keys instead.
     #[arg(long, value_name = "FILE", value_parser = CatalogSetting::file)]
     pub catalog: Option<CatalogSetting>,
-    /// The catalog type: sql or rest [default: from the URI, else sql].
+    /// The catalog type: sql, rest or glue [default: from the URI, else sql].
     #[arg(long, value_name = "TYPE")]
     pub catalog_type: Option<String>,
     /// The catalog's URI: for sql, sqlite:FILE or

@@ -168,3 +168,35 @@ async fn a_postgresql_catalogs_transaction_shows_a_batch_in_both_tables_at_once(
     )
     .await;
 }
+
+/// The writer lock in a PostgreSQL catalog is its connection's: once that
+/// connection is gone (here terminated, as a restart of the catalog's
+/// server ends it) the lock says it no longer holds, and another process
+/// can take it; a run then takes it again before its next start.
+#[tokio::test]
+async fn a_catalog_lock_whose_connection_ended_says_so() {
+    use wal2iceberg::lake::catalog::{CatalogChoice, LakeLocation, namespace};
+    use wal2iceberg::lake::lock::WriterLock;
+
+    let catalog_db = TestDb::new().await;
+    let uri = catalog_db.config_url();
+    let dir = tempfile::tempdir().unwrap();
+    let choice = CatalogChoice {
+        uri: Some(&uri),
+        ..CatalogChoice::default()
+    };
+    let lake = LakeLocation::configure(dir.path(), &choice).unwrap();
+    let shop = namespace("shop");
+    let mut lock = WriterLock::acquire(&lake, &shop).await.unwrap();
+    assert!(lock.holds().await);
+    assert!(WriterLock::acquire(&lake, &shop).await.is_err());
+    catalog_db
+        .exec(
+            "SELECT pg_terminate_backend(pid) FROM pg_locks \
+             WHERE locktype = 'advisory' AND pid <> pg_backend_pid() \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        )
+        .await;
+    assert!(!lock.holds().await, "the lock went with its connection");
+    WriterLock::acquire(&lake, &shop).await.unwrap();
+}

@@ -127,6 +127,7 @@ async fn random_kills_and_a_crash_before_a_commit_on_a_rest_catalog_on_s3_lose_a
         catalog_uri: Some(server.uri.clone()),
         warehouse: None,
         properties: s3.properties(),
+        ..RemoteSettings::default()
     };
     oracle.on_remote_lake(remote, readers);
     oracle.kill_at_random(8, 19).await;

@@ -8,6 +8,7 @@ static ALLOCATOR: support::alloc::ThreadCounting = support::alloc::ThreadCountin
 mod atomic_commits;
 mod auth;
 mod before_images;
+mod catalog_glue;
 mod catalog_postgres;
 mod catalog_rest;
 mod chaos;
@@ -25,6 +26,7 @@ mod partitions;
 mod pipeline;
 mod preflight;
 mod schema_changes;
+mod schema_kinds;
 mod seed_walkthrough;
 mod slow_lake;
 mod streaming;

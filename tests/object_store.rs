@@ -248,6 +248,7 @@ async fn random_kills_on_s3_with_a_catalog_in_postgresql_lose_and_repeat_nothing
         catalog_uri: Some(catalog_db.config_url()),
         warehouse: Some(warehouse),
         properties: server.properties(),
+        ..RemoteSettings::default()
     };
     oracle.on_remote_lake(remote, readers);
     oracle.kill_at_random(8, 23).await;

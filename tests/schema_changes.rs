@@ -9,14 +9,15 @@ use wal2iceberg::ops::run::{RunOptions, run};
 
 use crate::support::*;
 
-const SILVER: &str = "shop.orders";
-const BRONZE: &str = "shop.orders_changes";
+pub(crate) const SILVER: &str = "shop.orders";
+pub(crate) const BRONZE: &str = "shop.orders_changes";
 
 /// `orders`, the table the rename tests change, with two rows.
-const TWO_ORDERS: &str = "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
+pub(crate) const TWO_ORDERS: &str =
+    "CREATE TABLE orders(id int PRIMARY KEY, customer text, qty int);
      INSERT INTO orders VALUES (1, 'ann', 1), (2, 'bob', 2);";
 
-async fn schema(lake: &std::path::Path, table: &str) -> Value {
+pub(crate) async fn schema(lake: &std::path::Path, table: &str) -> Value {
     pyiceberg(lake, table, "schema").await
 }
 
@@ -33,7 +34,7 @@ async fn history(lake: &std::path::Path, column: &str) -> Vec<Value> {
 
 /// A new lake, `orders` loaded into it by a first run on a slot named
 /// after `prefix`; that run's options.
-async fn loaded(db: &TestDb, prefix: &str) -> (tempfile::TempDir, RunOptions) {
+pub(crate) async fn loaded(db: &TestDb, prefix: &str) -> (tempfile::TempDir, RunOptions) {
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(db, &["orders"], &unique(prefix), dir.path());
     run(&db.config, &opts).await.unwrap();
@@ -42,7 +43,7 @@ async fn loaded(db: &TestDb, prefix: &str) -> (tempfile::TempDir, RunOptions) {
 
 /// `verify` of `orders` passes: it reads the older files under the new
 /// names too.
-async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
+pub(crate) async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
     let verified = verify_lake(db, slot, lake, "public.orders").await;
     assert!(
         verified.status.success(),
@@ -53,7 +54,7 @@ async fn assert_verified(db: &TestDb, slot: &str, lake: &std::path::Path) {
 
 /// The reads (`r` rows: loads and reloads) of `id` among bronze's `rows`,
 /// oldest first (DuckDB gives rows in no particular order).
-fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
+pub(crate) fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
     let mut reads: Vec<Value> = rows
         .as_array()
         .unwrap()
@@ -66,12 +67,12 @@ fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
 }
 
 /// A run in the background.
-type Running =
+pub(crate) type Running =
     tokio::task::JoinHandle<wal2iceberg::error::Result<wal2iceberg::ops::run::RunReport>>;
 
 /// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
 /// publication, into the lake at `lake`, ending when idle.
-fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<String> {
+pub(crate) fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<String> {
     [
         "run",
         "--source",
@@ -94,7 +95,7 @@ fn binary_run(db: &TestDb, opts: &RunOptions, lake: &std::path::Path) -> Vec<Str
 }
 
 /// Runs the binary with `args` until it dies at the failpoint `point`.
-async fn crash_at(args: &[String], point: &str) {
+pub(crate) async fn crash_at(args: &[String], point: &str) {
     let crashed = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
         .args(args)
         .env(wal2iceberg::failpoint::VARIABLE, format!("{point}:1"))
@@ -113,7 +114,7 @@ async fn crash_at(args: &[String], point: &str) {
 /// its stream over for a resync is idle while the walsender reads through
 /// the WAL other tests' databases wrote meanwhile, before it confirms
 /// past it (`applied`): give it tens of seconds.
-async fn streaming(
+pub(crate) async fn streaming(
     db: &TestDb,
     tables: &[&str],
     slot: &str,
@@ -136,7 +137,7 @@ async fn streaming(
 /// Waits until the run confirmed everything written so far (up to three
 /// minutes: after a resync's restart, under the other tests' load, it has
 /// taken over one); a run that ended before fails the test with its result.
-async fn applied(db: &TestDb, slot: &str, running: &mut Running) {
+pub(crate) async fn applied(db: &TestDb, slot: &str, running: &mut Running) {
     let target = db.wal_insert_lsn().await;
     for _ in 0..1800 {
         if db.confirmed_flush(slot).await >= Some(target) {
@@ -918,9 +919,16 @@ async fn a_primary_key_dropped_under_the_default_or_an_index_identity_keeps_the_
     for (table, changes) in [("orders", 2), ("items", 3)] {
         let silver =
             iceberg::TableIdent::new(wal2iceberg::lake::catalog::namespace("shop"), table.into());
-        assert!(lake.table_if_exists(&silver).await.unwrap().is_none());
+        assert!(
+            lake.table_if_exists(&silver).await.unwrap().is_none(),
+            "{table}: silver outlived its primary key"
+        );
         let bronze = pyiceberg(dir.path(), &format!("shop.{table}_changes"), "rows").await;
-        assert_eq!(bronze.as_array().unwrap().len(), changes, "{bronze}");
+        assert_eq!(
+            bronze.as_array().unwrap().len(),
+            changes,
+            "{table}'s bronze: {bronze}"
+        );
     }
 }
 

@@ -152,6 +152,43 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
     );
 }
 
+/// A run keeps the lake's writer lock from its first start to its end:
+/// between two starts (here the one a resync asks for, held by the stall
+/// point `restart`), a drop-table is refused as while it streams.
+#[tokio::test]
+async fn a_run_between_two_starts_keeps_the_lake_locked() {
+    let mut oracle = Oracle::new(100).await;
+    oracle.add_other_table().await;
+    oracle.drain().await;
+    let mut run = oracle
+        .command(&[])
+        .env(wal2iceberg::failpoint::STALL_VARIABLE, "restart:30000")
+        .spawn()
+        .unwrap();
+    oracle.db.wait_until_active(&oracle.slot).await;
+    oracle.start_workload();
+    assert_success(&at_oracle(&oracle, &["resync", "--table", "public.accounts"]).await);
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while oracle.db.active_pid(&oracle.slot).await.is_some() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the run never started over:\n{}",
+            oracle.run_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = at_oracle(&oracle, &["drop-table", "--table", "public.other", "--yes"]).await;
+    assert_ne!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("lock"),
+        "{out:?}"
+    );
+    assert!(run.try_wait().unwrap().is_none(), "the run went on");
+    run.kill().await.unwrap();
+    oracle.reloaded = true;
+    oracle.finish().await;
+}
+
 #[tokio::test]
 async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_loses_nothing() {
     let mut oracle = Oracle::new(500).await;

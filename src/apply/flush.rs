@@ -9,17 +9,22 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures_util::future::try_join;
 use iceberg::TableIdent;
 
 use super::pipeline::Pipeline;
 use super::sink::TableSink;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::lake::compaction::{Merge, merge_small_files};
+use crate::lake::each_table;
 use crate::lake::row_delta::{RowDelta, commit_row_deltas};
 use crate::lake::writer::Position;
 use crate::metrics::{metrics, now_micros};
 use crate::pg::source::TableName;
+
+/// A table's delta, and the source table whose silver it is.
+type Staged = (TableIdent, RowDelta, Option<TableName>);
 
 impl TableSink {
     /// Whether the open batch gives bronze, and silver, a snapshot: what
@@ -120,22 +125,43 @@ impl Pipeline<'_> {
         position: Position,
         resynced: &HashSet<TableName>,
     ) -> Result<()> {
-        // Each delta, and the source table whose silver it is.
-        let mut staged: Vec<(TableIdent, RowDelta, Option<TableName>)> = Vec::new();
-        for (table, sink) in &mut self.sinks {
-            if resynced.contains(table) {
-                continue;
-            }
+        // The tables' files are written at once: on object storage a flush otherwise
+        // waits for one upload after another.
+        let lake = &self.lake;
+        let prepared = self
+            .sinks
+            .iter_mut()
+            .filter(|(table, _)| !resynced.contains(*table));
+        let prepared = prepared.map(|(table, sink)| async move {
             let (bronze, silver) = sink.wants_commit();
-            if bronze {
-                let delta = sink.bronze.prepare_commit(&self.lake, position).await?;
-                staged.push((sink.bronze.ident().clone(), delta, None));
-            }
-            if let Some(silver) = sink.silver.as_mut().filter(|_| silver) {
-                let delta = silver.prepare_commit(&self.lake, position).await?;
-                staged.push((silver.ident().clone(), delta, Some(table.clone())));
-            }
-        }
+            let TableSink {
+                bronze: bronze_table,
+                silver: silver_table,
+                ..
+            } = sink;
+            let bronze = async {
+                if !bronze {
+                    return Result::<Option<Staged>>::Ok(None);
+                }
+                let delta = bronze_table.prepare_commit(lake, position).await?;
+                Ok(Some((bronze_table.ident().clone(), delta, None)))
+            };
+            let silver = async {
+                let Some(silver) = silver_table.as_mut().filter(|_| silver) else {
+                    return Result::<Option<Staged>>::Ok(None);
+                };
+                let delta = silver.prepare_commit(lake, position).await?;
+                Ok(Some((silver.ident().clone(), delta, Some(table.clone()))))
+            };
+            let (bronze, silver) = try_join(bronze, silver).await?;
+            Ok::<_, Error>([bronze, silver])
+        });
+        let staged: Vec<Staged> = each_table(prepared)
+            .await?
+            .into_iter()
+            .flatten()
+            .flatten()
+            .collect();
         if staged.is_empty() {
             return Ok(());
         }

@@ -129,6 +129,7 @@ impl Pipeline<'_> {
             })
             .await?;
         while let Some(batch) = load.next().await? {
+            failpoint::stall("load").await;
             progress.tick(&batch);
             if options.shutdown.is_requested() {
                 tracing::info!("stopping during the initial load: nothing of it is committed");

@@ -31,6 +31,7 @@ use crate::pg::lsn::Lsn;
 use crate::pg::source::TableName;
 use crate::shutdown::Shutdown;
 
+mod beside;
 mod flush;
 mod housekeeping;
 mod keep;

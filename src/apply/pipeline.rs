@@ -1,11 +1,12 @@
 //! The open batch and the stream loop: events staged into the sinks,
 //! flushed when the policy says, confirmed once every commit landed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use iceberg::TableIdent;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::naming::{idents, state_folder};
@@ -63,8 +64,25 @@ pub(crate) struct Pipeline<'r> {
     /// abandoned for the resync, whose start fills it from bronze's
     /// history as it streams the change again.
     pub(super) replay_after_resync: bool,
+    /// The tables loading beside the stream (`apply::beside`).
+    pub(super) beside: Option<Beside>,
     /// What all runs of this process did so far.
     pub(super) report: &'r mut RunReport,
+}
+
+/// Where a load beside the stream is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Load {
+    Running,
+    Landed,
+    /// Stopped before it landed: a stop was asked for.
+    Stopped,
+}
+
+/// The tables loading beside the stream, and where their load is.
+pub(super) struct Beside {
+    pub(super) tables: HashSet<TableName>,
+    pub(super) load: watch::Receiver<Load>,
 }
 
 /// How a stream ended: for good, or to start over for a resync.
@@ -84,6 +102,8 @@ impl<'r> Pipeline<'r> {
         options: &RunOptions,
         report: &'r mut RunReport,
     ) -> Pipeline<'r> {
+        // Where the catalog has them (docs/configuration.md).
+        let atomic_commits = options.atomic_commits && lake.commits_tables_together();
         Pipeline {
             lake,
             namespace,
@@ -94,13 +114,14 @@ impl<'r> Pipeline<'r> {
             batch_bytes: 0,
             batch_commit_times: Vec::new(),
             batch_end: None,
-            atomic_commits: options.atomic_commits,
+            atomic_commits,
             compact_after_files: options.compact_after_files,
             retention: options.retention,
             state_dir: options.state_dir.clone(),
             resyncing: HashMap::new(),
             resync_asked: false,
             replay_after_resync: false,
+            beside: None,
             report,
         }
     }
@@ -156,9 +177,9 @@ impl<'r> Pipeline<'r> {
         Ok(())
     }
 
-    /// The slot stands at `lsn`.
+    /// The slot stands at `lsn` (or further, as confirmed before).
     pub(crate) fn confirmed(&mut self, lsn: Lsn) {
-        self.report.confirmed = lsn;
+        self.report.confirmed = self.report.confirmed.max(lsn);
     }
 }
 
@@ -174,9 +195,9 @@ impl Pipeline<'_> {
         let mut settled = false;
         let mut resync_checked = Instant::now();
         loop {
-            let next = stream
-                .next_before(Some(policy.deadline(Instant::now())))
-                .await?;
+            let now = Instant::now();
+            let deadline = self.beside_deadline(policy.deadline(now), now);
+            let next = stream.next_before(Some(deadline)).await?;
             policy.streamed(stream.in_streamed_transaction(), Instant::now());
             let step = match next {
                 Next::Event(event) => {
@@ -189,6 +210,9 @@ impl Pipeline<'_> {
                             changes = self.batch_changes,
                             "an unchanged TOAST value while silver waits for its reload: the open batch is streamed again after the resync"
                         );
+                        // The stream is read again from where it began
+                        // once a load beside it is done, not before.
+                        self.load_ended().await;
                         return Ok(StreamEnd::Resync);
                     }
                     policy.after_event(
@@ -221,7 +245,7 @@ impl Pipeline<'_> {
             let step = if options.shutdown.is_requested() {
                 policy.on_shutdown(self.batch_end.is_some())
             } else {
-                step
+                self.beside_step(step)
             };
             match step {
                 Step::Wait => {}
@@ -247,10 +271,12 @@ impl Pipeline<'_> {
             // be staged with no change counted.)
             if policy.between_transactions() && self.batch_end.is_none() && self.batch_changes == 0
             {
-                if self.resync_asked {
+                // A resync asked for while a load runs beside the stream
+                // waits for the start over the load ends in.
+                if self.landed_beside() || (self.resync_asked && !self.loading()) {
                     return Ok(StreamEnd::Resync);
                 }
-                if resync_checked.elapsed() >= resync::POLL {
+                if !self.loading() && resync_checked.elapsed() >= resync::POLL {
                     resync_checked = Instant::now();
                     if self.resync_requested().await? {
                         return Ok(StreamEnd::Resync);
@@ -263,7 +289,7 @@ impl Pipeline<'_> {
     /// How a stream that ends for good ends: a resync this run asked for
     /// comes first.
     fn end(&self) -> Result<StreamEnd> {
-        Ok(if self.resync_asked {
+        Ok(if self.resync_asked || self.landed_beside() {
             StreamEnd::Resync
         } else {
             StreamEnd::Done
@@ -291,6 +317,8 @@ impl Pipeline<'_> {
     async fn take(&mut self, event: Event) -> Result<usize> {
         let mut taken = 0;
         match event {
+            Event::Change(_) | Event::Rewritten { .. } | Event::Described { .. }
+                if self.loading_beside(event.table()) => {}
             Event::Change(mut change) => {
                 failpoint::stall("stage").await;
                 self.ensure_sink(&change.relation).await?;
@@ -448,8 +476,8 @@ impl Pipeline<'_> {
         self.flush().await?;
         failpoint::hit("before-confirm");
         stream.confirm(end).await?;
-        self.report.confirmed = end;
-        tracing::info!(lsn = %end, "batch committed and confirmed");
+        self.confirmed(stream.confirmed());
+        tracing::info!(lsn = %end, confirmed = %stream.confirmed(), "batch committed and confirmed");
         Ok(())
     }
 }

@@ -369,11 +369,14 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             );
             Some(load)
         };
+        // From where the slot stands (the server starts there for any
+        // lower position): what the stream reports confirmed starts there.
+        let start_lsn = info.confirmed_flush_lsn.unwrap_or_default();
         return Ok(Capture::Resume {
             load,
             pending: PendingStream {
                 connection,
-                start,
+                start: StartOptions { start_lsn, ..start },
                 catalog,
                 tables: options.tables.clone(),
             },

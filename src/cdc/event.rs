@@ -224,6 +224,17 @@ pub enum Event {
 }
 
 impl Event {
+    /// The captured table the event is of: none for transaction
+    /// boundaries and messages.
+    pub fn table(&self) -> Option<&TableName> {
+        match self {
+            Event::Change(change) => Some(&change.relation.name),
+            Event::Rewritten { table, .. } => Some(table),
+            Event::Described { relation, .. } => Some(&relation.name),
+            Event::Begin(_) | Event::Message { .. } | Event::Commit { .. } => None,
+        }
+    }
+
     /// One JSON object per event, as `wal2iceberg tail` prints it.
     pub fn to_json(&self) -> serde_json::Value {
         let tx_json = |tx: &TxInfo| {

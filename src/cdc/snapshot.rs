@@ -250,6 +250,8 @@ impl TableReader {
 pub struct SnapshotLoad {
     reader: TableReader,
     plan: Arc<Plan>,
+    /// Every table the load reads.
+    tables: Vec<TableName>,
     snapshot_name: String,
     /// The replication connection of a temporary slot that exported the
     /// snapshot; closed (dropping the slot) when the load ends.
@@ -279,9 +281,10 @@ impl SnapshotLoad {
         Ok(SnapshotLoad {
             reader,
             plan: Arc::new(Plan {
-                pending: Mutex::new(tables.into()),
+                pending: Mutex::new(tables.iter().cloned().collect()),
                 seq: AtomicU64::new(0),
             }),
+            tables,
             snapshot_name: snapshot_name.to_owned(),
             exporter,
             tx: TxInfo {
@@ -311,6 +314,11 @@ impl SnapshotLoad {
     /// included, once the load has ended.
     pub fn relations(&self) -> &[Arc<RelationInfo>] {
         &self.reader.relations
+    }
+
+    /// Every table the load reads.
+    pub fn tables(&self) -> &[TableName] {
+        &self.tables
     }
 
     /// The load's transaction: xid 0, committed at the consistent point.

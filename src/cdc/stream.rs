@@ -33,6 +33,8 @@ pub struct ChangeStream {
     /// Never confirm a keepalive's position: the caller reads the slot
     /// without consuming it.
     reading_only: bool,
+    /// No confirmation goes past it: the stream is read again from there.
+    ceiling: Option<Lsn>,
 }
 
 impl ChangeStream {
@@ -46,6 +48,7 @@ impl ChangeStream {
             assembler,
             delivered: start,
             reading_only: false,
+            ceiling: None,
         }
     }
 
@@ -75,6 +78,7 @@ impl ChangeStream {
                 }
                 Some(ReplicationMessage::PrimaryKeepalive { wal_end, .. }) => {
                     if !self.reading_only
+                        && self.ceiling.is_none()
                         && self.assembler.is_idle()
                         && self.replication.confirmed() >= self.delivered
                     {
@@ -92,8 +96,16 @@ impl ChangeStream {
         self.reading_only = true;
     }
 
-    /// Everything up to `lsn` is durable: report it to the server now.
+    /// Confirms nothing past where the slot stands now, for the rest of
+    /// the stream: what comes after is to be read again.
+    pub fn hold(&mut self) {
+        self.ceiling = Some(self.replication.confirmed());
+    }
+
+    /// Everything up to `lsn` is durable: report it to the server now (up
+    /// to where [`Self::hold`] holds the slot).
     pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
+        let lsn = self.ceiling.map_or(lsn, |ceiling| lsn.min(ceiling));
         self.replication.confirm(lsn).await
     }
 

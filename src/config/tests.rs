@@ -173,7 +173,8 @@ fn a_rest_catalog_from_a_catalog_table_whose_keys_the_flags_override() {
         Warehouse::Uri("s3://bucket/lake".into())
     );
     for (text, key) in [
-        ("[catalog]\ntype = \"glue\"\n", "catalog_type"),
+        ("[catalog]\ntype = \"glue\"\n", "warehouse"),
+        ("[catalog]\ntype = \"hive\"\n", "catalog_type"),
         ("[catalog]\ntype = \"rest\"\n", "catalog_type"),
         ("catalog_property = [\"token=x\"]\n", "catalog_property"),
         (

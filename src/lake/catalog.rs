@@ -16,12 +16,15 @@ use iceberg::spec::Schema;
 use iceberg::table::Table;
 use iceberg::transaction::{ApplyTransactionAction, Transaction};
 use iceberg::{Catalog, CatalogBuilder, NamespaceIdent, TableCreation, TableIdent};
+use iceberg_catalog_glue::GlueCatalogBuilder;
 use iceberg_catalog_rest::RestCatalogBuilder;
 use iceberg_catalog_sql::SqlCatalogBuilder;
 
 use super::catalog_db::CatalogDb;
 use super::catalog_uri::CatalogUri;
 use super::durable_fs::DurableFsFactory;
+use super::glue;
+use super::glue_commit::GlueCommits;
 use super::rest_commit::RestCommits;
 use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
@@ -94,8 +97,11 @@ impl LakeLocation {
                     .map_err(|e| ("catalog_uri", e))?;
             }
             (None, None) => {
-                if let Some(kind) = choice.kind {
-                    CatalogUri::check_type(kind).map_err(|e| ("catalog_type", e))?;
+                if let Some(kind) = choice.kind
+                    && let Some(catalog) =
+                        CatalogUri::without_uri(kind).map_err(|e| ("catalog_type", e))?
+                {
+                    lake.catalog = catalog;
                 }
             }
         }
@@ -104,9 +110,24 @@ impl LakeLocation {
         // their files are reached, through S3 when the warehouse or the
         // properties name it.
         let rest = matches!(lake.catalog, CatalogUri::Rest { .. });
+        let glue = matches!(lake.catalog, CatalogUri::Glue { .. });
         let properties = CatalogProperties::parse(choice.properties.iter().map(String::as_str))
             .map_err(|e| ("catalog_property", e))?;
-        if rest && (choice.warehouse.is_some_and(is_s3) || properties.names_s3()) {
+        if glue {
+            // Glue keeps pointers only: the tables' files are on S3.
+            lake.warehouse = match choice.warehouse {
+                Some(warehouse) if is_s3(warehouse) => {
+                    Warehouse::parse(warehouse).map_err(|e| ("warehouse", e))?
+                }
+                _ => {
+                    return Err((
+                        "warehouse",
+                        "a Glue catalog's tables live on S3: --warehouse s3://bucket/prefix"
+                            .to_owned(),
+                    ));
+                }
+            };
+        } else if rest && (choice.warehouse.is_some_and(is_s3) || properties.names_s3()) {
             lake.warehouse = Warehouse::Uri(
                 choice
                     .warehouse
@@ -121,6 +142,12 @@ impl LakeLocation {
             return Err((
                 "catalog_property",
                 "token, credential and the other REST properties are for a REST catalog".to_owned(),
+            ));
+        }
+        if !glue && properties.names_glue() {
+            return Err((
+                "catalog_property",
+                "the glue.* properties are for a Glue catalog (--catalog-type glue)".to_owned(),
             ));
         }
         lake.properties = properties;
@@ -149,7 +176,7 @@ impl From<PathBuf> for LakeLocation {
 /// environment).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CatalogChoice<'a> {
-    /// `sql` or `rest`; inferred from the URI when not given.
+    /// `sql`, `rest` or `glue`; inferred from the URI when not given.
     pub kind: Option<&'a str>,
     /// A SQL catalog's SQLite file.
     pub file: Option<&'a Path>,
@@ -187,6 +214,8 @@ pub enum Commits {
     },
     /// The REST catalog's table update.
     Rest(RestCommits),
+    /// Glue's `UpdateTable` under the table's version.
+    Glue(GlueCommits),
 }
 
 impl Lake {
@@ -256,14 +285,27 @@ impl Lake {
                 };
                 let url = db.sqlx_url(file.as_deref());
                 sqlx::any::install_default_drivers();
-                let catalog = SqlCatalogBuilder::default()
-                    .uri(&url)
-                    .warehouse_location(warehouse)
-                    .sql_bind_style(db.bind_style())
-                    .with_storage_factory(storage)
-                    .load(&location.name, props)
-                    .await
-                    .map_err(opened)?;
+                // The catalog makes its tables when missing; another
+                // engine making them at the same moment makes PostgreSQL
+                // refuse one `CREATE TABLE IF NOT EXISTS` (a unique
+                // violation in its own catalog), and opened again it finds
+                // them made.
+                let mut attempts = 0;
+                let catalog = loop {
+                    let opened_catalog = SqlCatalogBuilder::default()
+                        .uri(&url)
+                        .warehouse_location(warehouse.clone())
+                        .sql_bind_style(db.bind_style())
+                        .with_storage_factory(storage.clone())
+                        .load(&location.name, props.clone())
+                        .await;
+                    match opened_catalog {
+                        Err(e) if attempts < 3 && e.to_string().contains("duplicate key value") => {
+                            attempts += 1;
+                        }
+                        other => break other.map_err(opened)?,
+                    }
+                };
                 let pool = sqlx::any::AnyPoolOptions::new()
                     .max_connections(1)
                     .connect_lazy(&url)
@@ -302,6 +344,26 @@ impl Lake {
                     .await
                     .map_err(opened)?;
                 (Arc::new(catalog), Commits::Rest(commits))
+            }
+            CatalogUri::Glue { endpoint } => {
+                let props = glue::catalog_props(
+                    &location.properties,
+                    endpoint.as_deref(),
+                    &warehouse,
+                    props,
+                )?;
+                let commits = glue::connect(&props).await;
+                let inner = GlueCatalogBuilder::default()
+                    .with_storage_factory(storage)
+                    .load(&location.name, props)
+                    .await
+                    .map_err(opened)?;
+                let catalog = glue::GlueCatalog {
+                    inner,
+                    commits: commits.clone(),
+                    warehouse,
+                };
+                (Arc::new(catalog), Commits::Glue(commits))
             }
         };
         Ok(Lake {
@@ -463,6 +525,12 @@ impl Lake {
     /// Where the commits `row_delta` and `expire` make go.
     pub fn commits(&self) -> &Commits {
         &self.commits
+    }
+
+    /// Whether the catalog commits several tables at once (a SQL
+    /// catalog's transaction, REST's `transactions/commit`); Glue cannot.
+    pub fn commits_tables_together(&self) -> bool {
+        !matches!(self.commits, Commits::Glue(_))
     }
 
     pub fn catalog(&self) -> &dyn Catalog {

@@ -53,9 +53,18 @@ pub async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
             let changes: Vec<_> = planned.iter().map(|p| (&p.table, &p.built)).collect();
             return rest.commit(&changes).await;
         }
+        Commits::Glue(glue) => {
+            let [Planned { table, built }] = planned.as_slice() else {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    "Glue commits one table at a time: a change of several is not atomic there",
+                ));
+            };
+            return glue.commit(table, built).await;
+        }
     };
-    let mut swaps = Vec::with_capacity(planned.len());
-    for Planned { table, built } in &planned {
+    // The metadata files at once: on object storage each is a round trip.
+    let swaps = super::each_table(planned.iter().map(|Planned { table, built }| async move {
         let context = |e: iceberg::Error| {
             iceberg_error(e, "cannot write the table metadata")
                 .with_context("table", table.identifier())
@@ -70,8 +79,9 @@ pub async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
             .write_to(table.file_io(), &new_location)
             .await
             .map_err(context)?;
-        swaps.push((table.identifier(), current, new_location.to_string()));
-    }
+        Ok::<_, Error>((table.identifier(), current, new_location.to_string()))
+    }))
+    .await?;
     failpoint::hit("before-catalog-commit");
     if !swap_metadata_locations(pool, (db, name), &swaps).await? {
         return Ok(false);

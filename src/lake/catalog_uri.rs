@@ -1,6 +1,7 @@
 //! Which catalog a lake has, as pyiceberg users name it (a type and a
 //! URI): a SQL catalog, in a SQLite file (the embedded default) or a
-//! PostgreSQL database (`catalog_db`), or an Iceberg REST catalog.
+//! PostgreSQL database (`catalog_db`), an Iceberg REST catalog, or AWS
+//! Glue.
 
 use std::fmt;
 
@@ -15,16 +16,21 @@ pub enum CatalogUri {
         uri: String,
         warehouse: Option<String>,
     },
+    /// AWS Glue's Data Catalog, at its regional endpoint unless another is
+    /// given (pyiceberg's `glue.endpoint`: a VPC endpoint, a test server).
+    Glue {
+        endpoint: Option<String>,
+    },
 }
 
 /// The catalog types wal2iceberg knows.
-const TYPES: &str = "sql or rest";
+const TYPES: &str = "sql, rest or glue";
 
 impl CatalogUri {
     /// The catalog of `kind` (`sql`, `rest`; inferred from the URI when
     /// not given, as pyiceberg infers it) at `uri`; a REST catalog is
-    /// asked for `warehouse`. Glue, and types wal2iceberg does not know,
-    /// are refused up front.
+    /// asked for `warehouse`; Glue's URI is its endpoint. Types
+    /// wal2iceberg does not know are refused up front.
     pub fn parse(
         kind: Option<&str>,
         uri: &str,
@@ -43,6 +49,16 @@ impl CatalogUri {
                 "a REST catalog's URI is http(s)://host:port, not {uri:?}"
             )),
             (None | Some("sql"), false) => CatalogDb::parse_uri(uri).map(CatalogUri::Sql),
+            (Some("glue"), true) => {
+                url::Url::parse(uri).map_err(|e| format!("not a URL: {e}"))?;
+                Ok(CatalogUri::Glue {
+                    endpoint: Some(uri.trim_end_matches('/').to_owned()),
+                })
+            }
+            (Some("glue"), false) => Err(format!(
+                "a Glue catalog's URI is its endpoint, http(s)://host[:port], not {uri:?}; \
+                 without one, AWS's endpoint of the region"
+            )),
             (Some("sql"), true) => Err(
                 "a SQL catalog's URI is sqlite:FILE or postgresql://user@host/db; an http URI \
                  is a REST catalog (catalog type rest)"
@@ -52,11 +68,12 @@ impl CatalogUri {
         }
     }
 
-    /// Checks a catalog type given without a URI: only a SQL catalog has
-    /// one by default (the lake's SQLite file).
-    pub fn check_type(kind: &str) -> Result<(), String> {
+    /// The catalog of a type given without a URI: a SQL catalog has one by
+    /// default (the lake's SQLite file, `None` here), Glue its region's.
+    pub fn without_uri(kind: &str) -> Result<Option<CatalogUri>, String> {
         match kind {
-            "sql" => Ok(()),
+            "sql" => Ok(None),
+            "glue" => Ok(Some(CatalogUri::Glue { endpoint: None })),
             "rest" => Err("a REST catalog needs its URI: --catalog-uri http://host:8181".into()),
             other => Err(unknown(other)),
         }
@@ -66,7 +83,7 @@ impl CatalogUri {
     pub fn db(&self) -> Option<&CatalogDb> {
         match self {
             CatalogUri::Sql(db) => Some(db),
-            CatalogUri::Rest { .. } => None,
+            CatalogUri::Rest { .. } | CatalogUri::Glue { .. } => None,
         }
     }
 
@@ -78,10 +95,7 @@ impl CatalogUri {
 }
 
 fn unknown(kind: &str) -> String {
-    match kind {
-        "glue" => format!("the glue catalog is not supported yet; catalog types: {TYPES}"),
-        other => format!("{other:?} is not a catalog type: {TYPES}"),
-    }
+    format!("{kind:?} is not a catalog type: {TYPES}")
 }
 
 impl fmt::Display for CatalogUri {
@@ -89,6 +103,10 @@ impl fmt::Display for CatalogUri {
         match self {
             CatalogUri::Sql(db) => write!(f, "{db}"),
             CatalogUri::Rest { uri, .. } => write!(f, "{}", redacted(uri)),
+            CatalogUri::Glue { endpoint: None } => write!(f, "glue"),
+            CatalogUri::Glue {
+                endpoint: Some(endpoint),
+            } => write!(f, "glue at {}", redacted(endpoint)),
         }
     }
 }
@@ -127,7 +145,7 @@ mod tests {
         for (kind, uri) in [
             (Some("sql"), "http://cat:8181"),
             (Some("rest"), "postgresql://h/db"),
-            (Some("glue"), "http://x"),
+            (Some("glue"), "glue.example"),
             (Some("hive"), "thrift://x"),
         ] {
             assert!(
@@ -135,10 +153,19 @@ mod tests {
                 "{kind:?} {uri}"
             );
         }
-        let glue = CatalogUri::check_type("glue").unwrap_err();
-        assert!(glue.contains("not supported yet"), "{glue}");
-        assert!(CatalogUri::check_type("rest").is_err());
-        assert!(CatalogUri::check_type("sql").is_ok());
+        assert_eq!(
+            CatalogUri::parse(Some("glue"), "http://127.0.0.1:5000/", None).unwrap(),
+            CatalogUri::Glue {
+                endpoint: Some("http://127.0.0.1:5000".into())
+            }
+        );
+        assert_eq!(
+            CatalogUri::without_uri("glue").unwrap(),
+            Some(CatalogUri::Glue { endpoint: None })
+        );
+        assert!(CatalogUri::without_uri("rest").is_err());
+        assert!(CatalogUri::without_uri("hive").is_err());
+        assert_eq!(CatalogUri::without_uri("sql").unwrap(), None);
     }
 
     #[test]

@@ -413,6 +413,7 @@ fn plan_schema(
             }
             None if field.name == BEFORE && !mode.silver() => {
                 let before = Before {
+                    top: schema,
                     keep_names: mode == Mode::BronzeAhead,
                     by_old_name: &by_old_name,
                     retired: &retired,
@@ -530,9 +531,14 @@ fn waiting_for<'a>(
 /// A retyped column's old field in bronze, kept under `<name>__<field id>`
 /// for its history (docs/tables.md, Schema changes).
 fn retire(field: &NestedFieldRef) -> NestedFieldRef {
+    retire_as(field, field.id)
+}
+
+/// `field` retired under `<name>__<id>`.
+fn retire_as(field: &NestedFieldRef, id: i32) -> NestedFieldRef {
     with(
         field,
-        &format!("{}__{}", field.name, field.id),
+        &format!("{}__{id}", field.name),
         (*field.field_type).clone(),
     )
 }
@@ -688,6 +694,8 @@ fn promoted(held: &Type, wanted: &Type) -> Option<Type> {
 /// What bronze's `_cdc_before` takes of an evolution, by the old names of
 /// the source columns it holds.
 struct Before<'a> {
+    /// The table's schema before the evolution.
+    top: &'a Schema,
     /// [`Mode::BronzeAhead`]: promoted, not renamed.
     keep_names: bool,
     by_old_name: &'a HashMap<&'a str, &'a ColumnInfo>,
@@ -724,7 +732,11 @@ impl Before<'_> {
                     || (!child.name.starts_with("_cdc_")
                         && self.taken.contains(child.name.as_str())) =>
                 {
-                    children.push(retire(child));
+                    // Under the name its top-level twin retires to, so
+                    // that the two keep one name should the column come
+                    // back to it (added again ahead of the stream).
+                    let twin = self.top.as_struct().field_by_name(&child.name);
+                    children.push(retire_as(child, twin.map_or(child.id, |f| f.id)));
                 }
                 None => children.push(child.clone()),
             }

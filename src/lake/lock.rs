@@ -7,7 +7,7 @@
 //! processes on other machines share, it is a session advisory lock on
 //! the catalog's database, held by a connection of its own and released
 //! by the server when that connection ends. So a crash never leaves it
-//! behind. Beside a REST catalog, which has no lock to offer, it is a
+//! behind. Beside a REST or Glue catalog, which has no lock to offer, it is a
 //! lock on a file in the lake's folder, which keeps out processes of this
 //! machine only: there the commits themselves keep a table whole (each
 //! names the snapshot it builds on, and a run refuses a base another
@@ -66,6 +66,9 @@ impl WriterLock {
             CatalogUri::Rest { .. } => {
                 WriterLock::beside(&lake.folder.join("rest-catalog"), namespace)
             }
+            CatalogUri::Glue { .. } => {
+                WriterLock::beside(&lake.folder.join("glue-catalog"), namespace)
+            }
         }
     }
 
@@ -101,6 +104,16 @@ impl WriterLock {
             false => Err(Error::new(ErrorKind::Lake, HELD)
                 .with_context("namespace", namespace.join("."))
                 .with_context("lock", format!("an advisory lock in {db}"))),
+        }
+    }
+
+    /// Whether the lock is still held: a database session's lock goes
+    /// with its connection (a restart of the catalog's server, a cut
+    /// connection), a file's with the process.
+    pub async fn holds(&mut self) -> bool {
+        match self {
+            WriterLock::File(_) => true,
+            WriterLock::Session(connection) => sqlx::Connection::ping(connection).await.is_ok(),
         }
     }
 

@@ -39,6 +39,8 @@ pub mod durable_fs;
 pub mod evolve;
 pub mod expire;
 pub mod gap;
+pub mod glue;
+pub mod glue_commit;
 pub mod key;
 pub mod key_index;
 pub mod listing;
@@ -53,3 +55,21 @@ pub mod sorted_run;
 pub mod staged_schema;
 pub mod storage;
 pub mod writer;
+
+/// Runs `writes` (one per table: its files, manifests or metadata) at most
+/// a few at a time, in order: on object storage each is a round trip a
+/// flush would otherwise wait for in turn, and a flush of hundreds of
+/// tables must not open hundreds of uploads at once.
+pub async fn each_table<T, F>(writes: impl IntoIterator<Item = F>) -> crate::error::Result<Vec<T>>
+where
+    F: std::future::Future<Output = crate::error::Result<T>>,
+{
+    use futures_util::{StreamExt, TryStreamExt};
+    // Collected first: a lazy iterator held across the awaits makes the
+    // caller's future not `Send` (rust-lang/rust#102211).
+    let writes: Vec<F> = writes.into_iter().collect();
+    futures_util::stream::iter(writes)
+        .buffered(8)
+        .try_collect()
+        .await
+}

@@ -91,19 +91,17 @@ pub async fn commit_row_deltas(
         names.join(", ")
     };
     for attempt in 1..=MAX_ATTEMPTS {
-        let mut planned = Vec::with_capacity(deltas.len());
-        for (ident, delta) in deltas {
-            let table = lake.catalog_table(ident).await?;
-            planned.push(plan(&table, delta).await?);
-        }
+        // Each table's reads and writes at once: on object storage they
+        // are round trips.
+        let planned = super::each_table(deltas.iter().map(|(ident, delta)| async move {
+            plan(&lake.catalog_table(ident).await?, delta).await
+        }))
+        .await?;
         if commit_all(lake, planned).await? {
             metrics.observe_commit_duration(started.elapsed());
-            let mut committed = Vec::with_capacity(deltas.len());
-            for (ident, _) in deltas {
-                metrics.iceberg_commits.inc();
-                committed.push(lake.catalog_table(ident).await?);
-            }
-            return Ok(committed);
+            metrics.iceberg_commits.inc_by(deltas.len() as u64);
+            return super::each_table(deltas.iter().map(|(ident, _)| lake.catalog_table(ident)))
+                .await;
         }
         metrics.iceberg_commit_retries.inc();
         tracing::warn!(tables = %names(), attempt, "commit conflict; retrying on the new table state");

@@ -84,6 +84,18 @@ const REST_PROPERTIES: &[&str] = &[
     "prefix",
 ];
 
+/// AWS Glue's properties, as pyiceberg names them: the Data Catalog's
+/// account (`glue.id`), its region, and a credential or profile for it
+/// when not the environment's ([`super::glue`]).
+pub(super) const GLUE_PROPERTIES: &[&str] = &[
+    "glue.id",
+    "glue.region",
+    "glue.profile-name",
+    "glue.access-key-id",
+    "glue.secret-access-key",
+    "glue.session-token",
+];
+
 /// The properties of a credential: taken all from the properties when
 /// one of them is there, else all from the environment, never mixed.
 const CREDENTIAL: &[&str] = &[
@@ -113,20 +125,18 @@ impl CatalogProperties {
             match pair.split_once('=') {
                 Some((key, value))
                     if PROPERTIES.contains(&key.trim())
-                        || REST_PROPERTIES.contains(&key.trim())
-                        || key
-                            .trim()
-                            .strip_prefix("header.")
-                            .is_some_and(|h| !h.is_empty()) =>
+                        || GLUE_PROPERTIES.contains(&key.trim())
+                        || is_rest(key.trim()) =>
                 {
                     properties.insert(key.trim().to_owned(), value.to_owned());
                 }
                 Some((key, _)) => {
                     return Err(format!(
-                        "unknown property {:?}; known: {}, {} and header.<name> (a [catalog] \
-                         table in a file also takes type, uri, warehouse and name)",
+                        "unknown property {:?}; known: {}, {}, {} and header.<name> (a \
+                         [catalog] table in a file also takes type, uri, warehouse and name)",
                         key.trim(),
                         PROPERTIES.join(", "),
+                        GLUE_PROPERTIES.join(", "),
                         REST_PROPERTIES.join(", ")
                     ));
                 }
@@ -147,15 +157,26 @@ impl CatalogProperties {
 
     /// Whether a REST catalog's property is given.
     pub fn names_rest(&self) -> bool {
-        self.0.keys().any(|k| !PROPERTIES.contains(&k.as_str()))
+        self.0.keys().any(|k| is_rest(k))
+    }
+
+    /// Whether a Glue catalog's property is given.
+    pub fn names_glue(&self) -> bool {
+        self.0.keys().any(|k| GLUE_PROPERTIES.contains(&k.as_str()))
     }
 
     /// The REST catalog's properties.
     pub fn rest_props(&self) -> impl Iterator<Item = (String, String)> + '_ {
         self.0
             .iter()
-            .filter(|(k, _)| !PROPERTIES.contains(&k.as_str()))
+            .filter(|(k, _)| is_rest(k))
             .map(|(k, v)| (k.clone(), v.clone()))
+    }
+
+    /// The value of Glue's property `key`.
+    pub(super) fn glue(&self, key: &str) -> Option<&str> {
+        debug_assert!(GLUE_PROPERTIES.contains(&key));
+        self.0.get(key).map(String::as_str)
     }
 
     /// The properties the object store reads, from the process's
@@ -196,6 +217,11 @@ impl CatalogProperties {
         }
         props
     }
+}
+
+/// Whether `key` is a REST catalog's property.
+fn is_rest(key: &str) -> bool {
+    REST_PROPERTIES.contains(&key) || key.strip_prefix("header.").is_some_and(|h| !h.is_empty())
 }
 
 /// The storage of a warehouse on an object store.

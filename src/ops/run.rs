@@ -18,6 +18,7 @@ use crate::apply::{Pipeline, StreamEnd};
 use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
 use crate::cdc::snapshot::SnapshotLoad;
 use crate::error::{Error, ErrorKind, Result};
+use crate::failpoint;
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::lock::WriterLock;
 use crate::pg::config::PgConfig;
@@ -46,12 +47,16 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     let mut backoff = Duration::from_millis(250);
     let mut streamed = false;
     let mut preflight_retries = 0;
+    // Taken by the first start and held to the end: a drop-table or a
+    // compaction that came between two starts would act beside the run.
+    let mut writer = None;
     loop {
         let mut started = false;
         if streamed {
             wait_for_slot_release(config, &options.capture.slot).await;
+            failpoint::stall("restart").await;
         }
-        match run_once(config, options, &mut started, &mut total).await {
+        match run_once(config, options, (&mut started, &mut writer), &mut total).await {
             Ok(StreamEnd::Done) => return Ok(total),
             Ok(StreamEnd::Resync) if options.shutdown.is_requested() => return Ok(total),
             Ok(StreamEnd::Resync) => {
@@ -254,11 +259,12 @@ pub struct Settled {
 }
 
 /// One connection's worth of the pipeline; `started` is set once the
-/// stream runs, and `total` gathers what was applied.
+/// stream runs, `writer` holds the lake's writer lock once taken, and
+/// `total` gathers what was applied.
 async fn run_once(
     config: &PgConfig,
     options: &RunOptions,
-    started: &mut bool,
+    (started, writer): (&mut bool, &mut Option<WriterLock>),
     total: &mut RunReport,
 ) -> Result<StreamEnd> {
     let Settled {
@@ -275,7 +281,15 @@ async fn run_once(
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }
-    let _writer = WriterLock::acquire(&options.lake, &namespace).await?;
+    if let Some(lock) = writer.as_mut()
+        && !lock.holds().await
+    {
+        tracing::warn!(namespace = %namespace.join("."), "the lake's writer lock went with its catalog connection; taking it again");
+        *writer = None;
+    }
+    if writer.is_none() {
+        *writer = Some(WriterLock::acquire(&options.lake, &namespace).await?);
+    }
     let lake = Lake::open(&options.lake).await?;
     let mut pipeline = Pipeline::new(lake, namespace, names, options, total);
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
@@ -303,14 +317,23 @@ async fn run_once(
         Capture::Resume { load, pending } => (load, pending, false),
     };
     let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
-    if let Some(load) = load
+    // A slot just made has nothing to stream before its load; on one that
+    // streamed, the tables to load are loaded beside the stream.
+    let (beside, first) = match load {
+        Some(load) if !new_slot => (Some(load), None),
+        load => (None, load),
+    };
+    if let Some(load) = first
         && !pipeline.load(load, config, options).await?
     {
         return Ok(StreamEnd::Done);
     }
-    // Open every table (rebuilding silver's key index) while the
+    let loading = beside.as_ref().map_or(&[][..], SnapshotLoad::tables);
+    // Open every other table (rebuilding silver's key index) while the
     // replication connection may still idle.
-    pipeline.open(&pending.describe_tables().await?).await?;
+    let mut relations = pending.describe_tables().await?;
+    relations.retain(|r| !loading.contains(&r.name));
+    pipeline.open(&relations).await?;
     let _monitor = monitor::start(
         config,
         MonitorOptions {
@@ -327,7 +350,18 @@ async fn run_once(
         stream.confirm(point).await?;
         pipeline.confirmed(point);
     }
-    let end = match pipeline.stream(&mut stream, options).await {
+    let streamed = match beside {
+        Some(load) => {
+            let (streamed, load_failed) = pipeline
+                .stream_beside(&mut stream, load, config, options)
+                .await;
+            // A load that keeps failing is retried with a growing wait.
+            *started &= !load_failed;
+            streamed
+        }
+        None => pipeline.stream(&mut stream, options).await,
+    };
+    let end = match streamed {
         Ok(end) => end,
         Err(e) => {
             pipeline.abandon();

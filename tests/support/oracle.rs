@@ -179,6 +179,8 @@ struct Workload {
 /// Where a lake other than the embedded one is, as a run's settings.
 #[derive(Debug, Default)]
 pub struct RemoteSettings {
+    /// `--catalog-type`, where the URI does not tell it.
+    pub catalog_type: Option<&'static str>,
     pub catalog_uri: Option<String>,
     pub warehouse: Option<String>,
     /// `key=value` catalog properties.
@@ -188,6 +190,9 @@ pub struct RemoteSettings {
 impl RemoteSettings {
     fn flags(&self) -> Vec<String> {
         let mut flags = Vec::new();
+        if let Some(kind) = self.catalog_type {
+            flags.extend(["--catalog-type".to_owned(), kind.to_owned()]);
+        }
         for (flag, value) in [
             ("--catalog-uri", &self.catalog_uri),
             ("--warehouse", &self.warehouse),
@@ -426,6 +431,7 @@ impl Oracle {
     pub async fn positions(&self) -> [Option<Position>; 2] {
         let mut held = [None, None];
         let choice = CatalogChoice {
+            kind: self.remote.catalog_type,
             uri: self.remote.catalog_uri.as_deref(),
             warehouse: self.remote.warehouse.as_deref(),
             properties: &self.remote.properties,
@@ -452,7 +458,10 @@ impl Oracle {
         let give_up = std::time::Instant::now() + Duration::from_secs(180);
         while self.positions().await.iter().any(Option::is_none) {
             if let Some(status) = run.try_wait().expect("the run's status") {
-                panic!("the run exited ({status}) before its initial load landed");
+                panic!(
+                    "the run exited ({status}) before its initial load landed; it logged:\n{}",
+                    self.run_log()
+                );
             }
             assert!(
                 std::time::Instant::now() < give_up,

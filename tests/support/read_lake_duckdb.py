@@ -18,14 +18,30 @@ lake, ident = sys.argv[1], sys.argv[2]
 namespace, table = ident.rsplit(".", 1)
 # The table's metadata file, from the catalog: the SQLite file, or the
 # PostgreSQL database in READ_LAKE_CATALOG_URI (through psycopg2), or the
-# REST catalog there (its loadTable answer, through the standard library).
+# REST catalog there (its loadTable answer, through the standard library),
+# or Glue's GetTable (through boto3) when READ_LAKE_CATALOG_TYPE is glue.
 query = (
     "SELECT metadata_location FROM iceberg_tables"
     " WHERE catalog_name = ? AND table_namespace = ? AND table_name = ?"
 )
 catalog_name = os.environ.get("READ_LAKE_CATALOG_NAME", "local")
 pg_catalog = os.environ.get("READ_LAKE_CATALOG_URI")
-if pg_catalog and pg_catalog.startswith(("http://", "https://")):
+if os.environ.get("READ_LAKE_CATALOG_TYPE") == "glue":
+    import boto3
+
+    from lake_catalog import glue_properties
+
+    glue_props = glue_properties(pg_catalog, json.loads(os.environ.get("READ_LAKE_PROPS", "{}")))
+    glue = boto3.client(
+        "glue",
+        endpoint_url=glue_props["glue.endpoint"],
+        region_name=glue_props["glue.region"],
+        aws_access_key_id=glue_props["glue.access-key-id"],
+        aws_secret_access_key=glue_props["glue.secret-access-key"],
+    )
+    found = glue.get_table(DatabaseName=namespace, Name=table)
+    location = found["Table"]["Parameters"]["metadata_location"]
+elif pg_catalog and pg_catalog.startswith(("http://", "https://")):
     import urllib.parse
     import urllib.request
 
