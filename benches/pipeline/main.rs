@@ -6,9 +6,12 @@
 //! reference, then wal2iceberg's initial load. With the slot in place it
 //! runs the workload (N inserts in transactions of 1,000, N/2 updates in
 //! transactions of 100, N/10 deletes in transactions of 100, one
-//! transaction of N inserts), copies the slot twice, drains the copies with
-//! `pg_recvlogical` (protocol 1; protocol 2 with `streaming on`) as the
-//! streaming reference, then lets wal2iceberg apply the same WAL. Then a
+//! transaction of N inserts), copies the slot three times, drains the
+//! copies with `pg_recvlogical` (protocol 1; protocol 2 with and without
+//! `streaming on`), each stopped by a marker committed after the
+//! workload, as the streaming reference, then lets wal2iceberg apply the
+//! same WAL; the CPU per change of each and of its walsender
+//! (`stream.rs`). Then a
 //! steady 1,000 transactions per second for the commit-to-visible latency,
 //! and a full scan of silver through pyiceberg. The restart phase times a
 //! start until streaming with the key index persisted and rebuilt. The s3
@@ -29,6 +32,7 @@ use wal2iceberg::ops::scratch::{ScratchPostgres, find_bin_dir};
 use s3_server::S3Server;
 
 mod s3_server;
+mod stream;
 use wal2iceberg::pg::config::PgConfig;
 use wal2iceberg::pg::source::SourceClient;
 
@@ -329,136 +333,6 @@ impl Bench {
             "< 300 MB".into(),
             peak_rss_mb < 300.0,
         );
-        Ok(())
-    }
-
-    /// The workload into the slot, the references, then wal2iceberg.
-    async fn stream(&mut self) -> BenchResult<()> {
-        let n = self.rows;
-        let changes = n + n / 2 + n / 10 + n;
-        println!("stream: {changes} changes");
-        let slot = self
-            .client
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&SLOT],
-            )
-            .await?;
-        if slot.is_none() {
-            return Err("the stream phase needs the load phase before it".into());
-        }
-        let started = Instant::now();
-        self.sql(
-            "CREATE PROCEDURE bench_workload(n bigint) LANGUAGE plpgsql AS $$
-             DECLARE b bigint;
-             BEGIN
-               FOR b IN 0 .. n / 1000 - 1 LOOP
-                 INSERT INTO orders SELECT n + b * 1000 + i, (i % 10000)::int, 'new', i / 100.0,
-                   'order note ' || i, now(), now() FROM generate_series(1, 1000) i;
-                 COMMIT;
-               END LOOP;
-               FOR b IN 0 .. n / 2 / 100 - 1 LOOP
-                 UPDATE orders SET status = 'paid', amount = amount + 1, updated_at = now()
-                   WHERE id IN (SELECT ((b * 100 + i) * 1000003) % (2 * n) + 1 FROM generate_series(0::bigint, 99) i);
-                 COMMIT;
-               END LOOP;
-               FOR b IN 0 .. n / 10 / 100 - 1 LOOP
-                 DELETE FROM orders
-                   WHERE id IN (SELECT ((b * 100 + i) * 999983) % (2 * n) + 1 FROM generate_series(0::bigint, 99) i);
-                 COMMIT;
-               END LOOP;
-               INSERT INTO orders SELECT 2 * n + i, (i % 10000)::int, 'bulk', i / 100.0,
-                 'bulk note ' || i, now(), now() FROM generate_series(1, n) i;
-               COMMIT;
-             END $$;",
-        )
-        .await?;
-        // Alone, so that the procedure may commit.
-        self.sql(&format!("CALL bench_workload({n})")).await?;
-        let end = self.lsn().await?;
-        println!(
-            "  (workload written in {:.1} s, up to {end})",
-            started.elapsed().as_secs_f64()
-        );
-        // The cleanup the workload calls for runs now, so that autovacuum
-        // and the checkpointer share the cores with none of the runs below.
-        self.sql("VACUUM ANALYZE orders").await?;
-        self.sql("CHECKPOINT").await?;
-        let mut references = Vec::new();
-        for (name, options) in [
-            ("pg_recvlogical, protocol 1", &["proto_version=1"][..]),
-            (
-                "pg_recvlogical, protocol 2, streaming on",
-                &["proto_version=2", "streaming=on"][..],
-            ),
-            ("pg_recvlogical, protocol 2", &["proto_version=2"][..]),
-        ] {
-            let copy = format!("bench_ref_{}", references.len());
-            self.sql(&format!(
-                "SELECT pg_copy_logical_replication_slot('{SLOT}', '{copy}')"
-            ))
-            .await?;
-            let mut c = time_v(&self.bin.join("pg_recvlogical"));
-            c.args(["-d", &self.url, "--slot", &copy, "--start", "-E", &end])
-                .args(["-f", "/dev/null", "--no-loop"])
-                .args(["-o", &format!("publication_names={PUBLICATION}")]);
-            for o in options {
-                c.args(["-o", o]);
-            }
-            let t = timed(&mut c)?;
-            self.sql(&format!("SELECT pg_drop_replication_slot('{copy}')"))
-                .await?;
-            self.report.figure(
-                name,
-                format!(
-                    "{:.0} changes/s ({:.1} s)",
-                    changes as f64 / t.seconds,
-                    t.seconds
-                ),
-            );
-            references.push(t.seconds);
-        }
-        let idle = format!("{}ms", IDLE_EXIT.as_millis());
-        let ours = timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle]))?;
-        let seconds = ours.seconds - IDLE_EXIT.as_secs_f64();
-        let rate = changes as f64 / seconds;
-        let r = &mut self.report;
-        r.figure(
-            "wal2iceberg streaming apply (protocol 2)",
-            format!("{rate:.0} changes/s ({seconds:.1} s)"),
-        );
-        // The reference with the options wal2iceberg used: protocol 2.
-        let same = references[2] / seconds;
-        r.check(
-            "apply ratio to pg_recvlogical (same options)",
-            format!("{same:.2}"),
-            ">= 0.80 (goal 0.95)".into(),
-            same >= 0.8,
-        );
-        r.figure(
-            "apply ratio to pg_recvlogical protocol 1",
-            format!("{:.2}", references[0] / seconds),
-        );
-        r.figure(
-            "apply ratio to pg_recvlogical protocol 2 streaming",
-            format!("{:.2}", references[1] / seconds),
-        );
-        let peer = rate / PEER_CHANGES_PER_SECOND;
-        r.check(
-            "speed-up over a Python sink (5,000 changes/s, quoted)",
-            format!("{peer:.1}x"),
-            ">= 20x".into(),
-            peer >= 20.0,
-        );
-        r.check(
-            "apply peak RSS",
-            format!("{:.0} MB", ours.peak_rss_mb),
-            "< 300 MB".into(),
-            ours.peak_rss_mb < 300.0,
-        );
-        if ours.stderr.contains("ERROR") {
-            return Err(format!("wal2iceberg reported errors: {}", ours.stderr).into());
-        }
         Ok(())
     }
 
