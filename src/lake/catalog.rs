@@ -25,6 +25,7 @@ use super::catalog_uri::CatalogUri;
 use super::durable_fs::DurableFsFactory;
 use super::glue;
 use super::glue_commit::GlueCommits;
+use super::iceberg_error;
 use super::rest_commit::RestCommits;
 use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
@@ -660,13 +661,4 @@ impl Lake {
 /// The namespace of a source database's tables.
 pub fn namespace(database: &str) -> NamespaceIdent {
     NamespaceIdent::new(database.to_owned())
-}
-
-pub(crate) fn iceberg_error(err: iceberg::Error, message: &str) -> Error {
-    let kind = if err.retryable() {
-        ErrorKind::Io
-    } else {
-        ErrorKind::Lake
-    };
-    Error::new(kind, message.to_owned()).with_source(err)
 }

@@ -14,8 +14,9 @@ use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableIdent};
 use sqlx::Row;
 
-use super::catalog::{Commits, Lake, iceberg_error};
+use super::catalog::{Commits, Lake};
 use super::catalog_db::CatalogDb;
+use super::{current_location, iceberg_error};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 
@@ -94,14 +95,6 @@ pub async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
         }
     }
     Ok(true)
-}
-
-/// The location of the table's current metadata file.
-pub fn current_location(table: &Table) -> Result<String> {
-    table.metadata_location().map(str::to_owned).ok_or_else(|| {
-        Error::new(ErrorKind::Lake, "the table has no metadata location")
-            .with_context("table", table.identifier())
-    })
 }
 
 /// The compare-and-swap of each `(table, expected, new)` pointer in the

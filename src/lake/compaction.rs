@@ -12,7 +12,8 @@ use iceberg::spec::ManifestContentType;
 use iceberg::table::Table;
 
 use super::align::align;
-use super::catalog::{Lake, iceberg_error};
+use super::catalog::Lake;
+use super::iceberg_error;
 use super::row_delta::{RowDelta, commit_rewrite};
 use super::writer::{DataFileSink, Position, arrow_schema, read_parquet};
 use crate::error::Result;

@@ -17,9 +17,10 @@ use iceberg::TableIdent;
 use iceberg::spec::SnapshotRef;
 use iceberg::table::Table;
 
-use super::catalog::{Lake, iceberg_error};
-use super::catalog_commit::{commit_metadata, current_location};
+use super::catalog::Lake;
+use super::catalog_commit::commit_metadata;
 use super::listing::files_under;
+use super::{current_location, iceberg_error};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Which snapshots to keep.

@@ -19,8 +19,7 @@ use iceberg::spec::{PrimitiveType, Schema, TableMetadata, TableMetadataBuildResu
 use iceberg::table::Table;
 use iceberg::{MetadataLocation, TableIdent};
 
-use super::catalog::iceberg_error;
-use super::catalog_commit::current_location;
+use super::{current_location, iceberg_error};
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
 

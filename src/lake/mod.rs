@@ -73,3 +73,23 @@ where
         .try_collect()
         .await
 }
+
+/// An error of the iceberg crates, retryable (an I/O error) when they say so.
+pub(crate) fn iceberg_error(err: iceberg::Error, message: &str) -> crate::error::Error {
+    use crate::error::{Error, ErrorKind};
+    let kind = if err.retryable() {
+        ErrorKind::Io
+    } else {
+        ErrorKind::Lake
+    };
+    Error::new(kind, message.to_owned()).with_source(err)
+}
+
+/// The location of the table's current metadata file.
+pub fn current_location(table: &iceberg::table::Table) -> crate::error::Result<String> {
+    use crate::error::{Error, ErrorKind};
+    table.metadata_location().map(str::to_owned).ok_or_else(|| {
+        Error::new(ErrorKind::Lake, "the table has no metadata location")
+            .with_context("table", table.identifier())
+    })
+}

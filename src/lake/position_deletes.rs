@@ -22,7 +22,7 @@ use iceberg::writer::file_writer::{FileWriter, FileWriterBuilder, ParquetWriter}
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
-use super::catalog::iceberg_error;
+use super::iceberg_error;
 use super::writer::read_parquet;
 use crate::error::{Error, ErrorKind, Result};
 

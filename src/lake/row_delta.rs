@@ -32,10 +32,11 @@ use iceberg::spec::{
 };
 use iceberg::table::Table;
 
-use super::catalog::{Lake, iceberg_error};
-use super::catalog_commit::{Planned, commit_all, current_location};
+use super::catalog::Lake;
+use super::catalog_commit::{Planned, commit_all};
 use super::staged_schema::StagedSchema;
 use super::writer::ancestors;
+use super::{current_location, iceberg_error};
 use crate::error::{Error, ErrorKind, Result};
 
 /// How often a commit is tried against a freshly loaded table before the

@@ -19,7 +19,7 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Schema as ArrowSchema};
 
 use super::align::align;
-use super::catalog::iceberg_error;
+use super::iceberg_error;
 use super::writer::{arrow_schema, read_parquet};
 use crate::error::{Error, ErrorKind, Result};
 

@@ -42,7 +42,8 @@ use super::align::{align, field_id};
 use super::arrow::{
     Verbatim, arrow_value, build_array_keeping, load_source_column, verbatim_entries, with_verbatim,
 };
-use super::catalog::{Lake, iceberg_error};
+use super::catalog::Lake;
+use super::iceberg_error;
 use super::key::{Key, KeyCodec};
 use super::key_index::{KeyIndex, MEMORY_ENTRIES, NewFile};
 use super::position_deletes::{DeleteReader, write_position_deletes};

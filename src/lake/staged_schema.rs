@@ -18,7 +18,8 @@ use iceberg::spec::TableMetadataBuilder;
 use iceberg::table::Table;
 use iceberg::{Runtime, TableIdent, TableRequirement, TableUpdate};
 
-use super::catalog::{Lake, iceberg_error};
+use super::catalog::Lake;
+use super::iceberg_error;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The schema updates of a table's open batch, in the order planned.

@@ -27,7 +27,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 
-use super::catalog::iceberg_error;
+use super::iceberg_error;
 use crate::blocking::{blocking, blocking_await};
 use crate::error::{Error, ErrorKind, Result};
 use crate::pg::lsn::Lsn;
