@@ -200,3 +200,87 @@ async fn a_catalog_lock_whose_connection_ended_says_so() {
     assert!(!lock.holds().await, "the lock went with its connection");
     WriterLock::acquire(&lake, &shop).await.unwrap();
 }
+
+/// A run whose writer lock in a PostgreSQL catalog went with its
+/// connection (terminated here, as a restart of the catalog's server ends
+/// it) commits nothing while another process holds the lock, goes on
+/// running, and takes the lock again once that process let go: the
+/// changes made meanwhile land then, once.
+#[tokio::test]
+async fn a_run_that_lost_its_catalog_lock_commits_nothing_until_it_took_it_again() {
+    use std::time::{Duration, Instant};
+    use wal2iceberg::lake::catalog::{CatalogChoice, LakeLocation, namespace};
+    use wal2iceberg::lake::lock::WriterLock;
+
+    let db = TestDb::new().await;
+    create_customers(&db).await;
+    let catalog_db = TestDb::new().await;
+    let uri = catalog_db.config_url();
+    let dir = tempfile::tempdir().unwrap();
+    let lake_arg = dir.path().display().to_string();
+    let slot = unique("lostlock");
+    let place = [
+        "--lake",
+        &lake_arg,
+        "--catalog-uri",
+        &uri,
+        "--namespace",
+        "shop",
+    ];
+    let mut running = Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args(customers_run(&db, &slot, &place))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let confirmed_past = async |target| {
+        let give_up = Instant::now() + Duration::from_secs(180);
+        while db.confirmed_flush(&slot).await < Some(target) {
+            assert!(Instant::now() < give_up, "the run never confirmed {target}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    db.wait_until_active(&slot).await;
+    confirmed_past(db.wal_insert_lsn().await).await;
+
+    let holders = "SELECT pid FROM pg_locks WHERE locktype = 'advisory' \
+                   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+    catalog_db
+        .exec(&format!(
+            "SELECT pg_terminate_backend(pid) FROM ({holders}) h"
+        ))
+        .await;
+    let lake = LakeLocation::configure(
+        dir.path(),
+        &CatalogChoice {
+            uri: Some(&uri),
+            ..CatalogChoice::default()
+        },
+    )
+    .unwrap();
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let ours = loop {
+        match WriterLock::acquire(&lake, &namespace("shop")).await {
+            Ok(lock) => break lock,
+            Err(e) => assert!(Instant::now() < give_up, "the run's lock stayed: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    change_customers(&db).await;
+    let target = db.wal_insert_lsn().await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        db.confirmed_flush(&slot).await < Some(target),
+        "the run committed while another process held the lake's lock"
+    );
+    assert!(running.try_wait().unwrap().is_none(), "the run stopped");
+
+    drop(ours);
+    confirmed_past(target).await;
+    let held = catalog_db.client.query(holders, &[]).await.unwrap();
+    assert_eq!(held.len(), 1, "the run holds the lock again");
+    RemoteLake::with_catalog(dir.path(), uri.clone())
+        .assert_customers_changed()
+        .await;
+    running.kill().await.unwrap();
+}

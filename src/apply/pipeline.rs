@@ -23,6 +23,7 @@ use crate::lake::catalog::Lake;
 use crate::lake::evolve::Mode;
 use crate::lake::expire::Retention;
 use crate::lake::gap::Gap;
+use crate::lake::lock::WriterLock;
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
 use crate::metrics::metrics;
@@ -66,6 +67,9 @@ pub(crate) struct Pipeline<'r> {
     pub(super) replay_after_resync: bool,
     /// The tables loading beside the stream (`apply::beside`).
     pub(super) beside: Option<Beside>,
+    /// The lake's writer lock, checked before each batch's commit; none
+    /// for a load beside the stream, whose run checks it.
+    writer: Option<&'r mut WriterLock>,
     /// What all runs of this process did so far.
     pub(super) report: &'r mut RunReport,
 }
@@ -122,8 +126,14 @@ impl<'r> Pipeline<'r> {
             resync_asked: false,
             replay_after_resync: false,
             beside: None,
+            writer: None,
             report,
         }
+    }
+
+    /// Checks `lock` before each batch's commit.
+    pub(crate) fn commit_under(&mut self, lock: &'r mut WriterLock) {
+        self.writer = Some(lock);
     }
 
     /// Opens the sink of every table `relations` describes, rebuilding
@@ -469,10 +479,29 @@ impl Pipeline<'_> {
         Ok(())
     }
 
+    /// The lake's writer lock is still this run's: one in a PostgreSQL
+    /// catalog goes with its connection (the catalog's server restarted,
+    /// or cut it), and a compaction or drop-table could take it meanwhile.
+    /// Then nothing is committed: the run starts over, taking it again.
+    async fn writer_lock_held(&mut self) -> Result<()> {
+        let Some(lock) = self.writer.as_deref_mut() else {
+            return Ok(());
+        };
+        if lock.holds().await {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Connection,
+            "the lake's writer lock went with its catalog connection: committing nothing until it is taken again",
+        )
+        .with_context("namespace", self.namespace.join(".")))
+    }
+
     async fn flush_and_confirm(&mut self, stream: &mut ChangeStream) -> Result<()> {
         let Some(end) = self.batch_end.map(|p| p.end_lsn) else {
             return Ok(());
         };
+        self.writer_lock_held().await?;
         self.flush().await?;
         failpoint::hit("before-confirm");
         stream.confirm(end).await?;

@@ -281,17 +281,35 @@ async fn run_once(
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }
-    if let Some(lock) = writer.as_mut()
-        && !lock.holds().await
-    {
-        tracing::warn!(namespace = %namespace.join("."), "the lake's writer lock went with its catalog connection; taking it again");
-        *writer = None;
-    }
-    if writer.is_none() {
-        *writer = Some(WriterLock::acquire(&options.lake, &namespace).await?);
-    }
+    let mut held = writer.take();
+    let lost = match held.as_mut() {
+        Some(lock) => !lock.holds().await,
+        None => false,
+    };
+    let lock = match held {
+        Some(lock) if lost => {
+            // Lost with its catalog connection: another process may hold
+            // it now (a compaction), and the run waits for it; the lost
+            // lock stays, so the next start knows to wait too.
+            tracing::warn!(namespace = %namespace.join("."), "the lake's writer lock went with its catalog connection; taking it again");
+            match WriterLock::acquire(&options.lake, &namespace).await {
+                Ok(taken) => taken,
+                Err(e) => {
+                    *writer = Some(lock);
+                    return Err(Error::new(
+                        ErrorKind::Connection,
+                        "cannot take the lake's writer lock again",
+                    )
+                    .with_source(e));
+                }
+            }
+        }
+        Some(lock) => lock,
+        None => WriterLock::acquire(&options.lake, &namespace).await?,
+    };
     let lake = Lake::open(&options.lake).await?;
     let mut pipeline = Pipeline::new(lake, namespace, names, options, total);
+    pipeline.commit_under(writer.insert(lock));
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
     // The lake claims a slot before it is made: its bronze tables record
     // the slot from the start, so a later run tells its own slot (one a
