@@ -365,7 +365,7 @@ impl ReplicationConnection {
     /// once it is complete, so dropping this future loses nothing.
     pub(crate) async fn read_frame(&mut self) -> Result<Frame> {
         loop {
-            if let Some(frame) = self.take_frame()? {
+            if let Some(frame) = self.buffered_frame()? {
                 return Ok(frame);
             }
             let n = self
@@ -379,7 +379,8 @@ impl ReplicationConnection {
         }
     }
 
-    fn take_frame(&mut self) -> Result<Option<Frame>> {
+    /// The next frame if a read before brought all of it, without reading.
+    pub(crate) fn buffered_frame(&mut self) -> Result<Option<Frame>> {
         if self.read_buf.len() < 5 {
             return Ok(None);
         }
