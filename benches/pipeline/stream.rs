@@ -77,19 +77,6 @@ impl ChildrenCpu {
     }
 }
 
-/// The CPU seconds `/usr/bin/time -v` reports, user and system.
-fn cpu_seconds(stderr: &str) -> f64 {
-    ["User time (seconds): ", "System time (seconds): "]
-        .iter()
-        .filter_map(|field| {
-            stderr
-                .lines()
-                .find_map(|l| l.trim().strip_prefix(field))
-                .and_then(|s| s.trim().parse::<f64>().ok())
-        })
-        .sum()
-}
-
 impl Bench {
     /// The workload into the slot, the references, then wal2iceberg.
     pub(crate) async fn stream(&mut self) -> BenchResult<()> {
@@ -187,7 +174,7 @@ impl Bench {
             cpu.spent(|| timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle])))?;
         let seconds = ours.seconds - IDLE_EXIT.as_secs_f64();
         let rate = changes as f64 / seconds;
-        let our_cpu = cpu_seconds(&ours.stderr);
+        let our_cpu = ours.cpu;
         let per_change = |cpu: f64| cpu * 1e6 / changes as f64;
         let r = &mut self.report;
         r.figure(
@@ -197,6 +184,22 @@ impl Bench {
                 per_change(our_cpu),
                 per_change(walsender_cpu)
             ),
+        );
+        r.figure(
+            "apply changes per CPU-second (one core's worth)",
+            format!(
+                "{:.0}{}",
+                changes as f64 / our_cpu,
+                if self.one_core {
+                    " (pinned to one core)"
+                } else {
+                    ""
+                }
+            ),
+        );
+        r.figure(
+            "apply CPU per change / its own walsender's",
+            format!("{:.2}", our_cpu / walsender_cpu),
         );
         // The reference with the options wal2iceberg used: protocol 2.
         let same = references[2].seconds / seconds;
