@@ -170,15 +170,22 @@ impl Bench {
             references.push(drain);
         }
         let idle = format!("{}ms", IDLE_EXIT.as_millis());
-        let (ours, walsender_cpu) =
-            cpu.spent(|| timed(&mut self.wal2iceberg(&["--exit-when-idle", &idle])))?;
+        let mut run = vec!["--exit-when-idle", &idle];
+        // The reference drain with wal2iceberg's options.
+        let (same_options, label) = if self.streaming {
+            run.push("--streaming");
+            (1, "wal2iceberg streaming apply (protocol 2, streaming on)")
+        } else {
+            (2, "wal2iceberg streaming apply (protocol 2)")
+        };
+        let (ours, walsender_cpu) = cpu.spent(|| timed(&mut self.wal2iceberg(&run)))?;
         let seconds = ours.seconds - IDLE_EXIT.as_secs_f64();
         let rate = changes as f64 / seconds;
         let our_cpu = ours.cpu;
         let per_change = |cpu: f64| cpu * 1e6 / changes as f64;
         let r = &mut self.report;
         r.figure(
-            "wal2iceberg streaming apply (protocol 2)",
+            label,
             format!(
                 "{rate:.0} changes/s ({seconds:.1} s; CPU {our_cpu:.1} s, {:.2} µs a change; its walsender {walsender_cpu:.1} s, {:.2} µs a change)",
                 per_change(our_cpu),
@@ -201,8 +208,7 @@ impl Bench {
             "apply CPU per change / its own walsender's",
             format!("{:.2}", our_cpu / walsender_cpu),
         );
-        // The reference with the options wal2iceberg used: protocol 2.
-        let same = references[2].seconds / seconds;
+        let same = references[same_options].seconds / seconds;
         r.check(
             "apply ratio to pg_recvlogical (same options)",
             format!("{same:.2}"),
@@ -221,7 +227,7 @@ impl Bench {
         // client reads as fast as it sends, as wal2iceberg's would on
         // enough cores. (Its own walsender, whose client reads slower,
         // spends less: it sends fuller buffers in fewer calls.)
-        let cpu_ratio = our_cpu / references[2].walsender_cpu;
+        let cpu_ratio = our_cpu / references[same_options].walsender_cpu;
         r.check(
             "apply CPU per change / the walsender's (same options)",
             format!("{cpu_ratio:.2}"),
