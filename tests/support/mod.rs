@@ -254,6 +254,19 @@ impl TestDb {
             .map(|s| s.parse().unwrap())
     }
 
+    /// Transactions the server streamed to `slot` in progress, as
+    /// `pg_stat_replication_slots` counts them (PostgreSQL 14 on).
+    pub async fn streamed_transactions(&self, slot: &str) -> i64 {
+        self.client
+            .query_opt(
+                "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+            .expect("read the slot's statistics")
+            .map_or(0, |r| r.get(0))
+    }
+
     /// How many replication slots this database has.
     pub async fn slot_count(&self) -> i64 {
         self.client

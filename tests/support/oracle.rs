@@ -287,6 +287,12 @@ impl Oracle {
         self.run_flags.push("--atomic-commits=false".to_owned());
     }
 
+    /// Runs from now on stream large transactions (`--streaming`); the
+    /// test server streams any transaction past 64 kB of changes.
+    pub fn streaming(&mut self) {
+        self.run_flags.push("--streaming".to_owned());
+    }
+
     /// Runs from now on write the lake `remote` names, and the checks
     /// read it with the readers' settings `readers`.
     pub fn on_remote_lake(&mut self, remote: RemoteSettings, readers: Vec<(&'static str, String)>) {
