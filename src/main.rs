@@ -631,6 +631,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                     (true, false) => TailSlot::Peek,
                     (false, false) => TailSlot::Temporary,
                 },
+                lake: Some((settings.lake.clone(), settings.lake_namespace())),
                 shutdown: Shutdown::on_signals()?,
             };
             tail(&settings.source, &options, &mut Stdout).await?;

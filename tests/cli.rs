@@ -221,6 +221,23 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
         assert_eq!(code, 0, "{stderr}");
         assert_eq!(change_ops(&stdout), "ud", "{stdout}");
     }
+    // Consuming the run's slot is refused for the lake that records it.
+    let confirmed = db.confirmed_flush(&slot).await;
+    let mut consume = tail(Some(&slot));
+    consume.extend(["--consume".into(), "--lake".into()]);
+    consume.extend([
+        dir.path().display().to_string(),
+        "--namespace".into(),
+        "shop".into(),
+    ]);
+    let (code, stdout, stderr) = run_tail(consume).await;
+    assert_ne!(code, 0, "{stdout}");
+    assert!(
+        stderr.contains("is the lake's") && stderr.contains("Leave out --consume"),
+        "{stderr}"
+    );
+    assert_eq!(change_ops(&stdout), "", "{stdout}");
+    assert_eq!(db.confirmed_flush(&slot).await, confirmed);
     // A slot of its own: the rows now, and no slot left behind.
     let slots = db.slot_count().await;
     let (code, stdout, stderr) = run_tail(tail(None)).await;

@@ -138,6 +138,7 @@ async fn tail_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
         capture,
         exit_when_idle: Some(Duration::from_secs(1)),
         slot: TailSlot::Consume,
+        lake: None,
         shutdown: Default::default(),
     };
     let mut out = Vec::new();

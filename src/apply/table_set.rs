@@ -213,6 +213,32 @@ async fn recording(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Resul
     Ok(found)
 }
 
+/// Whether the lake at `location`, if there is one, records `slot` in
+/// `namespace`: its changes are the lake's to consume.
+pub async fn lake_records_slot(
+    location: &LakeLocation,
+    namespace: &NamespaceIdent,
+    slot: &str,
+) -> Result<bool> {
+    match with_namespace(location, namespace).await? {
+        Some(lake) => records_slot(&lake, namespace, slot).await,
+        None => Ok(false),
+    }
+}
+
+/// The lake at `location`, when it exists and holds `namespace`; opening
+/// it creates nothing.
+async fn with_namespace(
+    location: &LakeLocation,
+    namespace: &NamespaceIdent,
+) -> Result<Option<Lake>> {
+    if !location.catalog.may_exist() {
+        return Ok(None);
+    }
+    let lake = Lake::open_existing(location).await?;
+    Ok(lake.has_namespace(namespace).await?.then_some(lake))
+}
+
 /// Releases the lake's claim on `slot`, which is being dropped: each
 /// bronze table in `namespace` recording it records it dropped instead,
 /// so a slot made later under that name is not taken for theirs
@@ -222,13 +248,9 @@ pub async fn release_slot(
     namespace: &NamespaceIdent,
     slot: &str,
 ) -> Result<Vec<TableIdent>> {
-    if !location.catalog.may_exist() {
+    let Some(lake) = with_namespace(location, namespace).await? else {
         return Ok(Vec::new());
-    }
-    let lake = Lake::open_existing(location).await?;
-    if !lake.has_namespace(namespace).await? {
-        return Ok(Vec::new());
-    }
+    };
     let mut released = Vec::new();
     for bronze in recording(&lake, namespace, slot).await? {
         let dropped = format!("{slot}{RELEASED}");

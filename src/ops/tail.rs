@@ -4,17 +4,21 @@
 //! when it ends; a named slot (a run's) it reads without confirming, so
 //! the run still gets every change. Only `--consume` confirms each
 //! transaction once its last line is written and flushed, so that a
-//! restart resumes after what was printed.
+//! restart resumes after what was printed; it refuses a slot the lake it
+//! is pointed at records, whose changes would never reach that lake.
 
 use std::io::Write;
 use std::time::Duration;
 
+use iceberg::NamespaceIdent;
 use tokio::time::Instant;
 
+use crate::apply::table_set;
 use crate::cdc::capture::{self, Capture, CaptureOptions};
 use crate::cdc::event::Event;
 use crate::cdc::stream::Next;
 use crate::error::{Error, ErrorKind, Result};
+use crate::lake::catalog::LakeLocation;
 use crate::pg::config::PgConfig;
 use crate::pg::source::{self, SourceClient};
 use crate::shutdown::Shutdown;
@@ -24,6 +28,8 @@ pub struct TailOptions {
     /// Exit 0 once no event arrived for this long; run forever when unset.
     pub exit_when_idle: Option<Duration>,
     pub slot: TailSlot,
+    /// The lake and namespace whose slot `--consume` refuses, if any.
+    pub lake: Option<(LakeLocation, NamespaceIdent)>,
     /// SIGINT or SIGTERM: stop between events, cleanly, and exit 0.
     pub shutdown: Shutdown,
 }
@@ -68,11 +74,29 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
                 ));
             }
         }
-        TailSlot::Consume => tracing::warn!(
-            slot = %capture_options.slot,
-            "tail --consume confirms each transaction it prints: a run on this slot never \
-             sees those changes"
-        ),
+        TailSlot::Consume => {
+            if let Some((lake, namespace)) = &options.lake
+                && table_set::lake_records_slot(lake, namespace, &capture_options.slot).await?
+            {
+                return Err(Error::new(
+                    ErrorKind::Slot,
+                    format!(
+                        "replication slot {:?} is the lake's (its bronze tables in namespace {} \
+                         record it): tail --consume would confirm changes the lake never gets. \
+                         Leave out --consume to read it without consuming it, or consume a slot \
+                         of its own",
+                        capture_options.slot,
+                        namespace.join(".")
+                    ),
+                )
+                .with_context("slot", &capture_options.slot));
+            }
+            tracing::warn!(
+                slot = %capture_options.slot,
+                "tail --consume confirms each transaction it prints: a run on this slot never \
+                 sees those changes"
+            );
+        }
     }
     let confirms = options.slot != TailSlot::Peek;
     let mut written = 0u64;
