@@ -34,8 +34,8 @@ use std::time::{Duration, Instant};
 
 use wal2iceberg::ops::scratch::{ScratchPostgres, find_bin_dir};
 
-use s3_server::S3Server;
-
+mod latency;
+mod s3;
 mod s3_server;
 mod stream;
 use wal2iceberg::pg::config::PgConfig;
@@ -47,11 +47,6 @@ const PUBLICATION: &str = "wal2iceberg";
 const TRY_SLOT: &str = "bench_try";
 /// How often the load and its references are timed.
 const LOAD_TRIES: usize = 3;
-/// What the latency phase runs at, and for how long.
-const STEADY_RATE: u64 = 1_000;
-const STEADY_FOR: Duration = Duration::from_secs(30);
-/// wal2iceberg's default flush interval, which the latency targets use.
-const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a run waits on a quiet stream before it exits; subtracted
 /// from its wall time.
 const IDLE_EXIT: Duration = Duration::from_millis(500);
@@ -418,109 +413,6 @@ impl Bench {
         Ok(())
     }
 
-    /// A steady 1,000 single-row transactions per second while wal2iceberg
-    /// runs; latency from its commit-to-visible histogram.
-    async fn latency(&mut self) -> BenchResult<()> {
-        println!("latency: {STEADY_RATE} transactions/s for {STEADY_FOR:?}");
-        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let mut run = self
-            .wal2iceberg_alone(&["--metrics-addr", &metrics.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        // Steady state: the load starts once the run has caught up. A
-        // restarted slot is decoded again from its restart_lsn, which can
-        // lie before a large transaction whose changes were all confirmed
-        // (PostgreSQL moves restart_lsn only at the running-transactions
-        // records it decodes after a confirmation): the walsender reads
-        // that WAL again before anything new arrives.
-        let opening = Instant::now();
-        let row = self
-            .client
-            .query_one(
-                "SELECT pg_current_wal_lsn()::text, \
-                 pg_wal_lsn_diff(confirmed_flush_lsn, restart_lsn)::int8 \
-                 FROM pg_replication_slots WHERE slot_name = $1",
-                &[&SLOT],
-            )
-            .await?;
-        let (now_lsn, redecoded): (String, i64) = (row.get(0), row.get(1));
-        while self
-            .client
-            .query_opt(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active \
-                 AND confirmed_flush_lsn >= $2::text::pg_lsn",
-                &[&SLOT, &now_lsn],
-            )
-            .await?
-            .is_none()
-        {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        self.report.figure(
-            "start until caught up (tables opened, WAL decoded again)",
-            format!(
-                "{:.1} s ({:.0} MB from restart_lsn)",
-                opening.elapsed().as_secs_f64(),
-                redecoded as f64 / 1e6
-            ),
-        );
-        let mut tick = tokio::time::interval(Duration::from_secs(1) / STEADY_RATE as u32);
-        let until = Instant::now() + STEADY_FOR;
-        let mut i: u64 = 0;
-        while Instant::now() < until {
-            tick.tick().await;
-            i += 1;
-            let id = (i * 7919) % self.rows + 1;
-            self.client
-                .execute(
-                    "UPDATE orders SET amount = amount + 1, updated_at = now() WHERE id = $1",
-                    &[&(id as i64)],
-                )
-                .await?;
-        }
-        // Let the last batch land before reading the histogram.
-        tokio::time::sleep(FLUSH_INTERVAL * 3).await;
-        let scrape = http_get(&metrics.to_string(), "/metrics").await?;
-        // Then quiet: the run compacts silver fully (no delete file left)
-        // before the read phase scans it.
-        let quiet = Instant::now();
-        let deletes = "wal2iceberg_silver_files{table=\"public.orders\",content=\"delete\"}";
-        while gauge(&http_get(&metrics.to_string(), "/metrics").await?, deletes) != Some(0.0)
-            && quiet.elapsed() < Duration::from_secs(300)
-        {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let settled = quiet.elapsed().as_secs_f64();
-        let _ = Command::new("kill").arg(run.id().to_string()).status();
-        run.wait()?;
-        self.report.figure(
-            "quiet until silver holds no delete file",
-            format!("{settled:.1} s"),
-        );
-        let buckets = histogram(&scrape, "wal2iceberg_commit_to_visible_seconds_bucket");
-        let flush = FLUSH_INTERVAL.as_secs_f64();
-        let p50 = quantile(&buckets, 0.5);
-        let p99 = quantile(&buckets, 0.99);
-        let r = &mut self.report;
-        r.figure("steady transactions", format!("{i}"));
-        // Issue 20's targets at a 1 s flush: p50 at most the flush
-        // interval, p99 at most twice it.
-        r.check(
-            "commit-to-visible p50 (bucket bound)",
-            format!("<= {p50} s"),
-            format!("<= {flush} s"),
-            p50 <= flush,
-        );
-        r.check(
-            "commit-to-visible p99 (bucket bound)",
-            format!("<= {p99} s"),
-            format!("<= {} s", 2.0 * flush),
-            p99 <= 2.0 * flush,
-        );
-        Ok(())
-    }
-
     /// A full scan of silver through pyiceberg, against the source count
     /// and against a scan of the same rows written as a fresh table.
     async fn read(&mut self) -> BenchResult<()> {
@@ -571,158 +463,6 @@ impl Bench {
         );
         Ok(())
     }
-}
-
-impl Bench {
-    /// N/2 inserts in transactions of 1,000 and N/4 updates in
-    /// transactions of 100 applied by two lakes, each loaded first on a
-    /// slot of its own: one on the local disk, one on S3. The S3 apply's
-    /// speed against the local one, and the requests it sent per table
-    /// commit (each commit writes one `metadata.json`), from the S3
-    /// server's log.
-    async fn s3(&mut self) -> BenchResult<()> {
-        let n = (self.rows / 2_000).max(1) * 1_000;
-        println!(
-            "s3: {n} inserts and {} updates, local lake and S3 lake",
-            n / 2
-        );
-        let server = S3Server::start()?;
-        server.create_bucket("bench").await?;
-        let local = tempfile::Builder::new()
-            .prefix("wal2iceberg-bench-local-")
-            .tempdir()?;
-        let remote = tempfile::Builder::new()
-            .prefix("wal2iceberg-bench-s3-")
-            .tempdir()?;
-        let endpoint = format!("s3.endpoint=http://{}", server.addr);
-        let on_s3 = [
-            "--warehouse",
-            "s3://bench/lake",
-            "--catalog-property",
-            &endpoint,
-            "--catalog-property",
-            "s3.access-key-id=bench",
-            "--catalog-property",
-            "s3.secret-access-key=bench",
-        ];
-        let idle = format!("{}ms", IDLE_EXIT.as_millis());
-        let lakes: [(&str, &Path, &[&str]); 2] = [
-            ("bench_s3_local", local.path(), &[]),
-            ("bench_s3_remote", remote.path(), &on_s3),
-        ];
-        for (slot, lake, extra) in lakes {
-            let args = [&["--exit-when-idle", idle.as_str()][..], extra].concat();
-            timed(&mut self.wal2iceberg_into(slot, lake, &args))?;
-        }
-        let max_id: i64 = self
-            .client
-            .query_one("SELECT coalesce(max(id), 0) FROM orders", &[])
-            .await?
-            .get(0);
-        self.sql(&format!(
-            "DO $$ DECLARE b bigint; BEGIN
-               FOR b IN 0 .. {n} / 1000 - 1 LOOP
-                 INSERT INTO orders SELECT {max_id} + b * 1000 + i, (i % 10000)::int, 'new',
-                   i / 100.0, 'order note ' || i, now(), now() FROM generate_series(1, 1000) i;
-                 COMMIT;
-               END LOOP;
-               FOR b IN 0 .. {n} / 2 / 100 - 1 LOOP
-                 UPDATE orders SET status = 'paid', amount = amount + 1, updated_at = now()
-                   WHERE id IN (SELECT {max_id} + b * 100 + i FROM generate_series(1, 100) i);
-                 COMMIT;
-               END LOOP;
-             END $$;"
-        ))
-        .await?;
-        let apply = |slot: &str, lake: &Path, extra: &[&str]| -> BenchResult<f64> {
-            let args = [&["--exit-when-idle", idle.as_str()][..], extra].concat();
-            let run = timed(&mut self.wal2iceberg_into(slot, lake, &args))?;
-            Ok(run.seconds - IDLE_EXIT.as_secs_f64())
-        };
-        let local_seconds = apply(lakes[0].0, lakes[0].1, lakes[0].2)?;
-        let before = (server.requests()?, server.cpu_seconds()?);
-        let s3_seconds = apply(lakes[1].0, lakes[1].1, lakes[1].2)?;
-        let after = (server.requests()?, server.cpu_seconds()?);
-        let (all, commits) = (after.0.0 - before.0.0, after.0.1 - before.0.1);
-        let server_cpu = after.1 - before.1;
-        for (slot, _, _) in lakes {
-            self.sql(&format!("SELECT pg_drop_replication_slot('{slot}')"))
-                .await?;
-        }
-        let seconds = [local_seconds, s3_seconds];
-        let changes = (n + n / 2) as f64;
-        let on_s3 = format!("on S3 ({})", server.name());
-        let r = &mut self.report;
-        for (what, s) in [("on the local disk", seconds[0]), (&on_s3, seconds[1])] {
-            r.figure(
-                &format!("apply, lake {what}"),
-                format!("{:.0} changes/s ({s:.1} s)", changes / s),
-            );
-        }
-        let ratio = seconds[0] / seconds[1];
-        r.check(
-            "S3 apply speed against the local lake's",
-            format!("{ratio:.2}"),
-            ">= 0.80".into(),
-            ratio >= 0.8,
-        );
-        r.figure(
-            "S3 server's CPU during the S3 apply (it shares the cores)",
-            format!("{server_cpu:.1} s"),
-        );
-        r.figure(
-            "object-store requests per table commit (S3 apply)",
-            format!(
-                "{:.1} ({all} requests, {commits} table commits)",
-                all as f64 / commits.max(1) as f64
-            ),
-        );
-        Ok(())
-    }
-}
-
-/// The value of a gauge series in a Prometheus scrape.
-fn gauge(scrape: &str, series: &str) -> Option<f64> {
-    scrape
-        .lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
-async fn http_get(addr: &str, path: &str) -> BenchResult<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-        .await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
-    Ok(body)
-}
-
-/// `(upper bound, cumulative count)` of a Prometheus histogram.
-fn histogram(scrape: &str, series: &str) -> Vec<(f64, f64)> {
-    scrape
-        .lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(series)?.strip_prefix("{le=\"")?;
-            let (bound, count) = rest.split_once("\"} ")?;
-            let bound = if bound == "+Inf" {
-                f64::INFINITY
-            } else {
-                bound.parse().ok()?
-            };
-            Some((bound, count.trim().parse().ok()?))
-        })
-        .collect()
-}
-
-/// The smallest bucket bound holding the quantile `q`.
-fn quantile(buckets: &[(f64, f64)], q: f64) -> f64 {
-    let total = buckets.last().map_or(0.0, |b| b.1);
-    buckets
-        .iter()
-        .find(|(_, count)| *count >= q * total && total > 0.0)
-        .map_or(f64::INFINITY, |b| b.0)
 }
 
 #[tokio::main]
