@@ -38,10 +38,12 @@ impl TableSink {
 }
 
 impl Pipeline<'_> {
-    /// Commits the open batch, then does what follows each commit.
-    pub(super) async fn flush(&mut self) -> Result<()> {
+    /// Commits the open batch, then does what follows each commit; whether
+    /// a bronze table recorded the batch's end (a resync's commit leaves
+    /// bronze's position where it was).
+    pub(super) async fn flush(&mut self) -> Result<bool> {
         let Some(position) = self.batch_end.take() else {
-            return Ok(());
+            return Ok(false);
         };
         let m = metrics();
         // A resync commits on its own: its silver replaces every row.
@@ -57,6 +59,10 @@ impl Pipeline<'_> {
                 resynced.insert(table.clone());
             }
         }
+        let recorded = self
+            .sinks
+            .iter()
+            .any(|(table, sink)| !resynced.contains(table) && sink.wants_commit().0);
         if self.atomic_commits {
             self.commit_together(position, &resynced).await?;
         } else {
@@ -116,7 +122,7 @@ impl Pipeline<'_> {
             self.batch_changes = 0;
             self.batch_bytes = 0;
         }
-        Ok(())
+        Ok(recorded)
     }
 
     /// Every table's snapshot in one catalog commit.

@@ -10,7 +10,8 @@
 //! says which Iceberg tables a source table lands in, `table_set` which
 //! tables a lake replicates from its slot, `resync` the requests for a
 //! table's reload that a run takes up (`rewrite` makes one for DDL that
-//! rewrote a table's rows), `keep` what outlives a connection (silver's
+//! rewrote a table's rows), `mark` records positions of the slot no
+//! table's snapshot does, `keep` what outlives a connection (silver's
 //! key indexes), and `monitor` watches the slot's lag and retained WAL
 //! while a run streams.
 //!
@@ -36,6 +37,7 @@ mod flush;
 mod housekeeping;
 mod keep;
 mod load;
+mod mark;
 pub mod monitor;
 pub mod naming;
 mod pipeline;

@@ -67,6 +67,8 @@ pub(crate) struct Pipeline<'r> {
     pub(super) replay_after_resync: bool,
     /// The tables loading beside the stream (`apply::beside`).
     pub(super) beside: Option<Beside>,
+    /// When this run last recorded a mark (`apply::mark`).
+    pub(super) marked: Option<Instant>,
     /// The lake's writer lock, checked before each batch's commit; none
     /// for a load beside the stream, whose run checks it.
     writer: Option<&'r mut WriterLock>,
@@ -126,6 +128,7 @@ impl<'r> Pipeline<'r> {
             resync_asked: false,
             replay_after_resync: false,
             beside: None,
+            marked: None,
             writer: None,
             report,
         }
@@ -263,9 +266,13 @@ impl Pipeline<'_> {
                     self.flush_and_confirm(stream).await?;
                     policy.flushed();
                 }
-                Step::Exit => return self.end(),
+                Step::Exit => {
+                    self.mark_if_due(stream, true).await?;
+                    return self.end();
+                }
                 Step::FlushAndExit => {
                     self.flush_and_confirm(stream).await?;
+                    self.mark_if_due(stream, true).await?;
                     return self.end();
                 }
                 Step::Abandon => {
@@ -276,6 +283,7 @@ impl Pipeline<'_> {
                     return Ok(StreamEnd::Done);
                 }
             }
+            self.mark_if_due(stream, false).await?;
             // Between transactions, with nothing staged: where a resync
             // may end the stream. (Inside one, a DDL's schema change may
             // be staged with no change counted.)
@@ -483,7 +491,7 @@ impl Pipeline<'_> {
     /// catalog goes with its connection (the catalog's server restarted,
     /// or cut it), and a compaction or drop-table could take it meanwhile.
     /// Then nothing is committed: the run starts over, taking it again.
-    async fn writer_lock_held(&mut self) -> Result<()> {
+    pub(super) async fn writer_lock_held(&mut self) -> Result<()> {
         let Some(lock) = self.writer.as_deref_mut() else {
             return Ok(());
         };
@@ -502,9 +510,13 @@ impl Pipeline<'_> {
             return Ok(());
         };
         self.writer_lock_held().await?;
-        self.flush().await?;
+        let recorded = self.flush().await?;
         failpoint::hit("before-confirm");
-        stream.confirm(end).await?;
+        if recorded {
+            stream.record(end).await?;
+        } else {
+            stream.confirm(end).await?;
+        }
         self.confirmed(stream.confirmed());
         tracing::info!(lsn = %end, confirmed = %stream.confirmed(), "batch committed and confirmed");
         Ok(())

@@ -37,9 +37,6 @@ pub const RESYNCED: &str = "wal2iceberg.resynced";
 /// How often a streaming run looks for requests.
 pub const POLL: Duration = Duration::from_secs(5);
 
-/// How often a property update is tried when a run's commit came first.
-const ATTEMPTS: usize = 10;
-
 /// The request pending on `bronze`: one not done yet; none for a table
 /// without silver, which no request can reload.
 pub fn pending(bronze: &Table) -> Option<String> {
@@ -66,7 +63,8 @@ pub fn committed(bronze: &Table, id: &str) -> bool {
 /// Records a new request on the bronze table `ident`; its id.
 pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
     let id = uuid::Uuid::new_v4().to_string();
-    set_properties(lake, ident, &[(REQUESTED, id.clone())]).await?;
+    lake.update_properties(ident, &[(REQUESTED, id.clone())])
+        .await?;
     Ok(id)
 }
 
@@ -76,7 +74,8 @@ pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
 pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
     let id = uuid::Uuid::new_v4().to_string();
     let keyed = (HISTORY_ONLY.0, KEYED.to_owned());
-    set_properties(lake, ident, &[keyed, (REQUESTED, id.clone())]).await?;
+    lake.update_properties(ident, &[keyed, (REQUESTED, id.clone())])
+        .await?;
     Ok(id)
 }
 
@@ -87,33 +86,18 @@ pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
 pub async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
     let mut values = vec![(HISTORY_ONLY.0, RETIRED.to_owned())];
     values.extend(pending(&lake.catalog_table(ident).await?).map(|id| (DONE, id)));
-    set_properties(lake, ident, &values).await
+    lake.update_properties(ident, &values).await
 }
 
 /// Records on the bronze table `ident` that the silver table it retired
 /// is gone.
 pub async fn silver_dropped(lake: &Lake, ident: &TableIdent) -> Result<()> {
-    set_properties(lake, ident, &[(HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned())]).await
+    lake.update_properties(ident, &[(HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned())])
+        .await
 }
 
 /// Records request `id` done on the bronze table `ident`.
 pub async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
-    set_properties(lake, ident, &[(DONE, id.to_owned())]).await
-}
-
-/// Sets properties in one commit, reloading the table and trying again
-/// when another commit (a run's) came first.
-async fn set_properties(lake: &Lake, ident: &TableIdent, values: &[(&str, String)]) -> Result<()> {
-    let mut attempt = 1;
-    loop {
-        let table = lake.catalog_table(ident).await?;
-        match lake.set_properties(&table, values).await {
-            Ok(()) => return Ok(()),
-            Err(_) if attempt < ATTEMPTS => {
-                attempt += 1;
-                tokio::time::sleep(Duration::from_millis(50 * attempt as u64)).await;
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    lake.update_properties(ident, &[(DONE, id.to_owned())])
+        .await
 }

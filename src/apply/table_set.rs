@@ -16,6 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
+use crate::pg::lsn::Lsn;
 use crate::pg::source::{self, SourceClient, TableName};
 
 /// Bronze's properties naming the source table and the slot it is
@@ -27,6 +28,32 @@ pub const SOURCE_OID: &str = "wal2iceberg.source-oid";
 /// The names the source table had before [`SOURCE_TABLE`]'s, a JSON
 /// array: `--tables` may still name it by any of them.
 pub const SOURCE_FORMER_NAMES: &str = "wal2iceberg.source-former-names";
+
+/// Bronze's property recording a position of the slot the table holds
+/// every change before, where no snapshot of its records it: the stream
+/// passed it with nothing for the table (a keepalive, a transaction of
+/// other tables). A run records it before it confirms the slot past its
+/// tables' snapshots, so the slot never stands past what the lake records
+/// and a start tells its slot from another of the same name.
+pub const MARK: &str = "wal2iceberg.mark-lsn";
+
+/// The position [`MARK`] records on `bronze`, if any.
+pub fn mark(bronze: &Table) -> Option<Lsn> {
+    bronze
+        .metadata()
+        .properties()
+        .get(MARK)?
+        .parse()
+        .ok()
+        .map(Lsn)
+}
+
+/// How far `bronze` records its slot's stream: its snapshots' position or
+/// its mark, whichever is further.
+pub fn reach(bronze: &Table) -> Result<Option<Lsn>> {
+    let position = Position::of(bronze)?.map(|p| p.end_lsn);
+    Ok(position.max(mark(bronze)))
+}
 
 /// What a bronze table of the source table `table` (of OID `oid`)
 /// replicated from `slot` records.
@@ -74,6 +101,11 @@ pub struct Recorded {
     /// `teardown` dropped reads `<slot> (dropped)`), by their recorded
     /// name: their history cannot go on from this one.
     pub elsewhere: Vec<(String, String)>,
+    /// The furthest position of the slot its tables record ([`reach`]),
+    /// when one of them records a [`MARK`]: the slot never stands past
+    /// it. A lake whose tables record no mark yet (made before marks
+    /// were) gives none.
+    pub reach: Option<Lsn>,
 }
 
 /// The former names `properties` record ([`SOURCE_FORMER_NAMES`]).
@@ -287,6 +319,8 @@ pub async fn held(
     }
     let mut recorded = Vec::new();
     let mut unrecorded = Vec::new();
+    let mut marked = false;
+    let mut reached = None;
     for ident in lake.tables(namespace.first().map(String::as_str)).await? {
         let Some(name) = ident.name().strip_suffix("_changes") else {
             continue;
@@ -296,6 +330,8 @@ pub async fn held(
         let properties = bronze.metadata().properties();
         match (properties.get(SOURCE_TABLE), properties.get(SOURCE_SLOT)) {
             (Some(table), Some(recorded_slot)) if recorded_slot == slot => {
+                marked |= mark(&bronze).is_some();
+                reached = reached.max(reach(&bronze)?);
                 let oid = properties
                     .get(SOURCE_OID)
                     .and_then(|o| o.parse::<u32>().ok());
@@ -316,6 +352,7 @@ pub async fn held(
             _ => unrecorded.push((name.to_owned(), history)),
         }
     }
+    found.reach = reached.filter(|_| marked);
     if recorded.is_empty() && unrecorded.is_empty() {
         return Ok(found);
     }

@@ -47,6 +47,11 @@ pub struct CaptureOptions {
     /// a slot that is gone under them is refused (a new one would start
     /// after a gap).
     pub history: Vec<TableName>,
+    /// The furthest position of `slot` the lake records (its tables'
+    /// positions and marks, docs/tables.md), when it records marks: with
+    /// `to_lake`, an existing slot confirmed past it confirmed changes the
+    /// lake never got, and is refused.
+    pub reach: Option<Lsn>,
     /// The lake claimed `slot` for a slot this start makes: finding it
     /// made meanwhile is a race another run won.
     pub new_slot: bool,
@@ -73,6 +78,7 @@ impl CaptureOptions {
             held_tables: None,
             claimed: false,
             history: Vec::new(),
+            reach: None,
             new_slot: false,
             to_lake: false,
             manage_publication: true,
@@ -147,6 +153,12 @@ impl PendingStream {
 
     /// Starts streaming at the consistent point. Call after the load has
     /// been read to its end: this ends the exported snapshot.
+    /// Where the stream starts: the slot's confirmed position, or a new
+    /// slot's consistent point.
+    pub fn start_lsn(&self) -> Lsn {
+        self.start.start_lsn
+    }
+
     pub async fn start(self) -> Result<ChangeStream> {
         start_stream(self.connection, self.start, self.catalog, &self.tables).await
     }
@@ -219,8 +231,8 @@ pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<Ch
     options.validate()?;
     let client = SourceClient::connect(config).await?;
     let mut failures = preflight(&client, options).await?;
-    let exists = source::slot_info(&client, &options.slot).await?.is_some();
-    if let Some(failure) = slot_failure(options, exists) {
+    let existing = source::slot_info(&client, &options.slot).await?;
+    if let Some(failure) = slot_failure(options, existing.as_ref()) {
         // Another lake's run holding the slot is no reason to stop it.
         failures.retain(|f| f.check != source::SLOT_HELD_BY_RUN);
         failures.push(failure);
@@ -228,16 +240,42 @@ pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<Ch
     Ok(failures)
 }
 
-/// What is wrong with the slot for a lake, given whether it `exists`:
+/// What is wrong with the slot for a lake, given the one that `exists`:
 /// gone under the lake's `history` (a new slot would start after a gap),
-/// or there and another's (its confirmations would lose the other
-/// consumer's changes).
-fn slot_failure(options: &CaptureOptions, exists: bool) -> Option<CheckFailure> {
+/// there and another's (its confirmations would lose the other consumer's
+/// changes), or confirmed past what the lake records (changes the lake
+/// never got).
+fn slot_failure(
+    options: &CaptureOptions,
+    exists: Option<&source::SlotInfo>,
+) -> Option<CheckFailure> {
     if !options.to_lake {
         return None;
     }
     let slot = &options.slot;
-    match (exists, options.history.first()) {
+    if let (Some(confirmed), Some(reach)) =
+        (exists.and_then(|i| i.confirmed_flush_lsn), options.reach)
+        && options.claimed
+        && confirmed > reach
+    {
+        return Some(CheckFailure {
+            check: "slot_past_lake",
+            problem: format!(
+                "replication slot {slot:?} stands at {confirmed}, past {reach}, the furthest \
+                     position this lake records from it: it was confirmed past changes the lake \
+                     never got (another consumer read it, such as pg_recvlogical or tail \
+                     --consume, or it was dropped and made again under the same name), and \
+                     going on from it would leave a gap in the tables' history."
+            ),
+            fix: format!(
+                "Load the lake's tables afresh: drop them (wal2iceberg drop-table --table \
+                     ..., or choose another --namespace) and run again. If another consumer \
+                     owns slot {slot:?} now, give this lake a slot and a publication of its own \
+                     (--slot, --publication)"
+            ),
+        });
+    }
+    match (exists.is_some(), options.history.first()) {
         (false, Some(table)) => Some(CheckFailure {
             check: "slot_lost",
             problem: format!(
@@ -296,7 +334,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
     // is another's.
     let existing = source::slot_info(&client, &options.slot).await?;
     let held = options.held_tables.as_deref();
-    if let Some(failure) = slot_failure(options, existing.is_some()) {
+    if let Some(failure) = slot_failure(options, existing.as_ref()) {
         return Err(Error::new(
             ErrorKind::Slot,
             format!("{} {}", failure.problem, failure.fix),

@@ -6,6 +6,12 @@
 //! transaction open or spooled, and everything delivered confirmed), a
 //! keepalive's WAL end is confirmed too, so a slot on a quiet database, or
 //! one whose changes are all in other databases, does not hold WAL forever.
+//!
+//! A caller that keeps a copy (the lake) also bounds the confirmations by
+//! what it records ([`ChangeStream::record`]): the slot never stands past
+//! a position the copy does not know it reached, so a start can tell the
+//! slot it confirmed from another that took its name (docs/tables.md,
+//! The table set).
 
 use tokio::time::Instant;
 
@@ -30,6 +36,12 @@ pub struct ChangeStream {
     assembler: Assembler,
     /// The end LSN of the last Commit handed out.
     delivered: Lsn,
+    /// Everything before it is durable on the caller's side: what it
+    /// confirmed, and keepalives' WAL ends while nothing was pending.
+    durable: Lsn,
+    /// The caller records positions: no confirmation goes past the last
+    /// one it recorded.
+    recorded: Option<Lsn>,
     /// Never confirm a keepalive's position: the caller reads the slot
     /// without consuming it.
     reading_only: bool,
@@ -47,6 +59,8 @@ impl ChangeStream {
             replication,
             assembler,
             delivered: start,
+            durable: start,
+            recorded: None,
             reading_only: false,
             ceiling: None,
         }
@@ -80,10 +94,10 @@ impl ChangeStream {
                     if !self.reading_only
                         && self.ceiling.is_none()
                         && self.assembler.is_idle()
-                        && self.replication.confirmed() >= self.delivered
+                        && self.durable >= self.delivered
                     {
-                        self.replication.confirm(wal_end).await?;
                         self.delivered = self.delivered.max(wal_end);
+                        self.confirm(wal_end).await?;
                     }
                 }
             }
@@ -103,10 +117,37 @@ impl ChangeStream {
     }
 
     /// Everything up to `lsn` is durable: report it to the server now (up
-    /// to where [`Self::hold`] holds the slot).
+    /// to where [`Self::hold`] holds the slot, and to what the caller
+    /// recorded).
     pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
-        let lsn = self.ceiling.map_or(lsn, |ceiling| lsn.min(ceiling));
+        self.durable = self.durable.max(lsn);
+        let mut lsn = self.durable;
+        if let Some(ceiling) = self.ceiling {
+            lsn = lsn.min(ceiling);
+        }
+        if let Some(recorded) = self.recorded {
+            lsn = lsn.min(recorded);
+        }
         self.replication.confirm(lsn).await
+    }
+
+    /// From now on the caller records the positions it holds: the slot is
+    /// confirmed up to `lsn`, which it recorded, and past it only as far
+    /// as later calls say.
+    pub async fn record(&mut self, lsn: Lsn) -> Result<()> {
+        self.recorded = Some(self.recorded.map_or(lsn, |r| r.max(lsn)));
+        self.confirm(lsn).await
+    }
+
+    /// The durable position the slot waits at because the caller has not
+    /// recorded it (a batch with nothing for its tables, or a keepalive
+    /// while nothing was pending); none when nothing waits for that.
+    pub fn unrecorded(&self) -> Option<Lsn> {
+        let recorded = self.recorded?;
+        let durable = self
+            .ceiling
+            .map_or(self.durable, |ceiling| self.durable.min(ceiling));
+        (durable > recorded).then_some(durable)
     }
 
     /// How often status updates go out when nothing else prompts one.

@@ -30,6 +30,9 @@ use super::rest_commit::RestCommits;
 use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
 
+/// How often [`Lake::update_properties`] tries when other commits come first.
+const PROPERTY_ATTEMPTS: usize = 10;
+
 /// The name tables are registered under in the SQL catalog by default
 /// (pyiceberg: `SqlCatalog("local", uri=..., warehouse=...)`).
 pub const CATALOG_NAME: &str = "local";
@@ -393,6 +396,28 @@ impl Lake {
             .namespace_exists(namespace)
             .await
             .map_err(|e| iceberg_error(e, "cannot read the catalog"))
+    }
+
+    /// Sets properties of the table `ident` in one commit, on the table as
+    /// it is now, reloading it and trying again when another commit (a
+    /// run's) came first.
+    pub async fn update_properties(
+        &self,
+        ident: &TableIdent,
+        properties: &[(&str, String)],
+    ) -> Result<()> {
+        let mut attempt = 1;
+        loop {
+            let table = self.catalog_table(ident).await?;
+            match self.set_properties(&table, properties).await {
+                Ok(()) => return Ok(()),
+                Err(_) if attempt < PROPERTY_ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * attempt as u64)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Sets table properties, in one commit.

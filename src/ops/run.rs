@@ -156,7 +156,11 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     // position is shared, and confirming past a table's changes loses them.
     let mut tables = options.capture.tables.clone();
     let mut chosen = options.table_names.clone();
-    let table_set::Recorded { held, elsewhere } = table_set::held(
+    let table_set::Recorded {
+        held,
+        elsewhere,
+        reach,
+    } = table_set::held(
         config,
         &options.lake,
         &namespace,
@@ -238,6 +242,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     capture.to_lake = true;
     capture.claimed = !held_tables.is_empty();
     capture.history = history;
+    capture.reach = reach;
     capture.tables = tables;
     Ok(Settled {
         namespace,
@@ -334,7 +339,6 @@ async fn run_once(
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
     };
-    let load_end = load.as_ref().map(SnapshotLoad::consistent_point);
     // A slot just made has nothing to stream before its load; on one that
     // streamed, the tables to load are loaded beside the stream.
     let (beside, first) = match load {
@@ -362,12 +366,13 @@ async fn run_once(
         },
     )
     .await?;
+    // Where the slot stands, the lake records: the check found it does,
+    // or its tables record no mark yet (docs/tables.md, The table set).
+    pipeline.mark_unmarked(pending.start_lsn()).await?;
     let mut stream = pending.start().await?;
     *started = true;
-    if let Some(point) = load_end.filter(|_| new_slot) {
-        stream.confirm(point).await?;
-        pipeline.confirmed(point);
-    }
+    stream.record(stream.confirmed()).await?;
+    pipeline.confirmed(stream.confirmed());
     let streamed = match beside {
         Some(load) => {
             let (streamed, load_failed) = pipeline

@@ -10,8 +10,9 @@ changed in place of the file's row (a copy-on-write overwrite). `touch`
 overwrites the rows of ids from <id> up with themselves and hides nothing,
 as another engine's commit would: its snapshot carries no wal2iceberg
 position. `forget` removes the source properties a bronze table records
-(`wal2iceberg.source-table`, `-oid`, `wal2iceberg.slot`), as a bronze made
-before they were recorded lacks them.
+(`wal2iceberg.source-table`, `-oid`, `wal2iceberg.slot`) and its mark
+(`wal2iceberg.mark-lsn`), as a bronze made before they were recorded
+lacks them.
 """
 import sys
 import time
@@ -56,7 +57,9 @@ elif mode == "touch":
         sys.exit("the table kept changing under the overwrite")
 elif mode == "forget":
     with table.transaction() as tx:
-        tx.remove_properties("wal2iceberg.source-table", "wal2iceberg.source-oid", "wal2iceberg.slot")
+        tx.remove_properties(
+            "wal2iceberg.source-table", "wal2iceberg.source-oid", "wal2iceberg.slot", "wal2iceberg.mark-lsn"
+        )
 else:
     sys.exit(f"unknown mode {mode}")
 print(pc.sum(pc.equal(table.refresh().scan().to_arrow()["id"], key)).as_py() or 0)
