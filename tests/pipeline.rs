@@ -824,7 +824,8 @@ async fn the_slot_keeps_advancing_while_the_published_tables_are_quiet() {
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { run(&config, &opts).await });
 
-    // WAL from a table nobody publishes: never a change, never retained.
+    // WAL from a table nobody publishes: never a change, never retained
+    // (the lake records where the slot goes, at most every 10 s).
     while db.confirmed_flush(&slot).await.is_none() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

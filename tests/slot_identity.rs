@@ -183,3 +183,54 @@ async fn a_slot_tail_consumed_without_the_lake_is_refused_and_a_lake_from_before
         "the change tail consumed never reached the lake"
     );
 }
+
+#[tokio::test]
+async fn dropping_the_table_that_holds_the_marks_hands_its_reach_to_another() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE accounts(id int PRIMARY KEY); INSERT INTO accounts VALUES (1);
+         CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1, 'free');",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = run_options(&db, &["accounts", "customers"], &unique("heir"), dir.path());
+    let slot = opts.capture.slot.clone();
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    db.exec("CREATE TABLE other(x int); INSERT INTO other SELECT generate_series(1, 10000);")
+        .await;
+    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    let confirmed = db.confirmed_flush(&slot).await.unwrap();
+    // The marks went to the first bronze by name; customers' stays behind.
+    assert!(recorded(dir.path(), "accounts").await.0 >= Some(confirmed));
+    let (marked, position) = recorded(dir.path(), "customers").await;
+    assert!(
+        marked.max(position) < Some(confirmed),
+        "{marked:?} {position:?}"
+    );
+
+    let lake = dir.path().display().to_string();
+    let dropped = cli(&[
+        "drop-table",
+        "--source",
+        &db.config_url(),
+        "--lake",
+        &lake,
+        "--namespace",
+        "shop",
+        "--publication",
+        &opts.capture.publication,
+        "--table",
+        "public.accounts",
+        "--yes",
+    ])
+    .await;
+    assert_success(&dropped);
+    assert!(recorded(dir.path(), "customers").await.0 >= Some(confirmed));
+    let customers = run_options(&db, &["customers"], &slot, dir.path());
+    db.exec("UPDATE customers SET plan = 'pro' WHERE id = 1")
+        .await;
+    wal2iceberg::ops::run::run(&db.config, &customers)
+        .await
+        .unwrap();
+    assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+}

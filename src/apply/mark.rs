@@ -2,15 +2,16 @@
 //! commit records its end in the tables it wrote; the stream can pass
 //! positions no table records (a keepalive on a quiet database, a batch of
 //! other tables' transactions), and before the slot is confirmed past
-//! them every bronze table records the position as its mark
+//! them a bronze table records the position as its mark
 //! (`table_set::MARK`). A start whose slot stands further than anything
 //! its lake records knows the slot confirmed changes the lake never got
 //! (another consumer read it, or it was dropped and made again under its
 //! name), and refuses it (docs/tables.md, The table set).
 //!
-//! A mark is a catalog commit on every bronze table, so one is written at
-//! most every [`INTERVAL`]: the slot lags at most that much behind the
-//! stream when the lake's tables are quiet.
+//! What the lake records is the furthest position any of its bronze
+//! tables of the slot records, so one table takes the marks: a catalog
+//! commit at most every [`SPACING`], however many tables the lake holds
+//! (`drop-table` hands a dropped table's reach to the others).
 
 use std::time::Duration;
 
@@ -23,8 +24,9 @@ use crate::error::Result;
 use crate::lake::each_table;
 use crate::pg::lsn::Lsn;
 
-/// The least time between two marks of a run.
-pub(super) const INTERVAL: Duration = Duration::from_secs(60);
+/// The least time between two marks of a run: the slot lags the stream
+/// by about that much at most when the lake's tables are quiet.
+pub(super) const SPACING: Duration = Duration::from_secs(10);
 
 impl Pipeline<'_> {
     /// Records `at` as the mark of every table's bronze that has none (made
@@ -32,11 +34,21 @@ impl Pipeline<'_> {
     /// stands at the start: the check before it found the lake records
     /// that far, or its tables record no mark yet and nothing tells.
     pub(crate) async fn mark_unmarked(&mut self, at: Lsn) -> Result<()> {
-        self.mark_tables(at, true).await
+        let lake = &self.lake;
+        let idents = self.sinks.values().map(|sink| sink.bronze.ident().clone());
+        each_table(idents.map(|ident| async move {
+            if mark(&lake.catalog_table(&ident).await?).is_some() {
+                return Ok(());
+            }
+            lake.update_properties(&ident, &[(MARK, at.0.to_string())])
+                .await
+        }))
+        .await?;
+        Ok(())
     }
 
     /// Records where the stream stands, when the slot waits there for the
-    /// lake to record it and the last mark is [`INTERVAL`] old, or the
+    /// lake to record it and the last mark is [`SPACING`] old, or the
     /// stream ends (`ending`: the slot then holds no more WAL than it
     /// must while nothing reads it); then confirms it.
     pub(super) async fn mark_if_due(
@@ -47,31 +59,22 @@ impl Pipeline<'_> {
         let Some(at) = stream.unrecorded() else {
             return Ok(());
         };
-        if !ending && self.marked.is_some_and(|last| last.elapsed() < INTERVAL) {
+        if !ending && self.marked.is_some_and(|last| last.elapsed() < SPACING) {
             return Ok(());
         }
+        // The same table each time: the first bronze by name.
+        let Some(ident) = self.sinks.values().map(|sink| sink.bronze.ident()).min() else {
+            return Ok(());
+        };
+        let ident = ident.clone();
         self.writer_lock_held().await?;
-        self.mark_tables(at, false).await?;
+        self.lake
+            .update_properties(&ident, &[(MARK, at.0.to_string())])
+            .await?;
         self.marked = Some(Instant::now());
         stream.record(at).await?;
         self.confirmed(stream.confirmed());
-        tracing::debug!(lsn = %at, "the slot's position recorded in the lake and confirmed");
-        Ok(())
-    }
-
-    /// Records `at` as every table's bronze's mark, or only as that of
-    /// those that record none.
-    async fn mark_tables(&self, at: Lsn, only_unmarked: bool) -> Result<()> {
-        let lake = &self.lake;
-        let idents = self.sinks.values().map(|sink| sink.bronze.ident().clone());
-        each_table(idents.map(|ident| async move {
-            if only_unmarked && mark(&lake.catalog_table(&ident).await?).is_some() {
-                return Ok(());
-            }
-            lake.update_properties(&ident, &[(MARK, at.0.to_string())])
-                .await
-        }))
-        .await?;
+        tracing::debug!(lsn = %at, table = %ident, "the slot's position recorded in the lake and confirmed");
         Ok(())
     }
 }

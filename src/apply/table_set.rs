@@ -245,6 +245,32 @@ async fn recording(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Resul
     Ok(found)
 }
 
+/// Hands the reach of `bronze`, about to be dropped, to another bronze
+/// table in `namespace` of its slot, as its mark, unless one reaches as
+/// far: what the lake records of the slot must not fall behind where the
+/// slot stands ([`MARK`]).
+pub async fn hand_over_reach(
+    lake: &Lake,
+    namespace: &NamespaceIdent,
+    bronze: &Table,
+) -> Result<()> {
+    let (Some(slot), Some(reached)) = (recorded_slot(bronze), reach(bronze)?) else {
+        return Ok(());
+    };
+    let mut others = recording(lake, namespace, &slot).await?;
+    others.retain(|other| other.identifier() != bronze.identifier());
+    for other in &others {
+        if reach(other)? >= Some(reached) {
+            return Ok(());
+        }
+    }
+    if let Some(heir) = others.first() {
+        lake.update_properties(heir.identifier(), &[(MARK, reached.0.to_string())])
+            .await?;
+    }
+    Ok(())
+}
+
 /// Whether the lake at `location`, if there is one, records `slot` in
 /// `namespace`: its changes are the lake's to consume.
 pub async fn lake_records_slot(

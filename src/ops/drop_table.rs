@@ -71,6 +71,7 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
         let ident = iceberg::TableIdent::new(options.namespace.clone(), ident);
         if let Some(table) = lake.table_if_exists(&ident).await? {
             slot = slot.or_else(|| table_set::recorded_slot(&table));
+            table_set::hand_over_reach(&lake, &options.namespace, &table).await?;
             lake.drop_with_files(&ident).await?;
             report.dropped.push(ident.to_string());
         }
