@@ -45,8 +45,22 @@ elif pg_catalog and pg_catalog.startswith(("http://", "https://")):
     import urllib.parse
     import urllib.request
 
+    # A credential in READ_LAKE_PROPS is exchanged for a token, as pyiceberg
+    # does: OAuth2's client credentials grant at oauth2-server-uri.
+    props = json.loads(os.environ.get("READ_LAKE_PROPS", "{}"))
+    headers = {}
+    if "credential" in props:
+        client_id, client_secret = props["credential"].split(":", 1)
+        form = urllib.parse.urlencode(
+            {"grant_type": "client_credentials", "client_id": client_id,
+             "client_secret": client_secret, "scope": props.get("scope", "catalog")}
+        ).encode()
+        with urllib.request.urlopen(props["oauth2-server-uri"], data=form) as response:
+            headers["Authorization"] = "Bearer " + json.load(response)["access_token"]
+
     def get(path):
-        with urllib.request.urlopen(pg_catalog.rstrip("/") + "/v1/" + path) as response:
+        request = urllib.request.Request(pg_catalog.rstrip("/") + "/v1/" + path, headers=headers)
+        with urllib.request.urlopen(request) as response:
             return json.load(response)
 
     config = get("config")
@@ -70,7 +84,8 @@ con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_kn
 extensions = [(duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")]
 # A warehouse on S3: its catalog properties as a JSON object in READ_LAKE_PROPS.
 props = json.loads(os.environ.get("READ_LAKE_PROPS", "{}"))
-if props:
+on_s3 = "s3.endpoint" in props
+if on_s3:
     import duckdb_extension_httpfs
 
     extensions.insert(0, (duckdb_extension_httpfs, "httpfs"))
@@ -78,7 +93,7 @@ for package, name in extensions:
     folder = os.path.dirname(package.__file__)
     (path,) = glob.glob(os.path.join(folder, "extensions", "v*", f"{name}.duckdb_extension"))
     con.execute(f"LOAD '{path}'")
-if props:
+if on_s3:
     endpoint = props["s3.endpoint"]
     con.execute(
         "CREATE SECRET lake (TYPE s3, KEY_ID ?, SECRET ?, REGION ?, ENDPOINT ?,"
