@@ -4,12 +4,14 @@
 //! does, before it changes anything (docs/tables.md, The table set).
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use iceberg::TableIdent;
 use wal2iceberg::apply::RunOptions;
 use wal2iceberg::apply::table_set::mark;
 use wal2iceberg::lake::catalog::{Lake, namespace};
 use wal2iceberg::lake::writer::Position;
+use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
 use wal2iceberg::pg::lsn::Lsn;
 
 use crate::support::*;
@@ -233,4 +235,51 @@ async fn dropping_the_table_that_holds_the_marks_hands_its_reach_to_another() {
         .await
         .unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
+}
+
+/// A walsender shutting down waits until its client confirmed all it
+/// sent, and the server's shutdown waits for it: a run whose slot waits
+/// for its next mark (5 s apart) records it when due, idle or not, so a
+/// fast shutdown waits that long at most, not until pg_ctl gives up.
+#[tokio::test]
+async fn a_fast_shutdown_of_the_source_waits_for_the_next_mark_at_most() {
+    let pg = ScratchPostgres::start(&[], &[]).expect("a server of this test's own");
+    let db = TestDb::create_on(&pg).await;
+    customers(&db).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = run_options(&db, &["customers"], &unique("shutdown"), dir.path());
+    opts.exit_when_idle = None;
+    let slot = opts.capture.slot.clone();
+    let shutdown = opts.shutdown.clone();
+    let config = db.config.clone();
+    let running = tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &opts).await });
+    db.wait_until_streaming(&slot).await;
+    // WAL of other tables: the first mark follows it at once ...
+    db.exec("CREATE TABLE other(x int); INSERT INTO other SELECT generate_series(1, 1000);")
+        .await;
+    let written = db.wal_insert_lsn().await;
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while db.confirmed_flush(&slot).await < Some(written) {
+        assert!(Instant::now() < give_up, "the slot never followed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ... and the next is 5 s away when the server stops.
+    db.exec("INSERT INTO other SELECT generate_series(1, 1000)")
+        .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // On a thread of its own: the run shares this test's runtime.
+    let pg = std::sync::Arc::new(pg);
+    let restarting = pg.clone();
+    let stopping = Instant::now();
+    tokio::task::spawn_blocking(move || restarting.restart(StopMode::Fast))
+        .await
+        .unwrap()
+        .expect("restart the server");
+    let took = stopping.elapsed();
+    assert!(
+        took < Duration::from_secs(15),
+        "the fast restart waited {took:?} for the run"
+    );
+    shutdown.request();
+    running.await.unwrap().unwrap();
 }

@@ -25,8 +25,10 @@ use crate::lake::each_table;
 use crate::pg::lsn::Lsn;
 
 /// The least time between two marks of a run: the slot lags the stream
-/// by about that much at most when the lake's tables are quiet.
-pub(super) const SPACING: Duration = Duration::from_secs(10);
+/// by about that much at most when the lake's tables are quiet, and a fast
+/// shutdown of the source may wait that long for its walsender (which
+/// ends once the slot stands where it sent).
+pub(super) const SPACING: Duration = Duration::from_secs(5);
 
 impl Pipeline<'_> {
     /// Records `at` as the mark of every table's bronze that has none (made
@@ -45,6 +47,15 @@ impl Pipeline<'_> {
         }))
         .await?;
         Ok(())
+    }
+
+    /// When the next mark is due while the slot waits for one: the stream
+    /// is read no longer than that before [`Self::mark_if_due`] runs. A
+    /// PostgreSQL shutting down waits for it too: its walsenders end once
+    /// their client confirmed all they sent.
+    pub(super) fn mark_due(&self, stream: &ChangeStream) -> Option<Instant> {
+        stream.unrecorded()?;
+        Some(self.marked.map_or_else(Instant::now, |last| last + SPACING))
     }
 
     /// Records where the stream stands, when the slot waits there for the

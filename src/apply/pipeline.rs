@@ -209,7 +209,10 @@ impl Pipeline<'_> {
         let mut resync_checked = Instant::now();
         loop {
             let now = Instant::now();
-            let deadline = self.beside_deadline(policy.deadline(now), now);
+            let mut deadline = self.beside_deadline(policy.deadline(now), now);
+            if let Some(due) = self.mark_due(stream) {
+                deadline = deadline.min(due);
+            }
             let next = stream.next_before(Some(deadline)).await?;
             policy.streamed(stream.in_streamed_transaction(), Instant::now());
             let step = match next {

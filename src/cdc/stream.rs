@@ -25,7 +25,8 @@ use crate::pg::replication::{ReplicationMessage, ReplicationStream};
 #[derive(Debug)]
 pub enum Next {
     Event(Event),
-    /// The deadline passed while waiting for the server.
+    /// The deadline passed while waiting for the server, or the slot
+    /// waits for the caller to record a position ([`ChangeStream::unrecorded`]).
     Idle,
     /// The server ended the stream.
     Closed,
@@ -96,8 +97,14 @@ impl ChangeStream {
                         && self.assembler.is_idle()
                         && self.durable >= self.delivered
                     {
+                        let waiting = self.unrecorded().is_some();
                         self.delivered = self.delivered.max(wal_end);
                         self.confirm(wal_end).await?;
+                        // The caller has a position to record: it is told
+                        // now, not when its deadline comes.
+                        if !waiting && self.unrecorded().is_some() {
+                            return Ok(Next::Idle);
+                        }
                     }
                 }
             }
