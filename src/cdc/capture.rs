@@ -269,9 +269,10 @@ fn slot_failure(
             ),
             fix: format!(
                 "Load the lake's tables afresh: drop them (wal2iceberg drop-table --table \
-                     ..., or choose another --namespace) and run again. If another consumer \
-                     owns slot {slot:?} now, give this lake a slot and a publication of its own \
-                     (--slot, --publication)"
+                     ..., or choose another --namespace) and run again, with a slot of the \
+                     lake's own: if another consumer owns slot {slot:?} now, give this lake \
+                     another (--slot, --publication); if no one reads it, drop it first \
+                     (SELECT pg_drop_replication_slot('{slot}'))"
             ),
         });
     }
