@@ -54,6 +54,10 @@ impl Pipeline<'_> {
     /// PostgreSQL shutting down waits for it too: its walsenders end once
     /// their client confirmed all they sent.
     pub(super) fn mark_due(&self, stream: &ChangeStream) -> Option<Instant> {
+        // With no table open there is none to take a mark.
+        if self.sinks.is_empty() {
+            return None;
+        }
         stream.unrecorded()?;
         Some(self.marked.map_or_else(Instant::now, |last| last + SPACING))
     }
