@@ -352,12 +352,13 @@ pub async fn held(
             continue;
         };
         let bronze = lake.catalog_table(&ident).await?;
-        let history = Position::of(&bronze)?.is_some();
+        let position = Position::of(&bronze)?.map(|p| p.end_lsn);
+        let history = position.is_some();
         let properties = bronze.metadata().properties();
         match (properties.get(SOURCE_TABLE), properties.get(SOURCE_SLOT)) {
             (Some(table), Some(recorded_slot)) if recorded_slot == slot => {
                 marked |= mark(&bronze).is_some();
-                reached = reached.max(reach(&bronze)?);
+                reached = reached.max(position.max(mark(&bronze)));
                 let oid = properties
                     .get(SOURCE_OID)
                     .and_then(|o| o.parse::<u32>().ok());
