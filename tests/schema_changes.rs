@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use wal2iceberg::ops::run::{RunOptions, run};
+use wal2iceberg::shutdown::Shutdown;
 
 use crate::support::*;
 
@@ -121,16 +122,36 @@ pub(crate) async fn streaming(
     lake: &std::path::Path,
     idle_secs: u64,
 ) -> Running {
+    let mut options = run_options(db, tables, slot, lake);
+    options.exit_when_idle = Some(Duration::from_secs(idle_secs));
+    spawn_run(db, options).await
+}
+
+/// [`streaming`] until the returned request stops it, however long it is
+/// idle: for a test whose checks between its writes may outlast any idle
+/// time under load.
+pub(crate) async fn streaming_until_stopped(
+    db: &TestDb,
+    tables: &[&str],
+    slot: &str,
+    lake: &std::path::Path,
+) -> (Running, Shutdown) {
+    let mut options = run_options(db, tables, slot, lake);
+    options.exit_when_idle = None;
+    let stop = options.shutdown.clone();
+    (spawn_run(db, options).await, stop)
+}
+
+async fn spawn_run(db: &TestDb, options: RunOptions) -> Running {
     // The run's log, shown with a failing test's output.
     let _ = tracing_subscriber::fmt()
         .with_env_filter("wal2iceberg=info")
         .with_test_writer()
         .try_init();
-    let mut options = run_options(db, tables, slot, lake);
-    options.exit_when_idle = Some(Duration::from_secs(idle_secs));
+    let slot = options.capture.slot.clone();
     let config = db.config.clone();
     let running = tokio::spawn(async move { run(&config, &options).await });
-    db.wait_until_streaming(slot).await;
+    db.wait_until_streaming(&slot).await;
     running
 }
 
@@ -1170,7 +1191,9 @@ async fn ddl_with_no_change_after_it_is_followed_at_its_place_in_the_stream() {
     .await;
     let (dir, opts) = loaded(&db, "atddl").await;
     let slot = opts.capture.slot.clone();
-    let mut running = streaming(&db, &["orders"], &slot, dir.path(), 30).await;
+    // Stopped when done: a verify between the steps may outlast an idle
+    // exit on a loaded machine.
+    let (mut running, stop) = streaming_until_stopped(&db, &["orders"], &slot, dir.path()).await;
     for step in [
         "ALTER TABLE orders ADD COLUMN x int",
         "ALTER TABLE orders ADD COLUMN c int DEFAULT 42",
@@ -1189,6 +1212,7 @@ async fn ddl_with_no_change_after_it_is_followed_at_its_place_in_the_stream() {
             String::from_utf8_lossy(&verified.stderr)
         );
     }
+    stop.request();
     running.await.unwrap().unwrap();
     assert_reconciled(&db, "orders", dir.path(), SILVER).await;
     let silver = schema(dir.path(), SILVER).await;
