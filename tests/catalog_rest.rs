@@ -41,16 +41,7 @@ async fn a_rest_catalog_on_s3_is_written_through_its_commits_and_read_by_other_e
     let lake_dir = dir.path().join("lake");
     let lake_arg = lake_dir.display().to_string();
     let slot = unique("restcat");
-    let mut catalog = vec![
-        "--lake",
-        &lake_arg,
-        "--catalog-type",
-        "rest",
-        "--catalog-uri",
-        &server.uri,
-        "--namespace",
-        "shop",
-    ];
+    let mut catalog = rest_catalog(&lake_arg, &server.uri);
     let properties = s3.properties();
     for property in &properties {
         catalog.extend(["--catalog-property", property]);
@@ -153,6 +144,21 @@ async fn a_rest_catalogs_multi_table_commits_show_a_transaction_in_both_tables_a
     .await;
 }
 
+/// The arguments that give a command the REST catalog at `uri`, namespace
+/// `shop`, its state folder `lake`.
+fn rest_catalog<'a>(lake: &'a str, uri: &'a str) -> Vec<&'a str> {
+    vec![
+        "--lake",
+        lake,
+        "--catalog-type",
+        "rest",
+        "--catalog-uri",
+        uri,
+        "--namespace",
+        "shop",
+    ]
+}
+
 /// `run` with `catalog_properties` in the environment, as a deployment
 /// hands a secret over, and its debug log on; its output.
 async fn run_with_properties(run: &[String], catalog_properties: &str) -> std::process::Output {
@@ -195,17 +201,10 @@ async fn a_rest_catalog_is_reached_with_a_token_from_an_identity_provider() {
         &db,
         &slot,
         &[
-            "--exit-when-idle",
-            "1s",
-            "--lake",
-            &lake_arg,
-            "--catalog-type",
-            "rest",
-            "--catalog-uri",
-            &server.uri,
-            "--namespace",
-            "shop",
-        ],
+            &["--exit-when-idle", "1s"],
+            &rest_catalog(&lake_arg, &server.uri)[..],
+        ]
+        .concat(),
     );
     let token_endpoint = provider.token_endpoint();
     let properties = |secret: &str| {

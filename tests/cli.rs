@@ -374,15 +374,6 @@ async fn malformed_options_exit_2_naming_the_problem() {
     assert!(stderr.contains("slot name"), "{stderr}");
 }
 
-/// A free loopback port with nothing listening on it.
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test]
 async fn unreachable_hosts_wrong_passwords_and_wrong_certificates_exit_1_saying_why() {
     let db = TestDb::new().await;
@@ -403,7 +394,7 @@ async fn unreachable_hosts_wrong_passwords_and_wrong_certificates_exit_1_saying_
     let lake = dir.path().join("lake").display().to_string();
     let cases = [
         (
-            format!("postgres://postgres@127.0.0.1:{}/{dbname}", closed_port()),
+            format!("postgres://postgres@127.0.0.1:{}/{dbname}", free_port()),
             "onnection refused",
         ),
         (

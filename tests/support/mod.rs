@@ -152,6 +152,14 @@ async fn cli_logging<S: AsRef<std::ffi::OsStr>>(args: &[S], level: &str) -> std:
         .expect("start wal2iceberg")
 }
 
+/// A loopback port free now, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 /// Waits up to a minute until a server listens on the loopback `port`;
 /// `log` says why not.
 pub fn wait_for_port(port: u16, what: &str, log: impl Fn() -> String) {

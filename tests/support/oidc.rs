@@ -7,7 +7,6 @@
 //! names each grant and refusal. One per test, on a free loopback port,
 //! stopped when dropped.
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -30,10 +29,7 @@ impl OidcProvider {
     /// A provider that grants tokens to [`CLIENT_ID`] with `secret`; its
     /// log in `dir`.
     pub fn start(dir: &Path, secret: &str) -> OidcProvider {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = super::free_port();
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/support/oidc_provider.mjs");
         let log_path = dir.join("oidc.log");
         let log = std::fs::File::create(&log_path).expect("create the provider's log");

@@ -5,7 +5,6 @@
 //! port, its catalog in a redb file of the test's and its warehouse a
 //! local folder or a bucket of the test's S3 server, stopped when dropped.
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -51,10 +50,7 @@ impl RestServer {
     }
 
     fn start_with(dir: &Path, warehouse: &str, args: &[&str]) -> RestServer {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = super::free_port();
         let log = std::fs::File::create(dir.join("rustberg.log")).expect("create the server's log");
         let child = Command::new(rustberg())
             .args(["--dev", "--no-auth", "--insecure-http"])

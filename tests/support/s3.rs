@@ -2,7 +2,6 @@
 //! installed with the readers in the harness's virtual environment), one
 //! per test, on a free loopback port, stopped when dropped.
 
-use std::net::{Ipv4Addr, TcpListener};
 use std::process::{Child, Command, Stdio};
 
 pub struct S3Server {
@@ -31,10 +30,7 @@ impl S3Server {
     /// A server whose objects read `secs` older than they are: the age of
     /// files a crash left long ago, for the orphan sweep.
     pub fn start_behind(secs: u64) -> S3Server {
-        let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = super::free_port();
         let python = crate::support::python();
         let child = Command::new(python)
             .args(["-c", MOTO_BEHIND, &secs.to_string()])
