@@ -2,7 +2,12 @@
 //! the lake lacks changes no run applies, and the key named when silver is
 //! changed behind the tool's back.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use wal2iceberg::ops::run::run;
+use wal2iceberg::pg::source::SourceClient;
 
 use crate::support::oracle::{NAMESPACE, Oracle};
 use crate::support::*;
@@ -258,4 +263,69 @@ async fn resync_beside_a_running_run_under_writes_repairs_a_tampered_silver_and_
         String::from_utf8_lossy(&out.stderr).contains("the lake does not hold it"),
         "{out:?}"
     );
+}
+
+/// A start that meets its slot held by a SQL function reading it waits
+/// for it: `verify` peeks a slot no run streams, which a run restarting
+/// (for a resync, or after a lost connection) leaves for a moment. Here
+/// peeks come one after another while the run starts: the run neither
+/// ends nor reports the slot in use, and takes every change.
+#[tokio::test]
+async fn a_start_meeting_its_slot_read_by_a_sql_function_waits_for_it() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE orders(id int PRIMARY KEY, qty int);
+         INSERT INTO orders SELECT g, g FROM generate_series(1, 100) g;
+         CREATE TABLE noise(id serial PRIMARY KEY, v text);",
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let slot = unique("peeked");
+    let options = run_options(&db, &["orders"], &slot, dir.path());
+    run(&db.config, &options).await.unwrap();
+    // WAL each peek decodes for a while, and changes for the run to take.
+    db.exec("INSERT INTO noise(v) SELECT repeat('n', 100) FROM generate_series(1, 100000)")
+        .await;
+    db.exec("UPDATE orders SET qty = qty + 1 WHERE id <= 50")
+        .await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let peeker = {
+        let (config, slot, stop) = (db.config.clone(), slot.clone(), stop.clone());
+        let publication = options.capture.publication.clone();
+        tokio::spawn(async move {
+            let client = SourceClient::connect(&config).await.unwrap();
+            let mut peeks = 0;
+            while !stop.load(Ordering::SeqCst) {
+                // Refused while the run streams from the slot.
+                let peeked = client
+                    .query(
+                        "SELECT count(*) FROM pg_logical_slot_peek_binary_changes($1, NULL, \
+                         NULL, 'proto_version', '1', 'publication_names', $2)",
+                        &[&slot, &publication],
+                    )
+                    .await;
+                peeks += usize::from(peeked.is_ok());
+            }
+            peeks
+        })
+    };
+    while db.active_pid(&slot).await.is_none() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let running = {
+        let (config, options) = (
+            db.config.clone(),
+            run_options(&db, &["orders"], &slot, dir.path()),
+        );
+        tokio::spawn(async move { run(&config, &options).await })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::SeqCst);
+    let peeks = peeker.await.unwrap();
+    assert!(peeks >= 2, "{peeks} peeks");
+    let report = running.await.unwrap().expect("the run waited for the slot");
+    assert_eq!(report.changes_applied, 50, "{report:?}");
+    let verified = verify_lake(&db, &slot, dir.path(), "public.orders").await;
+    assert_success(&verified);
 }

@@ -93,6 +93,21 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
+            // A SQL function reading the slot holds it for a moment (a
+            // `verify` beside the run peeks it while no run streams, which
+            // a restart's moments are): the start waits for it and goes
+            // again. A consumer streaming from it ends the run.
+            Err(err)
+                if err.sqlstate() == Some(source::SLOT_IN_USE)
+                    && !slot_streamed(config, &options.capture.slot).await =>
+            {
+                if options.shutdown.is_requested() {
+                    return Ok(total);
+                }
+                streamed |= started;
+                tracing::warn!(error = %err, "a SQL function reads the slot for a moment; starting again once it is free");
+                wait_for_slot_release(config, &options.capture.slot).await;
+            }
             // A TRUNCATE or rewrite of a table between a load's snapshot
             // and its lock, or another writer's schema change under a
             // batch's: nothing of either was committed, and the next start
@@ -142,6 +157,16 @@ async fn wait_for_slot_release(config: &PgConfig, slot: &str) {
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Whether a consumer streams from `slot` now (a walsender holds it);
+/// false when that cannot be told, so that the start goes again and
+/// meets what stands in its way anew.
+async fn slot_streamed(config: &PgConfig, slot: &str) -> bool {
+    let Ok(client) = SourceClient::connect(config).await else {
+        return false;
+    };
+    matches!(source::slot_info(&client, slot).await, Ok(Some(info)) if info.streamed)
 }
 
 /// The tables a run takes, settled before anything is created: those

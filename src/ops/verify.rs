@@ -876,7 +876,7 @@ async fn unapplied_changes(
         .await;
     let rows = match rows {
         Ok(rows) => rows,
-        Err(e) if e.code().is_some_and(|c| c.code() == "55006") => return Ok(None),
+        Err(e) if e.code().is_some_and(|c| c.code() == source::SLOT_IN_USE) => return Ok(None),
         Err(e) => {
             return Err(postgres(e, "cannot peek at the replication slot")
                 .with_context("slot", &options.capture.slot));

@@ -341,7 +341,7 @@ fn parse_lsn(text: &str) -> Result<Lsn> {
 /// Turns the server's slot errors into errors that say what to do.
 fn slot_error(err: Error, slot: &str) -> Error {
     let message = match err.sqlstate() {
-        Some("55006") => format!(
+        Some(super::source::SLOT_IN_USE) => format!(
             "replication slot {slot:?} is in use by another process: stop the other consumer \
              (see pg_replication_slots.active_pid) or use another slot name"
         ),

@@ -140,6 +140,10 @@ pub struct SlotInfo {
     pub plugin: Option<String>,
     pub database: Option<String>,
     pub active_pid: Option<i32>,
+    /// Whether the process holding it is a walsender: a consumer streams
+    /// from it. Any other holder is a backend whose SQL function reads it
+    /// for a moment (`pg_logical_slot_peek_changes`, as `verify` does).
+    pub streamed: bool,
     pub confirmed_flush_lsn: Option<Lsn>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
     pub wal_status: Option<String>,
@@ -148,7 +152,9 @@ pub struct SlotInfo {
 pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
     let row = client
         .query_opt(
-            "SELECT plugin::text, database::text, active_pid, confirmed_flush_lsn::text, wal_status \
+            "SELECT plugin::text, database::text, active_pid, confirmed_flush_lsn::text, \
+                    wal_status, COALESCE((SELECT backend_type = 'walsender' \
+                                          FROM pg_stat_activity WHERE pid = active_pid), false) \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
@@ -160,6 +166,7 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> 
         active_pid: r.get(2),
         confirmed_flush_lsn: r.get::<_, Option<String>>(3).and_then(|s| s.parse().ok()),
         wal_status: r.get(4),
+        streamed: r.get(5),
     }))
 }
 
@@ -242,7 +249,8 @@ pub async fn preflight(
             }
         }
         Some(info) => {
-            if let Some(pid) = info.active_pid {
+            // A SQL function reading the slot holds it for a moment only.
+            if let Some(pid) = info.active_pid.filter(|_| info.streamed) {
                 let (holder, from): (String, String) = client
                     .query_opt(
                         "SELECT application_name::text, \
@@ -666,6 +674,9 @@ async fn check_partitions(
 /// The preflight failure of a slot a wal2iceberg run holds: `check`
 /// reports it apart (exit code 3), since nothing is wrong.
 pub const SLOT_HELD_BY_RUN: &str = "slot_held_by_run";
+
+/// The SQLSTATE of a slot another process holds (`object_in_use`).
+pub const SLOT_IN_USE: &str = "55006";
 
 /// The event trigger that sends the rows of attached partitions and puts
 /// the triggers on new ones ([`crate::cdc::partition_rows`]), and the
