@@ -217,7 +217,7 @@ pub enum Commits {
         name: String,
     },
     /// The REST catalog's table update.
-    Rest(RestCommits),
+    Rest(Box<RestCommits>),
     /// Glue's `UpdateTable` under the table's version.
     Glue(GlueCommits),
 }
@@ -341,13 +341,13 @@ impl Lake {
                 if let Some(warehouse) = warehouse {
                     props.insert("warehouse".to_owned(), warehouse.clone());
                 }
-                let commits = RestCommits::new(uri, props.clone());
+                let commits = RestCommits::new(uri, props.clone(), storage.clone());
                 let catalog = RestCatalogBuilder::default()
                     .with_storage_factory(storage)
                     .load(&location.name, props)
                     .await
                     .map_err(opened)?;
-                (Arc::new(catalog), Commits::Rest(commits))
+                (Arc::new(catalog), Commits::Rest(Box::new(commits)))
             }
             CatalogUri::Glue { endpoint } => {
                 let props = glue::catalog_props(
@@ -563,8 +563,12 @@ impl Lake {
         self.catalog.as_ref()
     }
 
-    /// Loads a table that exists.
+    /// Loads a table that exists (from a REST catalog with the
+    /// credentials it vends for the table's files: `rest_tables`).
     pub async fn catalog_table(&self, ident: &TableIdent) -> Result<Table> {
+        if let Commits::Rest(rest) = &self.commits {
+            return rest.load_table(ident).await;
+        }
         self.catalog.load_table(ident).await.map_err(|e| {
             let on_s3 = self.local
                 && ["s3://", "s3a://"]
@@ -659,11 +663,7 @@ impl Lake {
             .await
             .map_err(|e| context(e, "cannot read the catalog"))?
         {
-            return self
-                .catalog
-                .load_table(ident)
-                .await
-                .map_err(|e| context(e, "cannot load the table"));
+            return self.catalog_table(ident).await;
         }
         let creation = TableCreation::builder()
             .name(ident.name().to_owned())
@@ -676,10 +676,17 @@ impl Lake {
                     .collect::<HashMap<_, _>>(),
             )
             .build();
-        self.catalog
+        let created = self
+            .catalog
             .create_table(namespace, creation)
             .await
-            .map_err(|e| context(e, "cannot create the table"))
+            .map_err(|e| context(e, "cannot create the table"))?;
+        match &self.commits {
+            // Loaded again: a REST server vends the table's credentials
+            // where iceberg-rust does not read them.
+            Commits::Rest(_) => self.catalog_table(ident).await,
+            _ => Ok(created),
+        }
     }
 }
 

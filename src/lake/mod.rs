@@ -18,6 +18,8 @@
 //! - `lock`: one writing process per namespace of a lake.
 //! - `position_deletes`: position delete files written, read and merged
 //!   as streams of pairs.
+//! - `rest_commit`, `rest_tables`: a REST catalog's commits, and its
+//!   tables loaded with the credentials it vends.
 //! - `row_delta`: the snapshot that adds data and position-delete files.
 //! - `scan`: reading a table's rows, older files of evolved structs too.
 //! - `silver`: the current-state table, its key index and staged batch.
@@ -47,6 +49,7 @@ pub mod listing;
 pub mod lock;
 pub mod position_deletes;
 pub mod rest_commit;
+pub mod rest_tables;
 pub mod row_delta;
 pub mod scan;
 pub mod schema;

@@ -19,7 +19,9 @@
 //! with `scope`, by default `catalog`); `header.<name>` adds a header.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use iceberg::io::StorageFactory;
 use iceberg::spec::{MAIN_BRANCH, TableMetadataBuildResult};
 use iceberg::table::Table;
 use iceberg::{TableIdent, TableRequirement, TableUpdate};
@@ -33,7 +35,10 @@ pub struct RestCommits {
     client: reqwest::Client,
     uri: String,
     props: HashMap<String, String>,
-    /// The server's prefix and the token, once asked for.
+    /// What the tables' files are read and written through
+    /// (`rest_tables`).
+    storage: Arc<dyn StorageFactory>,
+    /// The server's configuration and the token, once asked for.
     session: Mutex<Option<Session>>,
 }
 
@@ -41,6 +46,7 @@ pub struct RestCommits {
 struct Session {
     prefix: Option<String>,
     token: Option<String>,
+    config: ConfigResponse,
 }
 
 #[derive(Serialize)]
@@ -56,7 +62,7 @@ struct TransactionRequest<'a> {
     table_changes: Vec<CommitRequest<'a>>,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, Clone)]
 struct ConfigResponse {
     #[serde(default)]
     defaults: HashMap<String, String>,
@@ -72,14 +78,39 @@ struct TokenResponse {
 impl RestCommits {
     /// Commits to the catalog at `uri` (its base, before `/v1`), with the
     /// catalog properties `props` (`warehouse`, `prefix`, `token`,
-    /// `credential`, `oauth2-server-uri`, `scope`, `header.*`).
-    pub fn new(uri: &str, props: HashMap<String, String>) -> RestCommits {
+    /// `credential`, `oauth2-server-uri`, `scope`, `header.*`); its
+    /// tables' files go through `storage`.
+    pub fn new(
+        uri: &str,
+        props: HashMap<String, String>,
+        storage: Arc<dyn StorageFactory>,
+    ) -> RestCommits {
         RestCommits {
             client: reqwest::Client::new(),
             uri: uri.trim_end_matches('/').to_owned(),
             props,
+            storage,
             session: Mutex::new(None),
         }
+    }
+
+    /// The catalog properties it was given.
+    pub(super) fn props(&self) -> &HashMap<String, String> {
+        &self.props
+    }
+
+    pub(super) fn storage(&self) -> Arc<dyn StorageFactory> {
+        self.storage.clone()
+    }
+
+    /// The catalog properties under the server's overrides and over its
+    /// defaults, as the REST spec merges them.
+    pub(super) async fn server_props(&self) -> Result<HashMap<String, String>> {
+        let config = self.session().await?.config;
+        let mut props = config.defaults;
+        props.extend(self.props.clone());
+        props.extend(config.overrides);
+        Ok(props)
     }
 
     /// Applies each change (`built`, planned on `table`) to its table in
@@ -149,17 +180,34 @@ impl RestCommits {
         }
     }
 
-    /// POSTs `body` to `path` under the catalog's prefix; a 401 with a
-    /// credential gets a new token, once.
+    /// POSTs `body` to `path` under the catalog's prefix.
     async fn post(
         &self,
         path: &[&str],
-        body: &impl Serialize,
+        body: &(impl Serialize + Sync),
+        retry_auth: bool,
+    ) -> Result<reqwest::Response> {
+        self.send(path, &|url| self.client.post(url).json(body), retry_auth)
+            .await
+    }
+
+    /// GETs `path` under the catalog's prefix.
+    pub(super) async fn get(&self, path: &[&str]) -> Result<reqwest::Response> {
+        self.send(path, &|url| self.client.get(url), true).await
+    }
+
+    /// The request `make` makes for `path` under the catalog's prefix,
+    /// with the headers and the token; a 401 with a credential gets a new
+    /// token, once.
+    async fn send(
+        &self,
+        path: &[&str],
+        make: &(dyn Fn(url::Url) -> reqwest::RequestBuilder + Sync),
         retry_auth: bool,
     ) -> Result<reqwest::Response> {
         let session = self.session().await?;
         let url = self.url(&session, path)?;
-        let mut request = self.with_headers(self.client.post(url)).json(body);
+        let mut request = self.with_headers(make(url));
         if let Some(token) = &session.token {
             request = request.bearer_auth(token);
         }
@@ -169,7 +217,7 @@ impl RestCommits {
             && self.props.contains_key("credential")
         {
             *self.session.lock().await = None;
-            return Box::pin(self.post(path, body, false)).await;
+            return Box::pin(self.send(path, make, false)).await;
         }
         Ok(response)
     }
@@ -183,6 +231,7 @@ impl RestCommits {
         let mut session = Session {
             prefix: None,
             token: self.props.get("token").cloned(),
+            config: ConfigResponse::default(),
         };
         if let Some(credential) = self.props.get("credential") {
             session.token = Some(self.exchange(credential).await?);
@@ -215,6 +264,7 @@ impl RestCommits {
             .or(self.props.get("prefix"))
             .or(config.defaults.get("prefix"))
             .cloned();
+        session.config = config;
         *held = Some(session.clone());
         Ok(session)
     }
@@ -300,7 +350,7 @@ impl RestCommits {
 
 /// The `error.message` of a REST error response, cut short; never a
 /// header.
-async fn server_message(response: reqwest::Response) -> String {
+pub(super) async fn server_message(response: reqwest::Response) -> String {
     #[derive(Deserialize)]
     struct Body {
         error: Inner,

@@ -1,9 +1,10 @@
 //! An Iceberg REST catalog server for the lake tests: rustberg, a crate
 //! built on the Apache iceberg crates, installed from crates.io into
 //! `target/test-tools` by the first test that needs it (a debug build
-//! without TLS, with S3 storage); one server per test, on a free loopback
-//! port, its catalog in a redb file of the test's and its warehouse a
-//! local folder or a bucket of the test's S3 server, stopped when dropped.
+//! without TLS, with S3 storage and credential vending through AWS STS);
+//! one server per test, on a free loopback port, its catalog in a redb
+//! file of the test's and its warehouse a local folder or a bucket of the
+//! test's S3 server, stopped when dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -12,7 +13,7 @@ use std::sync::OnceLock;
 use super::s3::S3Server;
 
 const RUSTBERG: &str = "0.3.0";
-const FEATURES: &str = "cli,storage-s3";
+const FEATURES: &str = "cli,storage-s3,aws-credentials";
 
 pub struct RestServer {
     child: Child,
@@ -23,7 +24,7 @@ impl RestServer {
     /// A server whose tables live under `warehouse`, its catalog in `dir`.
     pub fn start(dir: &Path, warehouse: &Path) -> RestServer {
         std::fs::create_dir_all(warehouse).expect("create the warehouse");
-        RestServer::start_with(dir, &format!("file://{}", warehouse.display()), &[])
+        RestServer::start_with(dir, &format!("file://{}", warehouse.display()), &[], &[])
     }
 
     /// A server whose tables live under `warehouse`, an `s3://` URI on
@@ -31,6 +32,28 @@ impl RestServer {
     /// the storage properties of a config file (path-style addressing has
     /// no flag); it vends no credentials, so clients bring their own.
     pub fn start_on_s3(dir: &Path, warehouse: &str, s3: &S3Server) -> RestServer {
+        RestServer::start_on_s3_with(dir, warehouse, s3, "", &[])
+    }
+
+    /// [`Self::start_on_s3`], vending to clients that ask for it
+    /// credentials of `role`, assumed through `s3`'s STS with the keys
+    /// `s3` gives: the grant a deployment gives to catalog users that
+    /// hold no keys of their own.
+    pub fn start_vending(dir: &Path, warehouse: &str, s3: &S3Server, role: &str) -> RestServer {
+        let vending = format!(
+            "[credentials]\nprovider = \"aws\"\n[credentials.aws]\nregion = \"us-east-1\"\nrole_arn = {role:?}\n"
+        );
+        let sts = s3.environment();
+        RestServer::start_on_s3_with(dir, warehouse, s3, &vending, &sts)
+    }
+
+    fn start_on_s3_with(
+        dir: &Path,
+        warehouse: &str,
+        s3: &S3Server,
+        more_config: &str,
+        env: &[(&str, String)],
+    ) -> RestServer {
         let properties: String = s3
             .properties()
             .iter()
@@ -43,13 +66,20 @@ impl RestServer {
             .collect();
         let config = dir.join("rustberg.toml");
         // A config file turns rate limiting on, which a test's bursts trip.
-        let text = format!("[storage.properties]\n{properties}[rate_limit]\nenabled = false\n");
+        let text = format!(
+            "[storage.properties]\n{properties}[rate_limit]\nenabled = false\n{more_config}"
+        );
         std::fs::write(&config, text).expect("write rustberg.toml");
         let config = config.display().to_string();
-        RestServer::start_with(dir, warehouse, &["--config", &config])
+        RestServer::start_with(dir, warehouse, &["--config", &config], env)
     }
 
-    fn start_with(dir: &Path, warehouse: &str, args: &[&str]) -> RestServer {
+    fn start_with(
+        dir: &Path,
+        warehouse: &str,
+        args: &[&str],
+        env: &[(&str, String)],
+    ) -> RestServer {
         let port = super::free_port();
         let log = std::fs::File::create(dir.join("rustberg.log")).expect("create the server's log");
         let child = Command::new(rustberg())
@@ -60,6 +90,7 @@ impl RestServer {
             .arg(format!("file://{}", dir.join("catalog").display()))
             .args(["--warehouse", warehouse])
             .env("RUST_LOG", "warn")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
