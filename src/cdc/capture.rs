@@ -253,9 +253,13 @@ fn slot_failure(
         return None;
     }
     let slot = &options.slot;
+    // Judged only while no consumer streams from the slot: a run of this
+    // lake that streams records and confirms while the two are read, one
+    // after the other (and the slot in use stops the start anyway).
     if let (Some(confirmed), Some(reach)) =
         (exists.and_then(|i| i.confirmed_flush_lsn), options.reach)
         && options.claimed
+        && !exists.is_some_and(|i| i.streamed)
         && confirmed > reach
     {
         return Some(CheckFailure {
@@ -536,4 +540,31 @@ async fn start_stream(
         Assembler::new(catalog, tables).with_oids(oids),
         start_lsn,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(confirmed: u64, streamed: bool) -> source::SlotInfo {
+        source::SlotInfo {
+            plugin: Some("pgoutput".into()),
+            database: Some("db".into()),
+            active_pid: streamed.then_some(4242),
+            streamed,
+            confirmed_flush_lsn: Some(Lsn(confirmed)),
+            wal_status: Some("reserved".into()),
+        }
+    }
+
+    #[test]
+    fn a_slot_past_the_lake_is_judged_only_while_nothing_streams_from_it() {
+        let mut options = CaptureOptions::new(Vec::new());
+        (options.to_lake, options.claimed, options.reach) = (true, true, Some(Lsn(100)));
+        let check = |info| slot_failure(&options, Some(&info)).map(|f| f.check);
+        assert_eq!(check(slot(200, false)), Some("slot_past_lake"));
+        assert_eq!(check(slot(100, false)), None);
+        // A run of the lake streaming confirms between the two reads.
+        assert_eq!(check(slot(200, true)), None);
+    }
 }

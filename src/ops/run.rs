@@ -22,6 +22,7 @@ use crate::failpoint;
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::lock::WriterLock;
 use crate::pg::config::PgConfig;
+use crate::pg::replication::SLOT_IN_USE;
 use crate::pg::source::{self, SourceClient, TableName};
 
 pub use crate::apply::naming::{iceberg_name, idents};
@@ -98,7 +99,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             // a restart's moments are): the start waits for it and goes
             // again. A consumer streaming from it ends the run.
             Err(err)
-                if err.sqlstate() == Some(source::SLOT_IN_USE)
+                if err.sqlstate() == Some(SLOT_IN_USE)
                     && !slot_streamed(config, &options.capture.slot).await =>
             {
                 if options.shutdown.is_requested() {

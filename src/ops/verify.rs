@@ -59,7 +59,7 @@ use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{Decoder, Message};
-use crate::pg::replication::quote_ident;
+use crate::pg::replication::{SLOT_IN_USE, quote_ident};
 use crate::pg::source::{self, SourceClient, TableName};
 
 /// Differing keys kept to report; the count covers all of them.
@@ -876,7 +876,7 @@ async fn unapplied_changes(
         .await;
     let rows = match rows {
         Ok(rows) => rows,
-        Err(e) if e.code().is_some_and(|c| c.code() == source::SLOT_IN_USE) => return Ok(None),
+        Err(e) if e.code().is_some_and(|c| c.code() == SLOT_IN_USE) => return Ok(None),
         Err(e) => {
             return Err(postgres(e, "cannot peek at the replication slot")
                 .with_context("slot", &options.capture.slot));

@@ -338,10 +338,13 @@ fn parse_lsn(text: &str) -> Result<Lsn> {
     })
 }
 
+/// The SQLSTATE of a slot another process holds (`object_in_use`).
+pub const SLOT_IN_USE: &str = "55006";
+
 /// Turns the server's slot errors into errors that say what to do.
 fn slot_error(err: Error, slot: &str) -> Error {
     let message = match err.sqlstate() {
-        Some(super::source::SLOT_IN_USE) => format!(
+        Some(SLOT_IN_USE) => format!(
             "replication slot {slot:?} is in use by another process: stop the other consumer \
              (see pg_replication_slots.active_pid) or use another slot name"
         ),

@@ -675,9 +675,6 @@ async fn check_partitions(
 /// reports it apart (exit code 3), since nothing is wrong.
 pub const SLOT_HELD_BY_RUN: &str = "slot_held_by_run";
 
-/// The SQLSTATE of a slot another process holds (`object_in_use`).
-pub const SLOT_IN_USE: &str = "55006";
-
 /// The event trigger that sends the rows of attached partitions and puts
 /// the triggers on new ones ([`crate::cdc::partition_rows`]), and the
 /// migration that installs them.
