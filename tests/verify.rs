@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use wal2iceberg::failpoint::STALL_VARIABLE;
 use wal2iceberg::ops::run::run;
 use wal2iceberg::pg::source::SourceClient;
 
@@ -14,10 +15,20 @@ use crate::support::*;
 
 /// `verify` with the oracle's settings: exit code, stdout, stderr.
 async fn verify(oracle: &Oracle) -> (i32, String, String) {
+    verify_stalled(oracle, None).await
+}
+
+/// [`verify`] with the stall points `stall` ([`STALL_VARIABLE`]).
+async fn verify_stalled(oracle: &Oracle, stall: Option<&str>) -> (i32, String, String) {
     let mut args = oracle.run_args();
     args[0] = "verify".to_owned();
     args.extend(["--wait", "60s"].map(String::from));
-    let out = cli(&args).await;
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"));
+    command.args(&args).env("RUST_LOG", "wal2iceberg=warn");
+    if let Some(stall) = stall {
+        command.env(STALL_VARIABLE, stall);
+    }
+    let out = command.output().await.unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8(out.stdout).unwrap(),
@@ -157,6 +168,51 @@ async fn verify_holds_while_writers_go_on_and_names_the_keys_a_tamper_changed() 
     );
 }
 
+/// A verify whose snapshot comes between a column added with a default
+/// and the run's reload for it (held up by the stall point `restart`),
+/// and that reaches its comparison only once the reload is done (stall
+/// point `verify`): bronze at the snapshot's position holds the rows
+/// without the default, which come with the reload after it, so verify
+/// goes again from a new snapshot and finds the lake equal.
+#[tokio::test]
+async fn a_verify_whose_snapshot_precedes_a_finished_reload_verifies_again() {
+    let oracle = Oracle::new(200).await;
+    oracle.drain().await;
+    let mut run = oracle
+        .command(&[])
+        .env(STALL_VARIABLE, "restart:3000")
+        .spawn()
+        .unwrap();
+    oracle.db.wait_until_active(&oracle.slot).await;
+    oracle
+        .db
+        .exec("ALTER TABLE accounts ADD COLUMN tier int DEFAULT 7")
+        .await;
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while oracle.db.active_pid(&oracle.slot).await.is_some() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the run never started over:\n{}",
+            oracle.run_log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (code, report, stderr) = verify_stalled(&oracle, Some("verify:8000")).await;
+    assert_eq!(
+        code,
+        0,
+        "{report}{stderr}\nthe run logged:\n{}",
+        oracle.run_log()
+    );
+    assert!(
+        stderr.contains("bronze holds a load read after"),
+        "{stderr}"
+    );
+    assert!(line(&report, "source").ends_with(": equal"), "{report}");
+    assert!(run.try_wait().unwrap().is_none(), "the run went on");
+    run.kill().await.unwrap();
+}
+
 /// A run keeps the lake's writer lock from its first start to its end:
 /// between two starts (here the one a resync asks for, held by the stall
 /// point `restart`), a drop-table is refused as while it streams.
@@ -167,7 +223,7 @@ async fn a_run_between_two_starts_keeps_the_lake_locked() {
     oracle.drain().await;
     let mut run = oracle
         .command(&[])
-        .env(wal2iceberg::failpoint::STALL_VARIABLE, "restart:30000")
+        .env(STALL_VARIABLE, "restart:30000")
         .spawn()
         .unwrap();
     oracle.db.wait_until_active(&oracle.slot).await;

@@ -181,8 +181,9 @@ const ATTEMPTS: usize = 3;
 
 /// Compares every captured table of `options` (see the module comment),
 /// waiting up to `wait` for the lake to reach the source's position. A
-/// read spoiled by a TRUNCATE after its snapshot (src/cdc/snapshot.rs) is
-/// tried again with a new snapshot.
+/// read spoiled by a TRUNCATE after its snapshot (src/cdc/snapshot.rs), or
+/// met by a load after it ([`newest_load`]), is tried again with a new
+/// snapshot.
 pub async fn verify(config: &PgConfig, options: &RunOptions, wait: Duration) -> Result<Report> {
     let mut attempt = 1;
     loop {
@@ -210,6 +211,7 @@ async fn verify_once(config: &PgConfig, options: &RunOptions, wait: Duration) ->
     // Before the wait: a TRUNCATE meanwhile would empty the tables to the
     // snapshot. It waits for verify instead.
     load.lock_tables().await?;
+    crate::failpoint::stall("verify").await;
     let position = load.consistent_point();
     wait_for_lake(&client, options, position, wait).await?;
     let lake = Lake::open_existing(&options.lake).await?;
@@ -521,10 +523,17 @@ struct Order {
 /// then, so nothing before it counts, and rows before a key's retype,
 /// which lack that key, are never read. (An attached partition's rows are
 /// reads too, of the attaching transaction, and of one partition only.)
+///
+/// A load after `to` is a concurrent error: a resync or a load beside the
+/// stream read the table after `to`, so bronze may not hold the table as
+/// it was at `to` (a column added with a default reaches bronze's rows
+/// with the reload only), and the comparison is made again from a newer
+/// snapshot.
 async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
     let select = ["_cdc_commit_lsn", "_cdc_op", "_cdc_xid"].map(String::from);
     let mut batches = scan(bronze, None, &select).await?;
     let mut newest = i64::MIN;
+    let mut later = None;
     while let Some(batch) = batches.try_next().await? {
         let (Some(lsn), Some(op), Some(xid)) = (
             batch
@@ -543,12 +552,26 @@ async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
             );
         };
         for i in 0..batch.num_rows() {
-            if op.value(i) == "r" && xid.value(i) == 0 && lsn.value(i) <= to {
-                newest = newest.max(lsn.value(i));
+            if op.value(i) == "r" && xid.value(i) == 0 {
+                if lsn.value(i) <= to {
+                    newest = newest.max(lsn.value(i));
+                } else {
+                    later = later.max(Some(lsn.value(i)));
+                }
             }
         }
     }
-    Ok(newest)
+    match later {
+        Some(lsn) => Err(Error::new(
+            ErrorKind::Concurrent,
+            "bronze holds a load read after the position verified (a resync or a table's \
+             load finished meanwhile): verifying again from a new snapshot",
+        )
+        .with_context("table", bronze.identifier())
+        .with_context("position", Lsn(to as u64))
+        .with_context("load", Lsn(lsn as u64))),
+        None => Ok(newest),
+    }
 }
 
 /// Bronze's state at `to`: each live key's row hash.
