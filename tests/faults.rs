@@ -150,9 +150,8 @@ async fn postgres_restarts_fast_and_immediate_mid_stream_are_survived_by_one_run
     let pg = ScratchPostgres::start(&[], &[]).expect("a server of this test's own");
     let mut oracle = Oracle::in_db(TestDb::create_on(&pg).await, 500).await;
     let log = tempfile::NamedTempFile::new().unwrap();
-    // Idle for longer than a restart takes: a fast shutdown waits for the
-    // run's next mark (5 s at most, docs/tables.md) while no change comes,
-    // and an idle exit meanwhile would end the run before its reconnects.
+    // Idle for longer than a restart takes: an idle exit meanwhile would
+    // end the run before its reconnects.
     let mut run = oracle
         .command(&["--exit-when-idle", "15s"])
         .stderr(Stdio::from(log.reopen().unwrap()))

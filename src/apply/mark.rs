@@ -25,9 +25,9 @@ use crate::lake::each_table;
 use crate::pg::lsn::Lsn;
 
 /// The least time between two marks of a run: the slot lags the stream
-/// by about that much at most when the lake's tables are quiet, and a fast
-/// shutdown of the source may wait that long for its walsender (which
-/// ends once the slot stands where it sent).
+/// by about that much at most when the lake's tables are quiet. A
+/// keepalive asking for a reply is marked at once: a walsender shutting
+/// down asks, and ends only once the slot stands where it sent.
 pub(super) const SPACING: Duration = Duration::from_secs(5);
 
 impl Pipeline<'_> {
@@ -59,13 +59,17 @@ impl Pipeline<'_> {
             return None;
         }
         stream.unrecorded()?;
-        Some(self.marked.map_or_else(Instant::now, |last| last + SPACING))
+        match self.marked {
+            Some(last) if !stream.reply_asked() => Some(last + SPACING),
+            _ => Some(Instant::now()),
+        }
     }
 
     /// Records where the stream stands, when the slot waits there for the
-    /// lake to record it and the last mark is [`SPACING`] old, or the
-    /// stream ends (`ending`: the slot then holds no more WAL than it
-    /// must while nothing reads it); then confirms it.
+    /// lake to record it and the last mark is [`SPACING`] old, the server
+    /// asked for a reply (a fast shutdown waits for it), or the stream ends
+    /// (`ending`: the slot then holds no more WAL than it must while
+    /// nothing reads it); then confirms it.
     pub(super) async fn mark_if_due(
         &mut self,
         stream: &mut ChangeStream,
@@ -74,7 +78,10 @@ impl Pipeline<'_> {
         let Some(at) = stream.unrecorded() else {
             return Ok(());
         };
-        if !ending && self.marked.is_some_and(|last| last.elapsed() < SPACING) {
+        if !ending
+            && !stream.reply_asked()
+            && self.marked.is_some_and(|last| last.elapsed() < SPACING)
+        {
             return Ok(());
         }
         // The same table each time: the first bronze by name.

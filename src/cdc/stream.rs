@@ -48,6 +48,10 @@ pub struct ChangeStream {
     reading_only: bool,
     /// No confirmation goes past it: the stream is read again from there.
     ceiling: Option<Lsn>,
+    /// A keepalive asked for a reply while a position waited unrecorded:
+    /// the server waits for it (a walsender shutting down ends only once
+    /// the slot stands where it sent).
+    asked: bool,
 }
 
 impl ChangeStream {
@@ -64,6 +68,7 @@ impl ChangeStream {
             recorded: None,
             reading_only: false,
             ceiling: None,
+            asked: false,
         }
     }
 
@@ -91,7 +96,11 @@ impl ChangeStream {
                 }) => {
                     self.assembler.push(wal_start, data).await?;
                 }
-                Some(ReplicationMessage::PrimaryKeepalive { wal_end, .. }) => {
+                Some(ReplicationMessage::PrimaryKeepalive {
+                    wal_end,
+                    reply_requested,
+                    ..
+                }) => {
                     if !self.reading_only
                         && self.ceiling.is_none()
                         && self.assembler.is_idle()
@@ -102,7 +111,8 @@ impl ChangeStream {
                         self.confirm(wal_end).await?;
                         // The caller has a position to record: it is told
                         // now, not when its deadline comes.
-                        if !waiting && self.unrecorded().is_some() {
+                        if self.unrecorded().is_some() && (reply_requested || !waiting) {
+                            self.asked |= reply_requested;
                             return Ok(Next::Idle);
                         }
                     }
@@ -143,7 +153,15 @@ impl ChangeStream {
     /// as later calls say.
     pub async fn record(&mut self, lsn: Lsn) -> Result<()> {
         self.recorded = Some(self.recorded.map_or(lsn, |r| r.max(lsn)));
+        self.asked &= self.unrecorded().is_some();
         self.confirm(lsn).await
+    }
+
+    /// Whether the server asked for a reply while [`Self::unrecorded`]
+    /// waits: it waits for the caller to record it (a fast shutdown
+    /// does), so that is due now.
+    pub fn reply_asked(&self) -> bool {
+        self.asked && self.unrecorded().is_some()
     }
 
     /// The durable position the slot waits at because the caller has not
