@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use wal2iceberg::ops::scratch::{ScratchPostgres, find_bin_dir};
 
+mod ack_relay;
 mod latency;
 mod s3;
 mod s3_server;

@@ -104,6 +104,15 @@ impl Bench {
             format!("{server_cpu:.1} s"),
         );
         r.figure(
+            "a 4 KB GET on a kept-alive connection, mean (see ack_relay.rs)",
+            match server.round_trips()? {
+                Some((relayed, direct)) => {
+                    format!("{relayed:.1} ms as used, {direct:.1} ms without the relay")
+                }
+                None => "not measured: no curl".into(),
+            },
+        );
+        r.figure(
             "object-store requests per table commit (S3 apply)",
             format!(
                 "{:.1} ({all} requests, {commits} table commits)",

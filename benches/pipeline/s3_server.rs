@@ -4,15 +4,19 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::BenchResult;
+use crate::{BenchResult, ack_relay};
 
 /// An S3 server on a free loopback port, its request log in a file:
 /// s3s-fs (Rust, a folder behind S3's API) when it is installed, on PATH
 /// or in `target/test-tools/bin`, else moto's (Python, `python3 -m
-/// moto.server`), which costs far more CPU on the cores it shares.
+/// moto.server`), which costs far more CPU on the cores it shares. Used
+/// through an [`ack_relay`].
 pub struct S3Server {
     child: std::process::Child,
+    /// The relay's address: the one to use.
     pub addr: String,
+    /// The server's own.
+    direct: String,
     log: tempfile::NamedTempFile,
     /// s3s-fs's data folder, where a bucket is a folder; `None` for moto.
     root: Option<tempfile::TempDir>,
@@ -62,9 +66,11 @@ impl S3Server {
             }
             std::thread::sleep(Duration::from_millis(100));
         }
+        let relay = ack_relay::start(addr.parse()?)?;
         Ok(S3Server {
             child,
-            addr,
+            addr: relay.to_string(),
+            direct: addr,
             log,
             root,
         })
@@ -95,6 +101,50 @@ impl S3Server {
             return Err(format!("create bucket {bucket}: {answer}").into());
         }
         Ok(())
+    }
+
+    /// The mean time of a GET of a 4 KB object on a kept-alive
+    /// connection, in ms, through the relay and to the server directly
+    /// (curl's, over 8 GETs after the connection's first; the stall comes
+    /// every other GET or so, so a median hides it); `None` without curl.
+    pub fn round_trips(&self) -> BenchResult<Option<(f64, f64)>> {
+        let object = tempfile::NamedTempFile::new()?;
+        std::fs::write(object.path(), vec![b'x'; 4096])?;
+        let curl = |addr: &str, extra: &[&str], urls: usize| {
+            let url = format!("http://{addr}/bench/probe");
+            Command::new("curl")
+                .args(["-sf", "-w", "%{time_total}\n"])
+                .args([
+                    "--aws-sigv4",
+                    "aws:amz:us-east-1:s3",
+                    "--user",
+                    "bench:bench",
+                ])
+                .args(["-H", "x-amz-content-sha256: UNSIGNED-PAYLOAD"])
+                .args(extra)
+                .args((0..urls).flat_map(|_| ["-o", "/dev/null", &url]))
+                .output()
+        };
+        let put = match curl(&self.addr, &["-T", &object.path().display().to_string()], 1) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            put => put?,
+        };
+        if !put.status.success() {
+            return Err(format!("curl could not PUT the probe: {put:?}").into());
+        }
+        let mean = |addr: &str| -> BenchResult<f64> {
+            let got = curl(addr, &[], 9)?;
+            if !got.status.success() {
+                return Err(format!("curl could not GET the probe: {got:?}").into());
+            }
+            let times: Vec<f64> = String::from_utf8(got.stdout)?
+                .lines()
+                .skip(1)
+                .map(str::parse)
+                .collect::<Result<_, _>>()?;
+            Ok(times.iter().sum::<f64>() / times.len() as f64 * 1000.0)
+        };
+        Ok(Some((mean(&self.addr)?, mean(&self.direct)?)))
     }
 
     /// The CPU time the server used so far (`/proc/<pid>/stat`).
