@@ -44,6 +44,10 @@ pub struct RestCommits {
 
 #[derive(Clone)]
 struct Session {
+    /// The base of every request after the configuration: the server's
+    /// `uri` override, else the catalog URI (as iceberg-catalog-rest's
+    /// own requests take it).
+    uri: String,
     prefix: Option<String>,
     token: Option<String>,
     config: ConfigResponse,
@@ -206,7 +210,7 @@ impl RestCommits {
         retry_auth: bool,
     ) -> Result<reqwest::Response> {
         let session = self.session().await?;
-        let url = self.url(&session, path)?;
+        let url = session.url(path)?;
         let mut request = self.with_headers(make(url));
         if let Some(token) = &session.token {
             request = request.bearer_auth(token);
@@ -229,6 +233,7 @@ impl RestCommits {
             return Ok(session.clone());
         }
         let mut session = Session {
+            uri: self.uri.clone(),
             prefix: None,
             token: self.props.get("token").cloned(),
             config: ConfigResponse::default(),
@@ -237,7 +242,7 @@ impl RestCommits {
             session.token = Some(self.exchange(credential).await?);
         }
         let mut url = url::Url::parse(&format!("{}/v1/config", self.uri))
-            .map_err(|e| self.config_error(&format!("the catalog URI is not a URL: {e}")))?;
+            .map_err(|e| config_error(&format!("the catalog URI is not a URL: {e}")))?;
         if let Some(warehouse) = self.props.get("warehouse") {
             url.query_pairs_mut().append_pair("warehouse", warehouse);
         }
@@ -258,13 +263,7 @@ impl RestCommits {
             .with_context("status", status));
         }
         let config: ConfigResponse = response.json().await.map_err(|e| self.http_error(e))?;
-        session.prefix = config
-            .overrides
-            .get("prefix")
-            .or(self.props.get("prefix"))
-            .or(config.defaults.get("prefix"))
-            .cloned();
-        session.config = config;
+        session.configure(&self.props, config);
         *held = Some(session.clone());
         Ok(session)
     }
@@ -309,23 +308,6 @@ impl RestCommits {
         Ok(token.access_token)
     }
 
-    /// `<uri>/v1[/<prefix>]` and `parts`.
-    fn url(&self, session: &Session, parts: &[&str]) -> Result<url::Url> {
-        let mut url = url::Url::parse(&self.uri)
-            .map_err(|e| self.config_error(&format!("the catalog URI is not a URL: {e}")))?;
-        {
-            let mut segments = url
-                .path_segments_mut()
-                .map_err(|()| self.config_error("the catalog URI cannot take a path"))?;
-            segments.pop_if_empty().push("v1");
-            if let Some(prefix) = &session.prefix {
-                segments.extend(prefix.split('/'));
-            }
-            segments.extend(parts);
-        }
-        Ok(url)
-    }
-
     /// The `header.*` properties.
     fn with_headers(&self, mut request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
         for (name, value) in self
@@ -342,10 +324,45 @@ impl RestCommits {
         // reqwest's message names the URL, never a header or a body.
         Error::new(ErrorKind::Io, "cannot reach the REST catalog").with_source(e)
     }
+}
 
-    fn config_error(&self, message: &str) -> Error {
-        Error::new(ErrorKind::Config, message.to_owned())
+impl Session {
+    /// Takes up the server's configuration: the prefix (the server's
+    /// override, else the catalog's property, else the server's default)
+    /// and the `uri` override.
+    fn configure(&mut self, props: &HashMap<String, String>, config: ConfigResponse) {
+        self.prefix = config
+            .overrides
+            .get("prefix")
+            .or(props.get("prefix"))
+            .or(config.defaults.get("prefix"))
+            .cloned();
+        if let Some(uri) = config.overrides.get("uri") {
+            self.uri = uri.trim_end_matches('/').to_owned();
+        }
+        self.config = config;
     }
+
+    /// `<uri>/v1[/<prefix>]` and `parts`.
+    fn url(&self, parts: &[&str]) -> Result<url::Url> {
+        let mut url = url::Url::parse(&self.uri)
+            .map_err(|e| config_error(&format!("the catalog URI is not a URL: {e}")))?;
+        {
+            let mut segments = url
+                .path_segments_mut()
+                .map_err(|()| config_error("the catalog URI cannot take a path"))?;
+            segments.pop_if_empty().push("v1");
+            if let Some(prefix) = &self.prefix {
+                segments.extend(prefix.split('/'));
+            }
+            segments.extend(parts);
+        }
+        Ok(url)
+    }
+}
+
+fn config_error(message: &str) -> Error {
+    Error::new(ErrorKind::Config, message.to_owned())
 }
 
 /// The `error.message` of a REST error response, cut short; never a
@@ -362,5 +379,50 @@ pub(super) async fn server_message(response: reqwest::Response) -> String {
     match response.json::<Body>().await {
         Ok(body) => body.error.message.chars().take(300).collect(),
         Err(_) => "no message".to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(uri: &str) -> Session {
+        Session {
+            uri: uri.to_owned(),
+            prefix: None,
+            token: None,
+            config: ConfigResponse::default(),
+        }
+    }
+
+    #[test]
+    fn requests_go_where_the_servers_configuration_sends_them() {
+        let props = HashMap::from([("prefix".to_owned(), "mine".to_owned())]);
+        let path = ["namespaces", "shop", "tables", "orders"];
+
+        let mut plain = session("http://catalog:8181");
+        plain.configure(&props, ConfigResponse::default());
+        assert_eq!(
+            plain.url(&path).unwrap().as_str(),
+            "http://catalog:8181/v1/mine/namespaces/shop/tables/orders"
+        );
+
+        // The server's overrides win over the catalog's properties, as
+        // iceberg-catalog-rest merges them, for the base URI too.
+        let mut moved = session("http://catalog:8181");
+        moved.configure(
+            &props,
+            ConfigResponse {
+                defaults: HashMap::from([("prefix".to_owned(), "default".to_owned())]),
+                overrides: HashMap::from([
+                    ("uri".to_owned(), "https://gateway/api/catalog/".to_owned()),
+                    ("prefix".to_owned(), "ws/main".to_owned()),
+                ]),
+            },
+        );
+        assert_eq!(
+            moved.url(&path).unwrap().as_str(),
+            "https://gateway/api/catalog/v1/ws/main/namespaces/shop/tables/orders"
+        );
     }
 }
