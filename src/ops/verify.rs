@@ -31,23 +31,22 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::cast::AsArray;
-use arrow_array::types::Int64Type;
-use arrow_array::{Array, ArrayRef, BooleanArray, RecordBatch};
+use arrow_array::{ArrayRef, RecordBatch};
 use arrow_row::{RowConverter, SortField};
 use arrow_schema::{Field, Schema as ArrowSchema};
 use futures_util::TryStreamExt;
 use iceberg::table::Table;
-use tokio::time::Instant;
 
+use self::replay::replay;
+use self::wait::{wait_for_lake, wait_for_resyncs};
 use super::run::{RunOptions, idents};
 use crate::apply::load_columns;
 use crate::apply::naming::names;
 use crate::apply::table_set;
 use crate::cdc::capture::read_now;
-use crate::cdc::relation::{self, Catalog, RelationInfo, message_table};
+use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
-use crate::error::{Error, ErrorKind, Result, postgres};
+use crate::error::{Error, ErrorKind, Result};
 use crate::lake::align::align;
 use crate::lake::arrow::verbatim_entries;
 use crate::lake::catalog::{Lake, namespace};
@@ -58,9 +57,10 @@ use crate::lake::schema::{VERBATIM, column_names, has_silver, history_only, sour
 use crate::lake::writer::Position;
 use crate::pg::config::PgConfig;
 use crate::pg::lsn::Lsn;
-use crate::pg::pgoutput::{Decoder, Message};
-use crate::pg::replication::{SLOT_IN_USE, quote_ident};
 use crate::pg::source::{self, SourceClient, TableName};
+
+mod replay;
+mod wait;
 
 /// Differing keys kept to report; the count covers all of them.
 const KEPT_DIFFERENCES: usize = 100_000;
@@ -182,7 +182,7 @@ const ATTEMPTS: usize = 3;
 /// Compares every captured table of `options` (see the module comment),
 /// waiting up to `wait` for the lake to reach the source's position. A
 /// read spoiled by a TRUNCATE after its snapshot (src/cdc/snapshot.rs), or
-/// met by a load after it ([`newest_load`]), is tried again with a new
+/// met by a load after it ([`replay::newest_load`]), is tried again with a new
 /// snapshot.
 pub async fn verify(config: &PgConfig, options: &RunOptions, wait: Duration) -> Result<Report> {
     let mut attempt = 1;
@@ -509,215 +509,6 @@ fn renamed_since(table: &Table) -> HashMap<String, String> {
         .collect()
 }
 
-/// The order of bronze's changes: by commit, a load before the
-/// transactions streamed at its own consistent point, then by sequence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct Order {
-    commit_lsn: i64,
-    streamed: bool,
-    seq: i64,
-}
-
-/// The commit LSN of bronze's newest load (initial or resync, whose reads
-/// come in transaction 0) at or before `to`: its reads are the whole table
-/// then, so nothing before it counts, and rows before a key's retype,
-/// which lack that key, are never read. (An attached partition's rows are
-/// reads too, of the attaching transaction, and of one partition only.)
-///
-/// A load after `to` is a concurrent error: a resync or a load beside the
-/// stream read the table after `to`, so bronze may not hold the table as
-/// it was at `to` (a column added with a default reaches bronze's rows
-/// with the reload only), and the comparison is made again from a newer
-/// snapshot.
-async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
-    let select = ["_cdc_commit_lsn", "_cdc_op", "_cdc_xid"].map(String::from);
-    let mut batches = scan(bronze, None, &select).await?;
-    let mut newest = i64::MIN;
-    let mut later = None;
-    while let Some(batch) = batches.try_next().await? {
-        let (Some(lsn), Some(op), Some(xid)) = (
-            batch
-                .column_by_name("_cdc_commit_lsn")
-                .and_then(|c| c.as_primitive_opt::<Int64Type>()),
-            batch
-                .column_by_name("_cdc_op")
-                .and_then(|c| c.as_string_opt::<i32>()),
-            batch
-                .column_by_name("_cdc_xid")
-                .and_then(|c| c.as_primitive_opt::<Int64Type>()),
-        ) else {
-            return Err(
-                Error::new(ErrorKind::Lake, "a bronze column is not of bronze's type")
-                    .with_context("table", bronze.identifier()),
-            );
-        };
-        for i in 0..batch.num_rows() {
-            if op.value(i) == "r" && xid.value(i) == 0 {
-                if lsn.value(i) <= to {
-                    newest = newest.max(lsn.value(i));
-                } else {
-                    later = later.max(Some(lsn.value(i)));
-                }
-            }
-        }
-    }
-    match later {
-        Some(lsn) => Err(Error::new(
-            ErrorKind::Concurrent,
-            "bronze holds a load read after the position verified (a resync or a table's \
-             load finished meanwhile): verifying again from a new snapshot",
-        )
-        .with_context("table", bronze.identifier())
-        .with_context("position", Lsn(to as u64))
-        .with_context("load", Lsn(lsn as u64))),
-        None => Ok(newest),
-    }
-}
-
-/// Bronze's state at `to`: each live key's row hash.
-///
-/// A change is in it when its transaction committed before `to` (a load's
-/// rows, committed at their consistent point, when that is `to` itself):
-/// exactly what a snapshot exported at `to` sees, and what a table whose
-/// position ends at `to` holds (see [`Position`]).
-async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
-    let ident = bronze.identifier().to_string();
-    let renamed = renamed_since(bronze);
-    let names = column_names(bronze);
-    let mut select: Vec<String> = ["_cdc_commit_lsn", "_cdc_seq", "_cdc_op", "_cdc_before"]
-        .map(String::from)
-        .to_vec();
-    select.extend(
-        shape
-            .columns()
-            .into_iter()
-            .chain([VERBATIM.to_owned()])
-            .filter(|c| names.contains(c)),
-    );
-    let mut latest: HashMap<Key, (Order, Option<u64>)> = HashMap::new();
-    let mut truncated: Option<Order> = None;
-    let to = to.0 as i64;
-    let since = newest_load(bronze, to).await?;
-    let mut batches = scan(bronze, None, &select).await?;
-    while let Some(batch) = batches.try_next().await? {
-        let malformed = || {
-            Error::new(ErrorKind::Lake, "a bronze column is not of bronze's type")
-                .with_context("table", &ident)
-        };
-        let long = |name: &str| {
-            batch
-                .column_by_name(name)
-                .and_then(|c| c.as_primitive_opt::<Int64Type>())
-                .ok_or_else(malformed)
-        };
-        let (commit_lsn, seq) = (long("_cdc_commit_lsn")?, long("_cdc_seq")?);
-        let op = batch
-            .column_by_name("_cdc_op")
-            .and_then(|c| c.as_string_opt::<i32>())
-            .ok_or_else(malformed)?;
-        let orders: Vec<Option<(Order, &str)>> = (0..batch.num_rows())
-            .map(|i| {
-                let (lsn, op) = (commit_lsn.value(i), op.value(i));
-                let load = op == "r";
-                (lsn >= since && (lsn < to || load && lsn == to)).then_some((
-                    Order {
-                        commit_lsn: lsn,
-                        streamed: !load,
-                        seq: seq.value(i),
-                    },
-                    op,
-                ))
-            })
-            .collect();
-        for (order, op) in orders.iter().flatten() {
-            if *op == "t" {
-                truncated = truncated.max(Some(*order));
-            }
-        }
-        // Row changes only: a truncate's row has no key.
-        let rows_mask = BooleanArray::from(
-            orders
-                .iter()
-                .map(|o| o.is_some_and(|(_, op)| op != "t"))
-                .collect::<Vec<_>>(),
-        );
-        let picked = arrow_select::filter::filter_record_batch(&batch, &rows_mask)
-            .map_err(|e| malformed().with_source(e))?;
-        let picked_orders: Vec<(Order, &str)> = orders
-            .iter()
-            .flatten()
-            .filter(|(_, op)| *op != "t")
-            .copied()
-            .collect();
-        let kept = picked.column_by_name(VERBATIM).cloned();
-        let image = align(&picked, &shape.schema, &ident)?;
-        let hashed = shape.hash(&image, |row| kept_entries(kept.as_ref(), row, &renamed))?;
-        let old_keys = old_keys(&picked, shape, &picked_orders, &ident)?;
-        let mut put = |key: Key, order: Order, hash: Option<u64>| {
-            let entry = latest.entry(key).or_insert((order, hash));
-            if order >= entry.0 {
-                *entry = (order, hash);
-            }
-        };
-        for (((order, op), (key, hash)), old) in picked_orders.iter().zip(hashed).zip(old_keys) {
-            if let Some(old) = old.filter(|old| *old != key) {
-                put(old, *order, None);
-            }
-            put(key, *order, (*op != "d").then_some(hash));
-        }
-    }
-    Ok(latest
-        .into_iter()
-        .filter(|(_, (order, _))| truncated.is_none_or(|t| *order > t))
-        .filter_map(|(key, (_, hash))| hash.map(|h| (key, h)))
-        .collect())
-}
-
-/// The key before an update, where bronze's before image holds one.
-fn old_keys(
-    batch: &RecordBatch,
-    shape: &Shape,
-    orders: &[(Order, &str)],
-    ident: &str,
-) -> Result<Vec<Option<Key>>> {
-    let mut old = vec![None; batch.num_rows()];
-    let Some(before) = batch
-        .column_by_name("_cdc_before")
-        .and_then(|c| c.as_struct_opt())
-    else {
-        return Ok(old);
-    };
-    let with_before: Vec<usize> = (0..batch.num_rows())
-        .filter(|&i| orders[i].1 == "u" && before.is_valid(i))
-        .collect();
-    if with_before.is_empty() {
-        return Ok(old);
-    }
-    let indices = arrow_array::UInt32Array::from_iter_values(with_before.iter().map(|&i| i as u32));
-    let columns = shape
-        .key_fields()
-        .iter()
-        .map(|f| {
-            let column = before.column_by_name(f.name()).ok_or_else(|| {
-                Error::new(ErrorKind::Lake, "bronze's before image lacks a key column")
-                    .with_context("table", ident)
-                    .with_context("column", f.name())
-            })?;
-            arrow_select::take::take(column, &indices, None)
-                .and_then(|c| arrow_cast::cast(&c, f.data_type()))
-                .map_err(|e| {
-                    Error::new(ErrorKind::Lake, "cannot read bronze's before image")
-                        .with_context("table", ident)
-                        .with_source(e)
-                })
-        })
-        .collect::<Result<Vec<_>>>()?;
-    for (i, key) in with_before.into_iter().zip(shape.keys(&columns)?) {
-        old[i] = Some(key);
-    }
-    Ok(old)
-}
-
 /// One side's rows checked off against bronze's.
 struct Differences {
     bronze: HashMap<Key, u64>,
@@ -779,177 +570,4 @@ impl Differences {
                 .collect(),
         }
     }
-}
-
-/// Waits until no table's bronze holds a resync request not done yet: a
-/// schema change (a rewrite, a new column with a default) or `wal2iceberg
-/// resync` asked for silver to be reloaded, and until it is, silver is
-/// behind the stream it confirmed. True when one was pending.
-async fn wait_for_resyncs(
-    lake: &Lake,
-    namespace: &iceberg::NamespaceIdent,
-    names: &HashMap<TableName, String>,
-    tables: &[TableName],
-    wait: Duration,
-) -> Result<bool> {
-    let deadline = Instant::now() + wait;
-    let mut waited = false;
-    for table in tables {
-        let (bronze, _) = idents(namespace, names, table);
-        loop {
-            let Some(bronze) = lake.table_if_exists(&bronze).await? else {
-                break;
-            };
-            if crate::apply::resync::pending(&bronze).is_none() {
-                break;
-            }
-            waited = true;
-            if Instant::now() >= deadline {
-                return Err(Error::new(
-                    ErrorKind::Lake,
-                    format!(
-                        "silver is being reloaded (a resync is pending) and was not done within \
-                         {wait:?}: verify again once the run has done it, or with a longer --wait"
-                    ),
-                )
-                .with_context("table", table));
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-    Ok(waited)
-}
-
-/// Waits until the lake holds every change committed before `position`:
-/// the pipeline's slot has confirmed it, or, with no run on the slot, the
-/// slot holds no unapplied change of a captured table before it.
-async fn wait_for_lake(
-    client: &SourceClient,
-    options: &RunOptions,
-    position: Lsn,
-    wait: Duration,
-) -> Result<()> {
-    let slot = &options.capture.slot;
-    let deadline = Instant::now() + wait;
-    loop {
-        let info = source::slot_info(client, slot).await?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::Slot,
-                "the replication slot does not exist, so nothing feeds the lake: start `wal2iceberg run`",
-            )
-            .with_context("slot", slot)
-        })?;
-        let confirmed = info.confirmed_flush_lsn.unwrap_or_default();
-        if confirmed >= position {
-            return Ok(());
-        }
-        if info.active_pid.is_none() {
-            match unapplied_changes(client, options, position).await? {
-                Some(0) => return Ok(()),
-                Some(n) => {
-                    return Err(Error::new(
-                        ErrorKind::Slot,
-                        format!(
-                            "the lake lacks {n} changes committed before the source position \
-                             verified, and no run is applying them: start `wal2iceberg run` and \
-                             verify again"
-                        ),
-                    )
-                    .with_context("slot", slot)
-                    .with_context("confirmed", confirmed)
-                    .with_context("position", position));
-                }
-                None => {}
-            }
-        }
-        if Instant::now() >= deadline {
-            return Err(Error::new(
-                ErrorKind::Slot,
-                format!(
-                    "the run did not confirm the source position verified within {wait:?}: \
-                     it is behind; verify again later or with a longer --wait"
-                ),
-            )
-            .with_context("slot", slot)
-            .with_context("confirmed", confirmed)
-            .with_context("position", position));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// Changes of the captured tables the idle slot holds in transactions
-/// committed before `position`, DDL the event triggers marked included;
-/// `None` when a run took the slot meanwhile.
-async fn unapplied_changes(
-    client: &SourceClient,
-    options: &RunOptions,
-    position: Lsn,
-) -> Result<Option<u64>> {
-    let rows = client
-        .query(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, $2::text::pg_lsn, NULL, \
-             'proto_version', '1', 'publication_names', $3, 'messages', 'true')",
-            &[
-                &options.capture.slot,
-                &position.to_string(),
-                &quote_ident(&options.capture.publication),
-            ],
-        )
-        .await;
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(e) if e.code().is_some_and(|c| c.code() == SLOT_IN_USE) => return Ok(None),
-        Err(e) => {
-            return Err(postgres(e, "cannot peek at the replication slot")
-                .with_context("slot", &options.capture.slot));
-        }
-    };
-    // The publication may publish more tables than those verified: a
-    // change counts when its relation, as the stream last described it,
-    // is one of them.
-    let mut captured: HashMap<u32, bool> = HashMap::new();
-    let mut decoder = Decoder::new();
-    let mut before = false;
-    let mut count = 0;
-    for row in rows {
-        let data: Vec<u8> = row.get(0);
-        let oids = match decoder.decode(data.into()).map_err(Error::from)? {
-            Message::Begin(begin) => {
-                before = begin.final_lsn < position;
-                continue;
-            }
-            Message::Relation(_, rel) => {
-                let table = message_table(&rel);
-                captured.insert(rel.oid, options.capture.tables.contains(&table));
-                continue;
-            }
-            Message::Insert(_, m) => vec![m.relation_oid],
-            Message::Update(_, m) => vec![m.relation_oid],
-            Message::Delete(_, m) => vec![m.relation_oid],
-            Message::Truncate(_, m) => m.relation_oids,
-            // DDL the event triggers marked: a schema change or a rewrite
-            // the lake has not taken up either.
-            Message::Message(_, m) if m.transactional => {
-                let named = match m.prefix.as_str() {
-                    relation::COLUMNS => relation::parse_columns(&m.content)
-                        .map(|(table, _, _)| vec![table])
-                        .unwrap_or_default(),
-                    relation::REWRITE => relation::parse_rewrite(&m.content)
-                        .map(|tables| tables.into_iter().map(|(t, _)| t).collect())
-                        .unwrap_or_default(),
-                    _ => Vec::new(),
-                };
-                if before && named.iter().any(|t| options.capture.tables.contains(t)) {
-                    count += 1;
-                }
-                continue;
-            }
-            _ => continue,
-        };
-        if before && oids.iter().any(|oid| captured.get(oid) == Some(&true)) {
-            count += 1;
-        }
-    }
-    Ok(Some(count))
 }
