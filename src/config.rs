@@ -64,13 +64,15 @@ pub struct Raw {
     /// by (pyiceberg's SqlCatalog(name), a JDBC catalog's name) [default: local].
     #[arg(long, value_name = "NAME")]
     pub catalog_name: Option<String>,
-    /// The warehouse: a folder, or s3://bucket/prefix [default: <lake>/warehouse];
+    /// The warehouse: a folder, s3://bucket/prefix or gs://bucket/prefix
+    /// [default: <lake>/warehouse];
     /// for a REST catalog, the warehouse asked of it.
     #[arg(long, value_name = "FOLDER|URI")]
     pub warehouse: Option<String>,
     /// A catalog property, key=value, repeated: s3.endpoint,
     /// s3.access-key-id, s3.secret-access-key, s3.region,
     /// s3.path-style-access (the AWS_* variables fill what they leave out);
+    /// gcs.service.host, gcs.credentials-json, gcs.oauth2.token, gcs.no-auth;
     /// for a REST catalog token, credential, oauth2-server-uri, scope,
     /// prefix, header.<name>.
     #[arg(long, value_name = "KEY=VALUE")]

@@ -234,14 +234,14 @@ fn an_s3_warehouse_and_catalog_properties_from_a_file_and_the_environment() {
         None,
         &[],
         Raw {
-            warehouse: Some("gs://b/w".into()),
+            warehouse: Some("abfss://c@a.dfs.core.windows.net/w".into()),
             ..Raw::default()
         },
     )
     .unwrap_err()
     .to_string();
     assert!(
-        err.contains("warehouse") && err.contains("gs:// is not supported"),
+        err.contains("warehouse") && err.contains("abfss:// is not supported"),
         "{err}"
     );
 }

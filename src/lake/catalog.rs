@@ -3,8 +3,8 @@
 //! pyiceberg's `SqlCatalog` and DuckDB read with no options; the catalog
 //! file and the warehouse may also live apart ([`LakeLocation`]), the
 //! catalog in a PostgreSQL database (`catalog_db`) or be a REST catalog
-//! (`catalog_uri`, `rest_commit`), and the warehouse on S3
-//! (`s3://bucket/prefix`, see `storage`). A SQL catalog registers tables
+//! (`catalog_uri`, `rest_commit`), and the warehouse on S3 or GCS
+//! (`s3://bucket/prefix`, `gs://bucket/prefix`, see `storage`). A SQL catalog registers tables
 //! under the catalog name [`CATALOG_NAME`] unless one is chosen.
 
 use std::collections::HashMap;
@@ -131,11 +131,13 @@ impl LakeLocation {
                     ));
                 }
             };
-        } else if rest && (choice.warehouse.is_some_and(is_s3) || properties.names_s3()) {
+        } else if rest
+            && (choice.warehouse.is_some_and(in_object_store) || properties.names_object_store())
+        {
             lake.warehouse = Warehouse::Uri(
                 choice
                     .warehouse
-                    .filter(|w| is_s3(w))
+                    .filter(|w| in_object_store(w))
                     .unwrap_or("s3://")
                     .to_owned(),
             );
@@ -193,6 +195,10 @@ pub struct CatalogChoice<'a> {
 
 fn is_s3(location: &str) -> bool {
     location.starts_with("s3://") || location.starts_with("s3a://")
+}
+
+fn in_object_store(location: &str) -> bool {
+    is_s3(location) || location.starts_with("gs://")
 }
 
 /// An Iceberg catalog, and where the commits `row_delta` and `expire`
@@ -570,13 +576,14 @@ impl Lake {
             return rest.load_table(ident).await;
         }
         self.catalog.load_table(ident).await.map_err(|e| {
-            let on_s3 = self.local
-                && ["s3://", "s3a://"]
+            let on_store = self.local
+                && ["s3://", "s3a://", "gs://"]
                     .iter()
                     .any(|s| e.to_string().contains(s));
-            let message = if on_s3 {
-                "cannot load the table: its files are on S3; give the lake's --warehouse \
-                     s3://... and the store's settings (docs/configuration.md, A lake on S3)"
+            let message = if on_store {
+                "cannot load the table: its files are in an object store; give the lake's \
+                     --warehouse s3://... or gs://... and the store's settings \
+                     (docs/configuration.md, A lake on S3)"
             } else {
                 "cannot load the table"
             };

@@ -1,17 +1,17 @@
 //! The files under a table's folder and when each was last written: what
 //! the orphan sweep ([`super::expire`]) weighs against what the table
 //! refers to. iceberg-rust 0.10's FileIO cannot list, so a local folder is
-//! walked, and an S3 prefix is listed through opendal (the library under
-//! the lake's S3 FileIO), configured from the table's own FileIO
-//! properties: the lake's `s3.*` settings, or the credentials a REST
-//! catalog vended for the table.
+//! walked, and an S3 or GCS prefix is listed through opendal (the library
+//! under the lake's FileIO), configured from the table's own FileIO
+//! properties: the lake's `s3.*` or `gcs.*` settings, or the credentials a
+//! REST catalog vended for the table.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
 use futures_util::TryStreamExt;
-use opendal::services::S3;
+use opendal::services::{Gcs, S3};
 
 use crate::blocking::blocking;
 use crate::error::{Error, ErrorKind, Result};
@@ -35,9 +35,16 @@ pub async fn files_under(
     };
     match scheme {
         "file" => walk(PathBuf::from(rest)).await.map(Some),
-        "s3" | "s3a" => {
+        "s3" | "s3a" | "gs" => {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-            list_s3(scheme, bucket, prefix, props).await.map(Some)
+            let operator = match scheme {
+                "gs" => gcs_operator(bucket, props),
+                _ => s3_operator(bucket, props),
+            }
+            .map_err(|e| listing_error(&location, e))?;
+            list_store(scheme, bucket, prefix, &operator)
+                .await
+                .map(Some)
         }
         _ => Ok(None),
     }
@@ -74,15 +81,14 @@ async fn walk(folder: PathBuf) -> Result<Vec<Listed>> {
     })
 }
 
-async fn list_s3(
+async fn list_store(
     scheme: &str,
     bucket: &str,
     prefix: &str,
-    props: &HashMap<String, String>,
+    operator: &opendal::Operator,
 ) -> Result<Vec<Listed>> {
     let folder = format!("{scheme}://{bucket}/{prefix}");
     let failed = |e: opendal::Error| listing_error(&folder, e);
-    let operator = s3_operator(bucket, props).map_err(failed)?;
     let mut lister = operator
         .lister_with(&format!("{}/", prefix.trim_end_matches('/')))
         .recursive(true)
@@ -137,6 +143,32 @@ fn s3_operator(
     Ok(opendal::Operator::new(builder)?.finish())
 }
 
+/// An operator on `bucket` as iceberg's GCS storage builds one from the
+/// same properties (`gcs.no-auth`, given at all, sends no credential);
+/// what is not given comes from Google's application default credentials.
+fn gcs_operator(
+    bucket: &str,
+    props: &HashMap<String, String>,
+) -> opendal::Result<opendal::Operator> {
+    let mut builder = Gcs::default().bucket(bucket);
+    if let Some(endpoint) = props.get("gcs.service.path") {
+        builder = builder.endpoint(endpoint);
+    }
+    if let Some(credential) = props.get("gcs.credentials-json") {
+        builder = builder.credential(credential);
+    }
+    if let Some(token) = props.get("gcs.oauth2.token") {
+        builder = builder.token(token.clone());
+    }
+    if props.contains_key("gcs.no-auth") {
+        builder = builder
+            .skip_signature()
+            .disable_vm_metadata()
+            .disable_config_load();
+    }
+    Ok(opendal::Operator::new(builder)?.finish())
+}
+
 fn listing_error(
     folder: &dyn std::fmt::Display,
     e: impl std::error::Error + Send + Sync + 'static,
@@ -175,7 +207,7 @@ mod tests {
         let missing = format!("file://{}", dir.path().join("nothing").display());
         let listed = files_under(&missing, &HashMap::new()).await.unwrap();
         assert!(listed.unwrap().is_empty());
-        let other = files_under("gs://bucket/t", &HashMap::new()).await.unwrap();
+        let other = files_under("hdfs://nn/t", &HashMap::new()).await.unwrap();
         assert!(other.is_none());
     }
 }

@@ -1,28 +1,31 @@
-//! Where a lake's files live: a local folder, or S3 (and S3-compatible
-//! servers) through `iceberg-storage-opendal`, configured by the
-//! conventions users know: the `AWS_*` environment variables, and catalog
-//! properties named as Iceberg's S3 FileIO names them (`s3.endpoint`,
-//! `s3.access-key-id`, `s3.secret-access-key`, `s3.session-token`,
-//! `s3.region`, pyiceberg's names too; and `s3.path-style-access`), a
-//! property winning over the environment.
+//! Where a lake's files live: a local folder, S3 (and S3-compatible
+//! servers) or Google Cloud Storage, through `iceberg-storage-opendal`,
+//! configured by the conventions users know: for S3 the `AWS_*`
+//! environment variables, and catalog properties named as Iceberg's S3
+//! FileIO names them (`s3.endpoint`, `s3.access-key-id`,
+//! `s3.secret-access-key`, `s3.session-token`, `s3.region`, pyiceberg's
+//! names too; and `s3.path-style-access`); for GCS Google's application
+//! default credentials (`GOOGLE_APPLICATION_CREDENTIALS`, a VM's service
+//! account), `STORAGE_EMULATOR_HOST`, and the `gcs.*` properties. A
+//! property wins over the environment.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use iceberg::io::StorageFactory;
-use iceberg_storage_opendal::OpenDalStorageFactory;
+use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 
 /// A lake's warehouse: a local folder, or an object store URI.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Warehouse {
     Folder(PathBuf),
-    /// `s3://bucket/prefix` (or `s3a://`).
+    /// `s3://bucket/prefix` (or `s3a://`), `gs://bucket/prefix`.
     Uri(String),
 }
 
 impl Warehouse {
-    /// A folder path, a `file://` URI or an `s3://` URI.
+    /// A folder path, a `file://` URI, or an `s3://` or `gs://` URI.
     pub fn parse(text: &str) -> Result<Warehouse, String> {
         if let Some(path) = text.strip_prefix("file://") {
             return Ok(Warehouse::Folder(PathBuf::from(path)));
@@ -32,22 +35,25 @@ impl Warehouse {
         };
         let bucket = rest.split('/').next().unwrap_or_default();
         match scheme {
-            "s3" | "s3a" if bucket.chars().any(|c| c.is_ascii_uppercase()) => {
-                Err(format!("S3 bucket names are lowercase, not {bucket:?}"))
+            "s3" | "s3a" | "gs" if bucket.chars().any(|c| c.is_ascii_uppercase()) => {
+                Err(format!("bucket names are lowercase, not {bucket:?}"))
             }
-            "s3" | "s3a" if !bucket.is_empty() => {
+            "s3" | "s3a" | "gs" if !bucket.is_empty() => {
                 Ok(Warehouse::Uri(text.trim_end_matches('/').to_owned()))
             }
-            "s3" | "s3a" => Err("an S3 warehouse names its bucket: s3://bucket/prefix".to_owned()),
+            "s3" | "s3a" | "gs" => Err(format!(
+                "an object store warehouse names its bucket: {scheme}://bucket/prefix"
+            )),
             other => Err(format!(
-                "{other}:// is not supported; give a folder, file://folder or s3://bucket/prefix"
+                "{other}:// is not supported; give a folder, file://folder, s3://bucket/prefix \
+                 or gs://bucket/prefix"
             )),
         }
     }
 }
 
 /// Catalog properties (`--catalog-property key=value`): for storage, the
-/// `s3.*` keys; for a REST catalog, pyiceberg's names ([`REST_PROPERTIES`]
+/// `s3.*` and `gcs.*` keys; for a REST catalog, pyiceberg's names ([`REST_PROPERTIES`]
 /// and `header.<name>`). Their values may be secrets: `Debug` shows keys
 /// only, and no error prints a value.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -60,7 +66,9 @@ impl std::fmt::Debug for CatalogProperties {
 }
 
 /// The properties a lake takes (the names of iceberg-rust and Iceberg's
-/// Java S3 FileIO, which pyiceberg shares but for path-style access).
+/// Java S3 FileIO, which pyiceberg shares but for path-style access; for
+/// GCS pyiceberg's and Java's `gcs.service.host` for the endpoint, which
+/// iceberg-rust calls `gcs.service.path`, and iceberg-rust's others).
 const PROPERTIES: &[&str] = &[
     "s3.endpoint",
     "s3.access-key-id",
@@ -68,7 +76,19 @@ const PROPERTIES: &[&str] = &[
     "s3.session-token",
     "s3.region",
     "s3.path-style-access",
+    GCS_ENDPOINT,
+    GCS_ENDPOINT_RUST,
+    "gcs.oauth2.token",
+    "gcs.credentials-json",
+    GCS_NO_AUTH,
 ];
+
+/// GCS's endpoint, as pyiceberg and Iceberg's Java GCS FileIO name it.
+const GCS_ENDPOINT: &str = "gcs.service.host";
+/// The same, as iceberg-rust names it.
+const GCS_ENDPOINT_RUST: &str = "gcs.service.path";
+/// No credential at all (an emulator), iceberg-rust's.
+const GCS_NO_AUTH: &str = "gcs.no-auth";
 
 /// A REST catalog's properties, as pyiceberg and iceberg-rust name them:
 /// a bearer `token`, or a `credential` (`client_id:client_secret`)
@@ -150,8 +170,8 @@ impl CatalogProperties {
         Ok(CatalogProperties(properties))
     }
 
-    /// Whether a storage property (`s3.*`) is given.
-    pub fn names_s3(&self) -> bool {
+    /// Whether a storage property (`s3.*`, `gcs.*`) is given.
+    pub fn names_object_store(&self) -> bool {
         self.0.keys().any(|k| PROPERTIES.contains(&k.as_str()))
     }
 
@@ -204,6 +224,22 @@ impl CatalogProperties {
             }
         }
         props.extend(self.0.clone());
+        // Google's client libraries take an emulator from this variable,
+        // and send it no credential.
+        if let Some(host) = env("STORAGE_EMULATOR_HOST").filter(|h| !h.is_empty())
+            && !props.contains_key(GCS_ENDPOINT)
+            && !props.contains_key(GCS_ENDPOINT_RUST)
+        {
+            props.insert(GCS_ENDPOINT.to_owned(), host);
+            props
+                .entry(GCS_NO_AUTH.to_owned())
+                .or_insert_with(|| "true".to_owned());
+        }
+        if let Some(endpoint) = props.get(GCS_ENDPOINT).cloned() {
+            props
+                .entry(GCS_ENDPOINT_RUST.to_owned())
+                .or_insert(endpoint);
+        }
         let own_server = props
             .get("s3.endpoint")
             .is_some_and(|e| !e.contains(".amazonaws.com"));
@@ -224,11 +260,10 @@ fn is_rest(key: &str) -> bool {
     REST_PROPERTIES.contains(&key) || key.strip_prefix("header.").is_some_and(|h| !h.is_empty())
 }
 
-/// The storage of a warehouse on an object store.
+/// The storage of a warehouse on an object store, by each location's
+/// scheme.
 pub fn object_store() -> Arc<dyn StorageFactory> {
-    Arc::new(OpenDalStorageFactory::S3 {
-        customized_credential_load: None,
-    })
+    Arc::new(OpenDalResolvingStorageFactory::new())
 }
 
 #[cfg(test)]
@@ -259,6 +294,10 @@ mod tests {
         assert!(no_bucket.contains("names its bucket"), "{no_bucket}");
         let other = Warehouse::parse("hdfs://nn/lake").unwrap_err();
         assert!(other.contains("hdfs:// is not supported"), "{other}");
+        assert_eq!(
+            Warehouse::parse("gs://bucket/lake/").unwrap(),
+            Warehouse::Uri("gs://bucket/lake".into())
+        );
     }
 
     #[test]
@@ -324,13 +363,37 @@ mod tests {
     }
 
     #[test]
+    fn gcs_takes_pyicebergs_endpoint_and_an_emulator_from_the_environment() {
+        let emulator = |name: &str| {
+            (name == "STORAGE_EMULATOR_HOST").then(|| "http://127.0.0.1:4443".to_owned())
+        };
+        let storage = CatalogProperties::default().storage_props_with(emulator);
+        assert_eq!(storage[GCS_ENDPOINT_RUST], "http://127.0.0.1:4443");
+        assert_eq!(storage[GCS_NO_AUTH], "true");
+
+        let given = CatalogProperties::parse([
+            "gcs.service.host=https://storage.example",
+            "gcs.oauth2.token=ya29",
+        ])
+        .unwrap();
+        assert!(given.names_object_store());
+        let storage = given.storage_props_with(emulator);
+        assert_eq!(storage[GCS_ENDPOINT_RUST], "https://storage.example");
+        assert!(
+            !storage.contains_key(GCS_NO_AUTH),
+            "a property's endpoint keeps the credential"
+        );
+        assert!(!format!("{given:?}").contains("ya29"));
+    }
+
+    #[test]
     fn unknown_keys_and_pairs_without_a_key_are_refused() {
         for bad in ["novalue", "=x", "uri=sqlite:/tmp/x", "s3.acess-key-id=x"] {
             assert!(CatalogProperties::parse([bad]).is_err(), "{bad}");
         }
         let rest =
             CatalogProperties::parse(["token=t0k", "header.X-Tenant=a", "prefix=p"]).unwrap();
-        assert!(rest.names_rest() && !rest.names_s3());
+        assert!(rest.names_rest() && !rest.names_object_store());
         assert_eq!(rest.rest_props().count(), 3);
         assert!(!format!("{rest:?}").contains("t0k"));
         assert!(CatalogProperties::parse(["header.=x"]).is_err());

@@ -20,6 +20,7 @@ use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::source::{SourceClient, TableName};
 
 pub mod alloc;
+pub mod gcs;
 pub mod oidc;
 pub mod oracle;
 pub mod python;
