@@ -366,4 +366,20 @@ async fn a_lake_on_gcs_loads_streams_restarts_sweeps_and_is_read_from_gcs() {
         id_plan_pairs(&readers.pyiceberg("shop.customers", "rows").await),
         [(1, "team".into()), (2, "pro".into()), (4, "free".into())]
     );
+
+    // drop-table deletes both tables' objects.
+    let mut drop: Vec<String> = [
+        "drop-table",
+        "--source",
+        &db.config_url(),
+        "--table",
+        "public.customers",
+        "--yes",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    drop.extend(place[..6].iter().map(|s| (*s).to_owned()));
+    assert_success(&with_emulator_env(drop).await.unwrap());
+    assert_eq!(server.objects("lake", "shop/shop/customers"), 0);
+    assert_eq!(server.objects("lake", "shop/shop/customers_changes"), 0);
 }

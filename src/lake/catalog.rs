@@ -26,6 +26,7 @@ use super::durable_fs::DurableFsFactory;
 use super::glue;
 use super::glue_commit::GlueCommits;
 use super::iceberg_error;
+use super::listing::delete_under;
 use super::rest_commit::RestCommits;
 use super::storage::{CatalogProperties, Warehouse, object_store};
 use crate::error::{Error, ErrorKind, Result};
@@ -623,10 +624,7 @@ impl Lake {
             .await
             .map_err(|e| iceberg_error(e, "cannot drop the table").with_context("table", ident))?;
         let Some(folder) = local else {
-            return table.file_io().delete_prefix(&location).await.map_err(|e| {
-                iceberg_error(e, "cannot delete the table's files")
-                    .with_context("location", &location)
-            });
+            return delete_under(table.file_io(), &location).await;
         };
         match std::fs::remove_dir_all(folder) {
             Ok(()) => Ok(()),

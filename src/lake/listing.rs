@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::SystemTime;
 
-use futures_util::TryStreamExt;
+use futures_util::{StreamExt, TryStreamExt};
+use iceberg::io::FileIO;
 use opendal::services::{Gcs, S3};
 
 use crate::blocking::blocking;
@@ -49,6 +50,33 @@ pub async fn files_under(
         _ => Ok(None),
     }
 }
+
+/// Deletes every object under the object store folder `location`
+/// through `file_io`, one request each, [`DELETES_AT_ONCE`] at a time:
+/// stores' batch deletes differ between servers (fake-gcs-server refuses
+/// the GCS batch opendal sends), a single delete does not.
+pub async fn delete_under(file_io: &FileIO, location: &str) -> Result<()> {
+    let Some(files) = files_under(location, file_io.config().props()).await? else {
+        return Err(Error::new(
+            ErrorKind::Lake,
+            "cannot list the table's files to delete them",
+        )
+        .with_context("location", location));
+    };
+    futures_util::stream::iter(files)
+        .map(|file| async move {
+            file_io.delete(&file.location).await.map_err(|e| {
+                super::iceberg_error(e, "cannot delete the table's files")
+                    .with_context("location", &file.location)
+            })
+        })
+        .buffer_unordered(DELETES_AT_ONCE)
+        .try_collect()
+        .await
+}
+
+/// Deletes in flight at once in [`delete_under`].
+const DELETES_AT_ONCE: usize = 16;
 
 async fn walk(folder: PathBuf) -> Result<Vec<Listed>> {
     blocking(move || {
