@@ -50,11 +50,7 @@ async fn a_lake_on_s3_loads_streams_restarts_and_is_read_from_s3() {
         args
     };
     // Configured by catalog properties.
-    let properties: Vec<String> = server
-        .properties()
-        .into_iter()
-        .flat_map(|p| ["--catalog-property".to_owned(), p])
-        .collect();
+    let properties = property_flags(server.properties());
     assert_success(&cli(&run_args(&properties)).await);
     let s3 = RemoteLake::on_s3(&lake_dir, warehouse.clone(), &server);
     assert_eq!(
@@ -204,6 +200,14 @@ async fn expire_snapshots_sweeps_old_orphans_on_s3_and_keeps_the_tables_files() 
 
 /// `expire-snapshots` of `table` on the S3 lake: every snapshot but the
 /// current one past, and orphans as old as the floor allows.
+/// `--catalog-property` flags of `properties`.
+fn property_flags(properties: Vec<String>) -> Vec<String> {
+    properties
+        .into_iter()
+        .flat_map(|p| ["--catalog-property".to_owned(), p])
+        .collect()
+}
+
 fn expire_args(lake: &str, warehouse: &str, table: &str) -> Vec<String> {
     [
         "expire-snapshots",
@@ -286,11 +290,7 @@ async fn a_lake_on_gcs_loads_streams_restarts_sweeps_and_is_read_from_gcs() {
         "--exit-when-idle",
         "1s",
     ];
-    let properties: Vec<String> = server
-        .properties()
-        .into_iter()
-        .flat_map(|p| ["--catalog-property".to_owned(), p])
-        .collect();
+    let properties = property_flags(server.properties());
     let run = customers_run(&db, &slot, &place);
     assert_success(&cli(&[run.clone(), properties.clone()].concat()).await);
     let readers = RemoteLake::with_env(

@@ -57,6 +57,20 @@ async fn at_oracle(oracle: &Oracle, args: &[&str]) -> std::process::Output {
     cli(&all).await
 }
 
+/// Waits until the oracle's run has ended its stream to start over (the
+/// slot idle).
+async fn wait_for_start_over(oracle: &Oracle) {
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    while oracle.db.active_pid(&oracle.slot).await.is_some() {
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the run never started over:\n{}",
+            oracle.run_log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn tamper_accounts(oracle: &Oracle, args: &[&str]) {
     tamper(oracle.lake.path(), &format!("{NAMESPACE}.accounts"), args).await;
 }
@@ -188,15 +202,7 @@ async fn a_verify_whose_snapshot_precedes_a_finished_reload_verifies_again() {
         .db
         .exec("ALTER TABLE accounts ADD COLUMN tier int DEFAULT 7")
         .await;
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while oracle.db.active_pid(&oracle.slot).await.is_some() {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the run never started over:\n{}",
-            oracle.run_log()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_start_over(&oracle).await;
     let (code, report, stderr) = verify_stalled(&oracle, Some("verify:8000")).await;
     assert_eq!(
         code,
@@ -229,15 +235,7 @@ async fn a_run_between_two_starts_keeps_the_lake_locked() {
     oracle.db.wait_until_active(&oracle.slot).await;
     oracle.start_workload();
     assert_success(&at_oracle(&oracle, &["resync", "--table", "public.accounts"]).await);
-    let give_up = std::time::Instant::now() + Duration::from_secs(60);
-    while oracle.db.active_pid(&oracle.slot).await.is_some() {
-        assert!(
-            std::time::Instant::now() < give_up,
-            "the run never started over:\n{}",
-            oracle.run_log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_for_start_over(&oracle).await;
     let out = at_oracle(&oracle, &["drop-table", "--table", "public.other", "--yes"]).await;
     assert_ne!(out.status.code(), Some(0), "{out:?}");
     assert!(
