@@ -198,8 +198,6 @@ async fn expire_snapshots_sweeps_old_orphans_on_s3_and_keeps_the_tables_files() 
         .await;
 }
 
-/// `expire-snapshots` of `table` on the S3 lake: every snapshot but the
-/// current one past, and orphans as old as the floor allows.
 /// `--catalog-property` flags of `properties`.
 fn property_flags(properties: Vec<String>) -> Vec<String> {
     properties
@@ -208,6 +206,8 @@ fn property_flags(properties: Vec<String>) -> Vec<String> {
         .collect()
 }
 
+/// `expire-snapshots` of `table` on an object store lake: every snapshot
+/// but the current one past, and orphans as old as the floor allows.
 fn expire_args(lake: &str, warehouse: &str, table: &str) -> Vec<String> {
     [
         "expire-snapshots",

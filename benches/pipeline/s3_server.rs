@@ -106,8 +106,9 @@ impl S3Server {
     /// The mean time of a GET of a 4 KB object on a kept-alive
     /// connection, in ms, through the relay and to the server directly
     /// (curl's, over 8 GETs after the connection's first; the stall comes
-    /// every other GET or so, so a median hides it); `None` without curl.
-    pub fn round_trips(&self) -> BenchResult<Option<(f64, f64)>> {
+    /// every other GET or so, so a median hides it); an error without a
+    /// curl that signs requests (7.75 or later).
+    pub fn round_trips(&self) -> BenchResult<(f64, f64)> {
         let object = tempfile::NamedTempFile::new()?;
         std::fs::write(object.path(), vec![b'x'; 4096])?;
         let curl = |addr: &str, extra: &[&str], urls: usize| {
@@ -125,10 +126,7 @@ impl S3Server {
                 .args((0..urls).flat_map(|_| ["-o", "/dev/null", &url]))
                 .output()
         };
-        let put = match curl(&self.addr, &["-T", &object.path().display().to_string()], 1) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            put => put?,
-        };
+        let put = curl(&self.addr, &["-T", &object.path().display().to_string()], 1)?;
         if !put.status.success() {
             return Err(format!("curl could not PUT the probe: {put:?}").into());
         }
@@ -144,7 +142,7 @@ impl S3Server {
                 .collect::<Result<_, _>>()?;
             Ok(times.iter().sum::<f64>() / times.len() as f64 * 1000.0)
         };
-        Ok(Some((mean(&self.addr)?, mean(&self.direct)?)))
+        Ok((mean(&self.addr)?, mean(&self.direct)?))
     }
 
     /// The CPU time the server used so far (`/proc/<pid>/stat`).

@@ -240,8 +240,11 @@ impl Pipeline<'_> {
                 }
                 Next::Idle => {
                     let now = Instant::now();
+                    // A server waiting for a reply (shutting down) gets
+                    // its mark first, not after a compaction.
                     let quiet = self.compact_after_files > 0
                         && !settled
+                        && !stream.reply_asked()
                         && self.batch_changes == 0
                         && self.batch_end.is_none()
                         && now

@@ -161,7 +161,7 @@ async fn try_expire(
 /// older than `older_than` (and at least [`ORPHAN_MIN_AGE`]): what a crash
 /// between writing files and committing them left, or a commit that lost
 /// its race. [`expire_snapshots`] does it whenever it expired something;
-/// this is the same on its own. On a local folder and on S3; a table
+/// this is the same on its own. On a local folder, S3 and GCS; a table
 /// stored elsewhere is left as it is.
 pub async fn remove_orphan_files(
     lake: &Lake,
@@ -212,7 +212,11 @@ async fn sweep(
             return Ok(0);
         };
         for file in files {
-            if referenced.contains(local_path(&file.location)) || file.modified > cutoff {
+            // An object whose listing gives no time is kept: its age is
+            // unknown.
+            if referenced.contains(local_path(&file.location))
+                || file.modified.is_none_or(|m| m > cutoff)
+            {
                 continue;
             }
             match table.file_io().delete(&file.location).await {

@@ -21,12 +21,12 @@ use crate::error::{Error, ErrorKind, Result};
 /// (`file:///...`, `s3://bucket/...`).
 pub struct Listed {
     pub location: String,
-    pub modified: SystemTime,
+    /// None when the store's listing does not say.
+    pub modified: Option<SystemTime>,
 }
 
 /// Every file under the folder `location`, recursively; nothing when it
-/// does not exist, `None` for a scheme this cannot list. An object whose
-/// listing gives no time is left out: its age is unknown.
+/// does not exist, `None` for a scheme this cannot list.
 pub async fn files_under(
     location: &str,
     props: &HashMap<String, String>,
@@ -51,18 +51,9 @@ pub async fn files_under(
     }
 }
 
-/// Deletes every object under the object store folder `location`
-/// through `file_io`, one request each, [`DELETES_AT_ONCE`] at a time:
-/// stores' batch deletes differ between servers (fake-gcs-server refuses
-/// the GCS batch opendal sends), a single delete does not.
-pub async fn delete_under(file_io: &FileIO, location: &str) -> Result<()> {
-    let Some(files) = files_under(location, file_io.config().props()).await? else {
-        return Err(Error::new(
-            ErrorKind::Lake,
-            "cannot list the table's files to delete them",
-        )
-        .with_context("location", location));
-    };
+/// Deletes `files` through `file_io`, one request each,
+/// [`DELETES_AT_ONCE`] at a time.
+pub async fn delete_each(file_io: &FileIO, files: Vec<Listed>) -> Result<()> {
     futures_util::stream::iter(files)
         .map(|file| async move {
             file_io.delete(&file.location).await.map_err(|e| {
@@ -75,7 +66,7 @@ pub async fn delete_under(file_io: &FileIO, location: &str) -> Result<()> {
         .await
 }
 
-/// Deletes in flight at once in [`delete_under`].
+/// Deletes in flight at once in [`delete_each`].
 const DELETES_AT_ONCE: usize = 16;
 
 async fn walk(folder: PathBuf) -> Result<Vec<Listed>> {
@@ -98,9 +89,10 @@ async fn walk(folder: PathBuf) -> Result<Vec<Listed>> {
                 } else {
                     out.push(Listed {
                         location: format!("file://{}", entry.path().display()),
-                        modified: meta
-                            .modified()
-                            .map_err(|e| listing_error(&dir.display(), e))?,
+                        modified: Some(
+                            meta.modified()
+                                .map_err(|e| listing_error(&dir.display(), e))?,
+                        ),
                     });
                 }
             }
@@ -128,12 +120,10 @@ async fn list_store(
         if meta.is_dir() {
             continue;
         }
-        if let Some(modified) = meta.last_modified() {
-            out.push(Listed {
-                location: format!("{scheme}://{bucket}/{}", entry.path()),
-                modified: modified.into(),
-            });
-        }
+        out.push(Listed {
+            location: format!("{scheme}://{bucket}/{}", entry.path()),
+            modified: meta.last_modified().map(Into::into),
+        });
     }
     Ok(out)
 }

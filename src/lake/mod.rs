@@ -13,8 +13,8 @@
 //!   silver was loaded again at a later point.
 //! - `key`: primary keys as bytes for silver's index.
 //! - `key_index`: silver's index of live rows, spilling to sorted runs.
-//! - `listing`: the files under a table's folder, local or on S3, with
-//!   their ages, for the orphan sweep.
+//! - `listing`: the files under a table's folder, local, on S3 or on GCS,
+//!   with their ages, for the orphan sweep and drop-table.
 //! - `lock`: one writing process per namespace of a lake.
 //! - `position_deletes`: position delete files written, read and merged
 //!   as streams of pairs.
@@ -26,7 +26,8 @@
 //! - `schema`: the bronze and silver schemas and the type mapping.
 //! - `staged_schema`: schema changes committed with the batch's rows.
 //! - `sorted_run`: the key index's files on local disk.
-//! - `storage`: where the files live: a folder or S3, and its settings.
+//! - `storage`: where the files live: a folder, S3 or GCS, and their
+//!   settings.
 //! - `writer`: Parquet data files and the source position of a snapshot.
 
 pub mod align;

@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use base64::Engine;
 use iceberg::io::StorageFactory;
 use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 
@@ -79,9 +80,12 @@ const PROPERTIES: &[&str] = &[
     GCS_ENDPOINT,
     GCS_ENDPOINT_RUST,
     "gcs.oauth2.token",
-    "gcs.credentials-json",
+    GCS_CREDENTIALS,
     GCS_NO_AUTH,
 ];
+
+/// A service account's key, in base64, iceberg-rust's.
+const GCS_CREDENTIALS: &str = "gcs.credentials-json";
 
 /// GCS's endpoint, as pyiceberg and Iceberg's Java GCS FileIO name it.
 const GCS_ENDPOINT: &str = "gcs.service.host";
@@ -143,6 +147,19 @@ impl CatalogProperties {
         let mut properties = BTreeMap::new();
         for pair in pairs {
             match pair.split_once('=') {
+                // opendal takes a key only in base64 and, given another,
+                // goes on with Google's default credentials unsaid.
+                Some((key, value))
+                    if key.trim() == GCS_CREDENTIALS
+                        && base64::engine::general_purpose::STANDARD
+                            .decode(value.trim())
+                            .is_err() =>
+                {
+                    return Err(format!(
+                        "{GCS_CREDENTIALS} takes a service account's key file in base64 \
+                         (base64 -w0 key.json)"
+                    ));
+                }
                 Some((key, value))
                     if PROPERTIES.contains(&key.trim())
                         || GLUE_PROPERTIES.contains(&key.trim())
@@ -230,7 +247,12 @@ impl CatalogProperties {
             && !props.contains_key(GCS_ENDPOINT)
             && !props.contains_key(GCS_ENDPOINT_RUST)
         {
-            props.insert(GCS_ENDPOINT.to_owned(), host);
+            // Go's client takes a bare `host:port` there too.
+            let endpoint = match host.contains("://") {
+                true => host,
+                false => format!("http://{host}"),
+            };
+            props.insert(GCS_ENDPOINT.to_owned(), endpoint);
             props
                 .entry(GCS_NO_AUTH.to_owned())
                 .or_insert_with(|| "true".to_owned());
@@ -370,6 +392,12 @@ mod tests {
         let storage = CatalogProperties::default().storage_props_with(emulator);
         assert_eq!(storage[GCS_ENDPOINT_RUST], "http://127.0.0.1:4443");
         assert_eq!(storage[GCS_NO_AUTH], "true");
+        let bare = |name: &str| (name == "STORAGE_EMULATOR_HOST").then(|| "gcs:4443".to_owned());
+        let storage = CatalogProperties::default().storage_props_with(bare);
+        assert_eq!(storage[GCS_ENDPOINT_RUST], "http://gcs:4443");
+        let raw = CatalogProperties::parse(["gcs.credentials-json={\"type\": \"x\"}"]).unwrap_err();
+        assert!(raw.contains("base64") && !raw.contains("type"), "{raw}");
+        assert!(CatalogProperties::parse(["gcs.credentials-json=eyJ0eXBlIjogIngifQ=="]).is_ok());
 
         let given = CatalogProperties::parse([
             "gcs.service.host=https://storage.example",

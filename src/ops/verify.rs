@@ -182,8 +182,8 @@ const ATTEMPTS: usize = 3;
 /// Compares every captured table of `options` (see the module comment),
 /// waiting up to `wait` for the lake to reach the source's position. A
 /// read spoiled by a TRUNCATE after its snapshot (src/cdc/snapshot.rs), or
-/// met by a load after it ([`replay::newest_load`]), is tried again with a new
-/// snapshot.
+/// met by a load after it (a resync's, or a table's loaded beside the
+/// stream), is tried again with a new snapshot, up to [`ATTEMPTS`] reads.
 pub async fn verify(config: &PgConfig, options: &RunOptions, wait: Duration) -> Result<Report> {
     let mut attempt = 1;
     loop {
@@ -191,6 +191,18 @@ pub async fn verify(config: &PgConfig, options: &RunOptions, wait: Duration) -> 
             Err(e) if e.kind() == ErrorKind::Concurrent && attempt < ATTEMPTS => {
                 tracing::warn!(error = %e, "the source changed under the read; verifying again");
                 attempt += 1;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            Err(e) if e.kind() == ErrorKind::Concurrent => {
+                return Err(Error::new(
+                    ErrorKind::Concurrent,
+                    format!(
+                        "gave up after {ATTEMPTS} reads, each spoiled by a change meanwhile \
+                         (a TRUNCATE, or a reload landing after the read's snapshot): verify \
+                         again once the tables are quieter"
+                    ),
+                )
+                .with_source(e));
             }
             result => return result,
         }
