@@ -248,9 +248,10 @@ impl CatalogProperties {
             && !props.contains_key(GCS_ENDPOINT_RUST)
         {
             // Go's client takes a bare `host:port` there too.
-            let endpoint = match host.contains("://") {
-                true => host,
-                false => format!("http://{host}"),
+            let endpoint = if host.contains("://") {
+                host
+            } else {
+                format!("http://{host}")
             };
             props.insert(GCS_ENDPOINT.to_owned(), endpoint);
             props

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::super::run::{RunOptions, idents};
 use crate::cdc::relation::{self, message_table};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::Lake;
+use crate::ops::run::{RunOptions, idents};
 use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::{SLOT_IN_USE, quote_ident};
