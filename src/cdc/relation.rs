@@ -398,7 +398,22 @@ impl Catalog {
 
     /// The relation a pgoutput Relation message describes.
     pub async fn relation_from_message(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
-        let primary_key = source::primary_key(&self.client, rel.oid).await?;
+        // Under the default replica identity the message's key columns
+        // are the primary key's at the message's place in the stream; the
+        // catalog, read now, may already hold a later key (a replay after
+        // a restart meets the changes of every key the table had). A
+        // message may flag no column (PostgreSQL sends some, after a table
+        // rewrite, without them): then, and when both name the same
+        // columns, the catalog's key stands, in its declared order.
+        let catalog_key = source::primary_key(&self.client, rel.oid).await?;
+        let flagged = flagged_key(&rel);
+        let same_columns =
+            flagged.len() == catalog_key.len() && flagged.iter().all(|c| catalog_key.contains(c));
+        let primary_key = if rel.replica_identity != b'd' || flagged.is_empty() || same_columns {
+            catalog_key
+        } else {
+            flagged
+        };
         let facts = source::column_facts(&self.client, rel.oid).await?;
         let of = |name: &str| facts.iter().find(|f| f.name == name);
         let mut types = Vec::with_capacity(rel.columns.len());
@@ -511,6 +526,16 @@ impl Describe for Catalog {
     }
 }
 
+/// The columns a Relation message flags as its replica identity's, in
+/// the message's (the table's) order.
+fn flagged_key(rel: &pgoutput::Relation) -> Vec<String> {
+    rel.columns
+        .iter()
+        .filter(|c| c.is_key)
+        .map(|c| c.name.clone())
+        .collect()
+}
+
 /// Describes a relation from its Relation message alone, without a server:
 /// built-in types, anything else as text, and the replica identity's
 /// columns as the primary key. For the assembler's property test and fuzz
@@ -521,12 +546,7 @@ pub struct MessageOnly;
 #[cfg(any(test, feature = "fuzzing"))]
 impl Describe for MessageOnly {
     async fn describe(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
-        let primary_key: Vec<String> = rel
-            .columns
-            .iter()
-            .filter(|c| c.is_key)
-            .map(|c| c.name.clone())
-            .collect();
+        let primary_key = flagged_key(&rel);
         let types = rel
             .columns
             .iter()
