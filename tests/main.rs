@@ -22,6 +22,7 @@ mod layering;
 mod maintenance;
 mod object_store;
 mod packaging;
+mod parallel_starts;
 mod partitions;
 mod pipeline;
 mod preflight;

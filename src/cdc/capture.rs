@@ -346,9 +346,12 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         ));
     }
     if options.manage_publication {
-        source::ensure_publication(&client, &options.publication, &options.tables).await?;
-        source::ensure_partition_rows(&client, &options.tables).await?;
-        source::ensure_ddl_triggers(&client).await?;
+        source::installing(&client, async {
+            source::ensure_publication(&client, &options.publication, &options.tables).await?;
+            source::ensure_partition_rows(&client, &options.tables).await?;
+            source::ensure_ddl_triggers(&client).await
+        })
+        .await?;
     } else {
         let missing = source::unpublished(&client, &options.publication, &options.tables).await?;
         if !missing.is_empty() {

@@ -49,24 +49,27 @@ pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {
     if !failures.is_empty() {
         return Err(preflight_error(&failures));
     }
-    for (name, sql) in MIGRATIONS {
-        client.batch_execute(sql).await.map_err(|e| {
-            postgres(e, "a migration failed (setup needs an owner or superuser)")
-                .with_context("file", name)
-        })?;
-        tracing::info!(migration = name, "applied");
-    }
-    for table in tables {
-        client
-            .batch_execute(&format!(
-                "GRANT USAGE ON SCHEMA {} TO {role}; GRANT SELECT ON {} TO {role};",
-                quote_ident(&table.schema),
-                table.quoted(),
-                role = quote_ident(ROLE),
-            ))
-            .await
-            .map_err(|e| postgres(e, "cannot grant SELECT").with_context("table", table))?;
-    }
-    source::ensure_publication(&client, PUBLICATION, tables).await?;
-    source::ensure_partition_rows(&client, tables).await
+    source::installing(&client, async {
+        for (name, sql) in MIGRATIONS {
+            client.batch_execute(sql).await.map_err(|e| {
+                postgres(e, "a migration failed (setup needs an owner or superuser)")
+                    .with_context("file", name)
+            })?;
+            tracing::info!(migration = name, "applied");
+        }
+        for table in tables {
+            client
+                .batch_execute(&format!(
+                    "GRANT USAGE ON SCHEMA {} TO {role}; GRANT SELECT ON {} TO {role};",
+                    quote_ident(&table.schema),
+                    table.quoted(),
+                    role = quote_ident(ROLE),
+                ))
+                .await
+                .map_err(|e| postgres(e, "cannot grant SELECT").with_context("table", table))?;
+        }
+        source::ensure_publication(&client, PUBLICATION, tables).await?;
+        source::ensure_partition_rows(&client, tables).await
+    })
+    .await
 }

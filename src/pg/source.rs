@@ -671,6 +671,33 @@ async fn check_partitions(
     Ok(failures)
 }
 
+/// The advisory lock key under which wal2iceberg installs its helper
+/// objects ("w2i_inst" in ASCII): every run and setup on a database takes
+/// it, so runs started together install each object once.
+const INSTALL_LOCK: i64 = 0x7732_695f_696e_7374;
+
+/// Runs `steps` (idempotent installs on `client`) in one transaction that
+/// holds [`INSTALL_LOCK`]: a second run waits for the first to commit, then
+/// finds everything there. `CREATE SCHEMA IF NOT EXISTS` and its kin are
+/// not safe against each other without it.
+pub async fn installing<T>(client: &Client, steps: impl Future<Output = Result<T>>) -> Result<T> {
+    client
+        .batch_execute(&format!(
+            "BEGIN; SELECT pg_advisory_xact_lock({INSTALL_LOCK})"
+        ))
+        .await
+        .map_err(|e| postgres(e, "cannot take the lock wal2iceberg installs under"))?;
+    let result = steps.await;
+    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
+    let ended = client
+        .batch_execute(end)
+        .await
+        .map_err(|e| postgres(e, "cannot commit the installation of the helper objects"));
+    let value = result?;
+    ended?;
+    Ok(value)
+}
+
 /// The preflight failure of a slot a wal2iceberg run holds: `check`
 /// reports it apart (exit code 3), since nothing is wrong.
 pub const SLOT_HELD_BY_RUN: &str = "slot_held_by_run";
