@@ -29,6 +29,7 @@ mod preflight;
 mod schema_changes;
 mod schema_kinds;
 mod seed_walkthrough;
+mod slot_adoption;
 mod slot_identity;
 mod slow_lake;
 mod streaming;

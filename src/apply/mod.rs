@@ -45,6 +45,7 @@ mod policy;
 pub mod resync;
 mod rewrite;
 mod sink;
+pub mod slot_adoption;
 pub mod table_set;
 
 pub(crate) use load::load_columns;

@@ -190,6 +190,11 @@ impl<'r> Pipeline<'r> {
         Ok(())
     }
 
+    /// The lake follows `adoption.to` from here ([`super::slot_adoption`]).
+    pub(crate) async fn adopt(&self, adoption: &super::slot_adoption::Adoption) -> Result<()> {
+        super::slot_adoption::record(&self.lake, &self.namespace, adoption).await
+    }
+
     /// The slot stands at `lsn` (or further, as confirmed before).
     pub(crate) fn confirmed(&mut self, lsn: Lsn) {
         self.report.confirmed = self.report.confirmed.max(lsn);

@@ -222,7 +222,12 @@ const RELEASED: &str = " (dropped)";
 /// The slot `bronze` records it is replicated from, unless released.
 pub fn recorded_slot(bronze: &Table) -> Option<String> {
     let slot = bronze.metadata().properties().get(SOURCE_SLOT)?;
-    (!slot.ends_with(RELEASED)).then(|| slot.clone())
+    (!is_released(slot)).then(|| slot.clone())
+}
+
+/// Whether `recorded`, a slot a bronze table records, was released.
+pub fn is_released(recorded: &str) -> bool {
+    recorded.ends_with(RELEASED)
 }
 
 /// Whether a bronze table in `namespace` records `slot`.
@@ -231,7 +236,11 @@ pub async fn records_slot(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -
 }
 
 /// The bronze tables in `namespace` that record `slot`.
-async fn recording(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Result<Vec<Table>> {
+pub(super) async fn recording(
+    lake: &Lake,
+    namespace: &NamespaceIdent,
+    slot: &str,
+) -> Result<Vec<Table>> {
     let mut found = Vec::new();
     for ident in lake.tables(namespace.first().map(String::as_str)).await? {
         if !ident.name().ends_with("_changes") {

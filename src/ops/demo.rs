@@ -94,16 +94,9 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
         out,
         "\n# step 7: replay step 6 from a slot that never confirmed it"
     )?;
-    // The lake's slot rewound: the copy takes its name, as the lake
-    // claims its slot by name (docs/tables.md, The table set).
-    shop.batch_execute(
-        "SELECT pg_drop_replication_slot('wal2iceberg');
-         SELECT pg_copy_logical_replication_slot('wal2iceberg_replay', 'wal2iceberg');
-         SELECT pg_drop_replication_slot('wal2iceberg_replay');",
-    )
-    .await
-    .map_err(|e| postgres(e, "cannot rewind the demo slot"))?;
-    let report = run(&config, &options("wal2iceberg")).await?;
+    // The copy stands where the lake confirmed before step 6: the lake
+    // follows it from there (docs/operations.md, Following another slot).
+    let report = run(&config, &options("wal2iceberg_replay")).await?;
     writeln!(
         out,
         "received {} changes again; the tables already held them, so nothing was added:",

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 
 use crate::apply::monitor::{self, MonitorOptions};
 use crate::apply::naming::names;
+use crate::apply::slot_adoption::{self, Adoption};
 use crate::apply::table_set;
 use crate::apply::{Pipeline, StreamEnd};
 use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
@@ -182,19 +183,33 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     // position is shared, and confirming past a table's changes loses them.
     let mut tables = options.capture.tables.clone();
     let mut chosen = options.table_names.clone();
+    let recorded_of = async |slot: &str| {
+        table_set::held(
+            config,
+            &options.lake,
+            &namespace,
+            slot,
+            &options.capture.publication,
+            &options.table_names,
+        )
+        .await
+    };
+    let recorded = recorded_of(&options.capture.slot).await?;
+    // A lake whose history came from another slot of this database may
+    // go on from this one, where it stands within that history.
+    let (recorded, adoption) = slot_adoption::consider(
+        config,
+        recorded,
+        &tables,
+        &options.capture.slot,
+        recorded_of,
+    )
+    .await?;
     let table_set::Recorded {
         held,
         elsewhere,
         reach,
-    } = table_set::held(
-        config,
-        &options.lake,
-        &namespace,
-        &options.capture.slot,
-        &options.capture.publication,
-        &options.table_names,
-    )
-    .await?;
+    } = recorded;
     // A table whose history came from another slot cannot go on from
     // this one: between the two slots' positions lies a gap.
     if let Some((table, other)) = elsewhere
@@ -275,6 +290,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         names,
         capture,
         held: held_tables,
+        adoption,
     })
 }
 
@@ -287,6 +303,8 @@ pub struct Settled {
     pub capture: CaptureOptions,
     /// The tables the lake holds from the slot.
     pub held: Vec<TableName>,
+    /// The lake's history from another slot, which this one takes up.
+    pub adoption: Option<Adoption>,
 }
 
 /// One connection's worth of the pipeline; `started` is set once the
@@ -302,6 +320,7 @@ async fn run_once(
         namespace,
         names,
         capture: mut capture_options,
+        adoption,
         ..
     } = settle(config, options).await?;
     // Every check before anything is created or changed at the source or
@@ -361,6 +380,9 @@ async fn run_once(
         pipeline.withdraw(made).await?;
     }
     let opened = opened?;
+    if let Some(adoption) = &adoption {
+        pipeline.adopt(adoption).await?;
+    }
     let (load, mut pending, new_slot) = match opened {
         Capture::Fresh { load, pending } => (Some(load), pending, true),
         Capture::Resume { load, pending } => (load, pending, false),
