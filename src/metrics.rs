@@ -4,9 +4,11 @@
 //! `wal2iceberg_<name>_<unit>[_total]`; docs/operations.md lists them with
 //! example alert rules.
 
+mod catch_up;
+
 use std::net::SocketAddr;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -62,7 +64,10 @@ pub struct Metrics {
     /// Source commit time of the oldest transaction received and not yet
     /// visible in the lake; 0 when there is none.
     pub oldest_pending_commit_micros: AtomicI64,
-    seconds_behind: Seconds,
+    /// How far the server has read the source's WAL for the stream.
+    stream_read_lsn: AtomicU64,
+    catch_up: Mutex<catch_up::CatchUp>,
+    seconds_behind: Optional,
     last_source_commit_age: Optional,
     pub received_bytes: Counter,
     pub iceberg_commits: Counter,
@@ -98,7 +103,9 @@ impl Metrics {
             retained_wal_over_threshold: Gauge::default(),
             last_source_commit_micros: AtomicI64::new(0),
             oldest_pending_commit_micros: AtomicI64::new(0),
-            seconds_behind: Seconds::default(),
+            stream_read_lsn: AtomicU64::new(0),
+            catch_up: Mutex::default(),
+            seconds_behind: Optional::default(),
             last_source_commit_age: Optional::default(),
             received_bytes: Counter::default(),
             iceberg_commits: Counter::default(),
@@ -138,12 +145,6 @@ impl Metrics {
         }
         for (name, help, seconds) in [
             (
-                "wal2iceberg_seconds_behind",
-                "age of the oldest source commit received and not yet visible in the lake; 0 \
-                 when none",
-                &m.seconds_behind,
-            ),
-            (
                 "wal2iceberg_last_compaction_timestamp_seconds",
                 "when the last compaction committed (0: none yet)",
                 &m.last_compaction,
@@ -156,6 +157,13 @@ impl Metrics {
         ] {
             r.register(name, help, seconds.clone());
         }
+        // Unknown until the stream has read as far as the source's WAL
+        // reached at a look (`catch_up`): no sample before.
+        r.register(
+            "wal2iceberg_seconds_behind",
+            "age of the oldest source commit not yet visible in the lake; 0 when none",
+            m.seconds_behind.clone(),
+        );
         // Before anything is in the lake there is no last commit: no sample.
         r.register(
             "wal2iceberg_last_source_commit_age_seconds",
@@ -289,6 +297,18 @@ impl Metrics {
         self.last_compaction.set(now_micros() as f64 / 1e6);
     }
 
+    /// The server has read the source's WAL up to `lsn` for the stream.
+    pub fn stream_read(&self, lsn: u64) {
+        self.stream_read_lsn.fetch_max(lsn, Ordering::Relaxed);
+    }
+
+    /// The source's WAL ended at `lsn` just now.
+    pub fn source_wal_end(&self, lsn: u64) {
+        let mut catch_up = self.catch_up.lock().unwrap_or_else(|p| p.into_inner());
+        catch_up.read(self.stream_read_lsn.load(Ordering::Relaxed));
+        catch_up.looked(lsn, now_micros());
+    }
+
     /// The automatic expiry ran now.
     pub fn expired(&self) {
         self.last_expiry.set(now_micros() as f64 / 1e6);
@@ -298,8 +318,19 @@ impl Metrics {
     pub fn render(&self) -> String {
         let age = |micros: i64| (now_micros() - micros).max(0) as f64 / 1e6;
         let pending = self.oldest_pending_commit_micros.load(Ordering::Relaxed);
-        self.seconds_behind
-            .set(if pending == 0 { 0.0 } else { age(pending) });
+        let behind = if pending == 0 {
+            let mut catch_up = self.catch_up.lock().unwrap_or_else(|p| p.into_inner());
+            catch_up.read(self.stream_read_lsn.load(Ordering::Relaxed));
+            catch_up.behind(now_micros())
+        } else {
+            Some(age(pending))
+        };
+        match behind {
+            Some(seconds) => {
+                self.seconds_behind.get_or_create(&Vec::new()).set(seconds);
+            }
+            None => self.seconds_behind.clear(),
+        }
         let last = self.last_source_commit_micros.load(Ordering::Relaxed);
         if last != 0 {
             self.last_source_commit_age
@@ -388,7 +419,11 @@ mod tests {
     fn the_exposition_names_escapes_and_leaves_out_what_is_unknown() {
         let m = Metrics::new();
         let text = m.render();
-        assert_eq!(sample(&text, "wal2iceberg_seconds_behind"), Some("0.0"));
+        assert_eq!(
+            sample(&text, "wal2iceberg_seconds_behind"),
+            None,
+            "the stream has read nothing: {text}"
+        );
         let age = "wal2iceberg_last_source_commit_age_seconds";
         assert_eq!(sample(&text, age), None, "no last commit yet: {text}");
         assert!(text.ends_with("# EOF\n"), "{text}");

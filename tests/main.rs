@@ -17,6 +17,7 @@ mod ddl_oracle;
 mod faults;
 mod feedback;
 mod initial_load;
+mod lag;
 mod lake;
 mod layering;
 mod maintenance;

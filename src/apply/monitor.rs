@@ -71,8 +71,8 @@ async fn look(client: &SourceClient, options: &MonitorOptions, over: &mut bool) 
     let row = client
         .query_opt(
             "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, \
-             pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8, wal_status, \
-             safe_wal_size \
+             pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::int8, wal_status, \
+             safe_wal_size, pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::int8 \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&options.slot],
         )
@@ -86,7 +86,9 @@ async fn look(client: &SourceClient, options: &MonitorOptions, over: &mut bool) 
     let lag: Option<i64> = row.get(1);
     let wal_status: Option<String> = row.get(2);
     let safe_wal_size: Option<i64> = row.get(3);
+    let wal_end: i64 = row.get(4);
     let m = metrics();
+    m.source_wal_end(wal_end as u64);
     m.retained_wal_bytes.set(retained.unwrap_or(0));
     m.replication_lag_bytes.set(lag.unwrap_or(0));
     let now_over = retained.is_some_and(|r| r as u64 > options.retained_wal_warn_bytes);

@@ -220,6 +220,7 @@ impl Pipeline<'_> {
             }
             let next = stream.next_before(Some(deadline)).await?;
             policy.streamed(stream.in_streamed_transaction(), Instant::now());
+            policy.read_source(stream.caught_up());
             let step = match next {
                 Next::Event(event) => {
                     let now = Instant::now();

@@ -41,6 +41,10 @@ pub(super) struct FlushPolicy {
     /// Whether the server is streaming a transaction not yet ended
     /// (`ChangeStream::in_streamed_transaction`).
     in_streamed_tx: bool,
+    /// Whether the server has read the source's WAL as far as it reached
+    /// when the stream began (`ChangeStream::caught_up`): until then a
+    /// quiet stream is the server still reading, not an idle source.
+    caught_up: bool,
     /// When the complete transactions waiting in the batch are due.
     flush_at: Option<Instant>,
     pub(super) last_event: Instant,
@@ -55,6 +59,7 @@ impl FlushPolicy {
             exit_when_idle: options.exit_when_idle,
             in_tx: false,
             in_streamed_tx: false,
+            caught_up: false,
             flush_at: None,
             last_event: now,
         }
@@ -69,7 +74,7 @@ impl FlushPolicy {
         }
         let idle_at = self
             .exit_when_idle
-            .filter(|_| !self.in_streamed_tx)
+            .filter(|_| !self.in_streamed_tx && self.caught_up)
             .map(|d| self.last_event + d);
         [self.flush_at, idle_at, Some(poll)]
             .into_iter()
@@ -97,6 +102,12 @@ impl FlushPolicy {
             self.last_event = now;
         }
         self.in_streamed_tx = open;
+    }
+
+    /// After each wait for the stream: whether the server has caught up
+    /// with the WAL the source had when the stream began.
+    pub(super) fn read_source(&mut self, caught_up: bool) {
+        self.caught_up = caught_up;
     }
 
     pub(super) fn saw(&mut self, event: &Event, now: Instant) {
@@ -137,6 +148,7 @@ impl FlushPolicy {
         } else if complete {
             Step::Flush
         } else if !self.in_streamed_tx
+            && self.caught_up
             && self
                 .exit_when_idle
                 .is_some_and(|d| now >= self.last_event + d)
@@ -171,7 +183,9 @@ mod tests {
         options.flush_interval = Duration::from_secs(1);
         options.max_batch_rows = 100;
         options.exit_when_idle = Some(Duration::from_secs(5));
-        FlushPolicy::new(&options, now)
+        let mut policy = FlushPolicy::new(&options, now);
+        policy.read_source(true);
+        policy
     }
 
     fn begin() -> Event {
@@ -223,6 +237,18 @@ mod tests {
         assert_eq!(p.on_shutdown(false), Step::Exit);
         p.saw(&commit(), t0);
         assert_eq!(p.on_shutdown(true), Step::FlushAndExit);
+    }
+
+    #[test]
+    fn a_quiet_stream_the_server_is_still_reading_for_is_not_idle() {
+        let t0 = Instant::now();
+        let mut p = policy(t0);
+        p.read_source(false);
+        let late = t0 + Duration::from_secs(60);
+        assert_eq!(p.deadline(late), late + SHUTDOWN_POLL, "no idle deadline");
+        assert_eq!(p.on_idle(late, false), Step::Wait);
+        p.read_source(true);
+        assert_eq!(p.on_idle(late, false), Step::Exit);
     }
 
     #[test]

@@ -524,7 +524,7 @@ async fn begin_load(
 }
 
 async fn start_stream(
-    connection: ReplicationConnection,
+    mut connection: ReplicationConnection,
     start: StartOptions,
     catalog: Catalog,
     tables: &[TableName],
@@ -537,11 +537,13 @@ async fn start_stream(
             table.clone(),
         ));
     }
+    let source_end = connection.identify_system().await?.xlogpos;
     let replication = connection.start_replication(&start).await?;
     Ok(ChangeStream::new(
         replication,
         Assembler::new(catalog, tables).with_oids(oids),
         start_lsn,
+        source_end,
     ))
 }
 

@@ -52,6 +52,12 @@ pub struct ChangeStream {
     /// the server waits for it (a walsender shutting down ends only once
     /// the slot stands where it sent).
     asked: bool,
+    /// How far the server has read its WAL for this stream: the greatest
+    /// position a message or keepalive carried.
+    server_read: Lsn,
+    /// Where the source's WAL ended when the stream began
+    /// (IDENTIFY_SYSTEM's `xlogpos`).
+    source_end: Lsn,
 }
 
 impl ChangeStream {
@@ -59,7 +65,9 @@ impl ChangeStream {
         replication: ReplicationStream,
         assembler: Assembler,
         start: Lsn,
+        source_end: Lsn,
     ) -> ChangeStream {
+        crate::metrics::metrics().source_wal_end(source_end.0);
         ChangeStream {
             replication,
             assembler,
@@ -69,7 +77,21 @@ impl ChangeStream {
             reading_only: false,
             ceiling: None,
             asked: false,
+            server_read: start,
+            source_end,
         }
+    }
+
+    /// Whether the server has read past where the source's WAL ended when
+    /// the stream began: every transaction committed before the run
+    /// started has been delivered.
+    pub fn caught_up(&self) -> bool {
+        self.server_read >= self.source_end
+    }
+
+    fn read_to(&mut self, lsn: Lsn) {
+        self.server_read = self.server_read.max(lsn);
+        crate::metrics::metrics().stream_read(self.server_read.0);
     }
 
     /// The next event, or `Idle` if the server sends none before `deadline`.
@@ -94,6 +116,7 @@ impl ChangeStream {
                 Some(ReplicationMessage::XLogData {
                     wal_start, data, ..
                 }) => {
+                    self.read_to(wal_start);
                     self.assembler.push(wal_start, data).await?;
                 }
                 Some(ReplicationMessage::PrimaryKeepalive {
@@ -101,6 +124,7 @@ impl ChangeStream {
                     reply_requested,
                     ..
                 }) => {
+                    self.read_to(wal_end);
                     if !self.reading_only
                         && self.ceiling.is_none()
                         && self.assembler.is_idle()

@@ -4,8 +4,9 @@
 //! Slot figures come from `pg_replication_slots` in one query, so they
 //! describe one moment: retained WAL is `pg_current_wal_lsn() -
 //! restart_lsn` (what the slot keeps on the server's disk), lag is
-//! `pg_current_wal_lsn() - confirmed_flush_lsn` (what is not yet in the
-//! lake), and seconds behind the age of the oldest source commit the slot
+//! `pg_current_wal_insert_lsn() - confirmed_flush_lsn` (what is not yet in
+//! the lake, counting a commit an asynchronous `synchronous_commit` has not
+//! written out yet), and seconds behind the age of the oldest source commit the slot
 //! has not confirmed (docs/operations.md, "Lag"). Table figures come from
 //! each table's current snapshot: the last source transaction it holds,
 //! when that committed at the source, when it first became visible in the
@@ -18,8 +19,10 @@ use iceberg::NamespaceIdent;
 use iceberg::spec::{Operation, Snapshot};
 use iceberg::table::Table;
 use serde::Serialize;
+use tokio_postgres::error::SqlState;
 
 use crate::apply::table_set::SOURCE_SLOT;
+use crate::cdc::capture::temporary_slot_name;
 use crate::cdc::temporal::{format_timestamp_utc, pg_micros_to_unix};
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
@@ -32,6 +35,10 @@ use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::quote_ident;
 use crate::pg::source::SourceClient;
 
+/// How long the server may take to decode a slot's first pending
+/// transaction for [`seconds_behind`].
+const PEEK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotStatus {
     pub slot_name: String,
@@ -42,8 +49,10 @@ pub struct SlotStatus {
     pub retained_wal_bytes: Option<i64>,
     pub lag_bytes: Option<i64>,
     /// The age of the oldest source commit not yet in the lake, 0 when
-    /// none is pending; null when it could not be read ([`seconds_behind`]).
+    /// none is pending; null when it cannot be told ([`seconds_behind`]).
     pub seconds_behind: Option<f64>,
+    /// Why `seconds_behind` is null, and what would tell it.
+    pub seconds_behind_unknown: Option<String>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
     pub wal_status: Option<String>,
     /// Bytes that can still be written before the slot is at risk of being
@@ -120,7 +129,7 @@ pub async fn status(
         .query_opt(
             "SELECT active, active_pid, confirmed_flush_lsn::text, restart_lsn::text, \
              pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, \
-             pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::int8, \
+             pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::int8, \
              wal_status, safe_wal_size \
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
@@ -136,11 +145,15 @@ pub async fn status(
         retained_wal_bytes: r.get(4),
         lag_bytes: r.get(5),
         seconds_behind: None,
+        seconds_behind_unknown: None,
         wal_status: r.get(6),
         safe_wal_size: r.get(7),
     });
     if let Some(s) = &mut slot_status {
-        s.seconds_behind = seconds_behind(&client, s, publication).await;
+        match seconds_behind(&client, s, publication).await {
+            Ok(seconds) => s.seconds_behind = Some(seconds),
+            Err(reason) => s.seconds_behind_unknown = Some(reason),
+        }
     }
     let namespace = NamespaceIdent::new(namespace.unwrap_or(&config.dbname).to_owned());
     Ok(Status {
@@ -153,68 +166,101 @@ pub async fn status(
 }
 
 /// How long ago the oldest source transaction the slot has not confirmed
-/// committed: 0 when none is pending. A slot no run holds is peeked at
-/// (its first pending transaction's Begin message carries the commit
-/// time), under a statement timeout since the server decodes that whole
-/// transaction first. A slot a run holds cannot be peeked at: the
-/// walsender's own measure of the same (`pg_stat_replication.flush_lag`:
-/// how long ago the WAL the run confirmed last was written) stands in,
-/// 0 once the server reports none. `None` when neither can be read.
+/// committed: 0 when none is pending, or why that cannot be told. The
+/// slot's first pending transaction is peeked at (its Begin message
+/// carries the commit time): the slot itself when no run holds it, else a
+/// temporary copy of it, dropped with this session. Either needs only what
+/// the pipeline's role has (REPLICATION), and takes a 5 s statement
+/// timeout, since the server decodes that whole transaction first.
 async fn seconds_behind(
     client: &SourceClient,
     slot: &SlotStatus,
     publication: &str,
-) -> Option<f64> {
+) -> std::result::Result<f64, String> {
     if slot.lag_bytes.unwrap_or(0) <= 0 {
-        return Some(0.0);
+        return Ok(0.0);
     }
-    let measured = if slot.active {
-        client
-            .query_opt(
-                "SELECT COALESCE(EXTRACT(epoch FROM flush_lag), 0)::float8 \
-                 FROM pg_stat_replication WHERE pid = $1",
-                &[&slot.active_pid],
-            )
-            .await
-            .map(|row| row.map_or(0.0, |r| r.get(0)))
-    } else {
-        peek_oldest_pending(client, &slot.slot_name, publication).await
-    }
-    .map_err(|e| postgres(e, "cannot read the slot's oldest pending transaction"));
-    match measured {
-        Ok(seconds) => Some(seconds.max(0.0)),
-        Err(e) => {
-            tracing::warn!(slot = %slot.slot_name, error = %e, "cannot tell how far behind the lake is");
-            None
-        }
+    match peek_oldest_pending(client, slot, publication).await {
+        Ok(seconds) => Ok(seconds.max(0.0)),
+        Err(e) => Err(unknown_reason(client, e).await),
     }
 }
 
-/// The age of the first pending transaction of a slot no run holds.
+/// The age of the slot's first pending transaction.
 async fn peek_oldest_pending(
     client: &SourceClient,
-    slot: &str,
+    slot: &SlotStatus,
     publication: &str,
 ) -> std::result::Result<f64, tokio_postgres::Error> {
     client
-        .batch_execute("BEGIN; SET LOCAL statement_timeout = '5s'")
+        .batch_execute(&format!(
+            "BEGIN; SET LOCAL statement_timeout = '{}s'",
+            PEEK_TIMEOUT.as_secs()
+        ))
         .await?;
-    let row = client
-        .query_opt(
-            "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
-             'proto_version', '1', 'publication_names', $2) LIMIT 1",
-            &[&slot, &quote_ident(publication)],
-        )
+    let peeked = async {
+        let read = if slot.active {
+            let copy = temporary_slot_name("w2i_status");
+            client
+                .execute(
+                    "SELECT pg_copy_logical_replication_slot($1, $2, true)",
+                    &[&slot.slot_name, &copy],
+                )
+                .await?;
+            copy
+        } else {
+            slot.slot_name.clone()
+        };
+        let row = client
+            .query_opt(
+                "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, 1, \
+                 'proto_version', '1', 'publication_names', $2) LIMIT 1",
+                &[&read, &quote_ident(publication)],
+            )
+            .await?;
+        if slot.active {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&read])
+                .await?;
+        }
+        Ok(row)
+    }
+    .await;
+    let ended = client
+        .batch_execute(if peeked.is_ok() { "COMMIT" } else { "ROLLBACK" })
         .await;
-    client.batch_execute("COMMIT").await?;
     let commit =
-        row?.and_then(
+        peeked?.and_then(
             |r| match Decoder::new().decode(Bytes::from(r.get::<_, Vec<u8>>(0))) {
                 Ok(Message::Begin(begin)) => Some(pg_micros_to_unix(begin.commit_ts)),
                 _ => None,
             },
         );
+    ended?;
     Ok(commit.map_or(0.0, |ts| (now_micros() - ts) as f64 / 1e6))
+}
+
+/// Why the slot could not be peeked at, with what would let it be.
+async fn unknown_reason(client: &SourceClient, e: tokio_postgres::Error) -> String {
+    let role = client
+        .query_one("SELECT current_user::text", &[])
+        .await
+        .map_or_else(|_| "<role>".to_owned(), |r| r.get(0));
+    match e.code().map(SqlState::code).map(str::to_owned).as_deref() {
+        Some("42501") => format!(
+            "the role may not read replication slots; as a superuser: ALTER ROLE {} REPLICATION",
+            quote_ident(&role)
+        ),
+        Some("57014") => format!(
+            "the server took over {} s to decode the first pending transaction (a large one); \
+             ask again later",
+            PEEK_TIMEOUT.as_secs()
+        ),
+        Some("53400") => "every replication slot is in use, and reading a slot a run holds \
+             takes a temporary copy: raise max_replication_slots by one"
+            .to_owned(),
+        _ => postgres(e, "cannot peek at the slot").to_string(),
+    }
 }
 
 async fn table_statuses(
@@ -326,7 +372,12 @@ impl Status {
                     ("lag", or_dash(s.lag_bytes.map(|b| format!("{b} bytes")))),
                     (
                         "seconds behind",
-                        or_dash(s.seconds_behind.map(|b| format!("{b:.3}"))),
+                        match (s.seconds_behind, &s.seconds_behind_unknown) {
+                            (Some(b), _) => format!("{b:.3}"),
+                            (None, reason) => {
+                                format!("unknown ({})", reason.as_deref().unwrap_or("not read"))
+                            }
+                        },
                     ),
                     ("wal_status", or_dash(s.wal_status.clone())),
                     (
