@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::apply::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::apply::{
     DEFAULT_FLUSH_INTERVAL, DEFAULT_LOAD_CONNECTIONS, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_BATCH_ROWS,
+    DEFAULT_MAX_BATCH_ROWS, DEFAULT_STORAGE_RETRY_DEADLINE,
 };
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
@@ -138,6 +138,10 @@ pub struct Raw {
     /// Warn when the slot retains more WAL than this [default: 1073741824].
     #[arg(long, value_name = "BYTES")]
     pub retained_wal_warn_bytes: Option<i64>,
+    /// Retry an object store that times out, resets or answers 5xx or
+    /// SlowDown for this long with no commit landing, then exit [default: 5m].
+    #[arg(long, value_name = "DURATION")]
+    pub storage_retry_deadline: Option<String>,
 }
 
 /// `catalog`: the SQL catalog's SQLite file (`--catalog FILE`, `catalog =
@@ -207,6 +211,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("streaming", Kind::Bool),
     ("heartbeat_interval", Kind::Text),
     ("retained_wal_warn_bytes", Kind::Integer),
+    ("storage_retry_deadline", Kind::Text),
 ];
 
 /// Environment variables with the prefix that are not settings.
@@ -263,6 +268,8 @@ pub struct Settings {
     pub streaming: bool,
     pub heartbeat_interval: Option<Duration>,
     pub retained_wal_warn_bytes: u64,
+    /// How long transient storage faults are retried with no commit.
+    pub storage_retry_deadline: Duration,
 }
 
 impl Settings {
@@ -522,69 +529,119 @@ impl Merged {
         }
     }
 
+    /// The checked settings, or one error telling every invalid setting.
     fn check(self) -> Result<Settings> {
         let raw = &self.raw()?;
-        let source = PgConfig::parse(raw.source.as_deref().unwrap_or(""))
-            .map_err(|e| self.error("source", e))?;
-        let tables = raw
+        let mut problems = Problems::default();
+        let source = problems.take(
+            PgConfig::parse(raw.source.as_deref().unwrap_or(""))
+                .map_err(|e| self.error("source", e)),
+        );
+        let tables: Vec<TableName> = raw
             .tables
             .iter()
             .flatten()
             .filter(|t| !t.trim().is_empty())
-            .map(|t| TableName::parse(t.trim()).map_err(|e| self.error("tables", e)))
-            .collect::<Result<Vec<_>>>()?;
-        let mut table_names = BTreeMap::new();
-        for (table, name) in raw.table_names.iter().flatten() {
-            let table = TableName::parse(table).map_err(|e| self.error("table_names", e))?;
-            if !tables.is_empty() && !tables.contains(&table) {
-                return Err(self.error(
-                    "table_names",
-                    format!("names {table}, which is not among the tables"),
-                ));
-            }
-            if name.is_empty() || name.contains('.') || name.ends_with("_changes") {
-                return Err(self.error(
-                    "table_names",
-                    format!(
-                        "{name:?} for {table}: a name must be non-empty, without dots, and not end in _changes (the bronze suffix)"
-                    ),
-                ));
-            }
-            table_names.insert(table, name.clone());
-        }
-        let log_format = self.log_format(raw)?;
+            .filter_map(|t| {
+                problems.take(TableName::parse(t.trim()).map_err(|e| self.error("tables", e)))
+            })
+            .collect();
+        let table_names = self.table_names(raw, &tables, &mut problems);
+        let log_format = problems
+            .take(self.log_format(raw))
+            .unwrap_or(LogFormat::Text);
         let proto_version = match raw.proto_version {
             None => 2,
             Some(v @ (1 | 2)) => v as u32,
-            Some(v) => return Err(self.error("proto_version", format!("{v} is not 1 or 2"))),
+            Some(v) => {
+                problems.add(self.error("proto_version", format!("{v} is not 1 or 2")));
+                2
+            }
         };
         let streaming = raw.streaming.unwrap_or(false);
         if streaming && proto_version < 2 {
-            return Err(self.error("streaming", "needs proto_version 2"));
+            problems.add(self.error("streaming", "needs proto_version 2"));
         }
-        let metrics_addr = raw
-            .metrics_addr
-            .as_deref()
-            .map(|a| {
-                a.parse::<SocketAddr>().map_err(|_| {
-                    self.error(
-                        "metrics_addr",
-                        format!("{a:?} is not an address like 127.0.0.1:9187"),
-                    )
-                })
-            })
-            .transpose()?;
+        let metrics_addr = raw.metrics_addr.as_deref().and_then(|a| {
+            problems.take(a.parse::<SocketAddr>().map_err(|_| {
+                self.error(
+                    "metrics_addr",
+                    format!("{a:?} is not an address like 127.0.0.1:9187"),
+                )
+            }))
+        });
         let retained_wal_warn_bytes = match raw.retained_wal_warn_bytes {
             None => DEFAULT_RETAINED_WAL_WARN_BYTES,
             Some(n) if n >= 0 => n as u64,
             Some(n) => {
-                return Err(self.error(
+                problems.add(self.error(
                     "retained_wal_warn_bytes",
                     format!("must not be negative, not {n}"),
                 ));
+                DEFAULT_RETAINED_WAL_WARN_BYTES
             }
         };
-        let lake = self.lake(raw)?;
+        let compact_after_files = match raw.compact_after_files {
+            None => DEFAULT_AFTER_FILES,
+            Some(n) => problems
+                .take(usize::try_from(n).map_err(|_| {
+                    self.error(
+                        "compact_after_files",
+                        format!("must be 0 (never) or more, not {n}"),
+                    )
+                }))
+                .unwrap_or(DEFAULT_AFTER_FILES),
+        };
+        let mut duration = |key: &str, value: Option<&String>, default: Option<Duration>| {
+            problems
+                .take(self.duration(key, value))
+                .flatten()
+                .or(default)
+        };
+        let flush_interval = duration(
+            "flush_interval",
+            raw.flush_interval.as_ref(),
+            Some(DEFAULT_FLUSH_INTERVAL),
+        );
+        let older_than = duration(
+            "snapshot_retention",
+            raw.snapshot_retention.as_ref(),
+            Some(DEFAULT_RETENTION.older_than),
+        );
+        let exit_when_idle = duration("exit_when_idle", raw.exit_when_idle.as_ref(), None);
+        let heartbeat_interval =
+            duration("heartbeat_interval", raw.heartbeat_interval.as_ref(), None);
+        let storage_retry_deadline = duration(
+            "storage_retry_deadline",
+            raw.storage_retry_deadline.as_ref(),
+            Some(DEFAULT_STORAGE_RETRY_DEADLINE),
+        );
+        let mut positive = |key: &str, value: Option<i64>, default: usize| {
+            problems
+                .take(self.positive(key, value, default))
+                .unwrap_or(default)
+        };
+        let max_batch_rows = positive("max_batch_rows", raw.max_batch_rows, DEFAULT_MAX_BATCH_ROWS);
+        let max_batch_bytes = positive(
+            "max_batch_bytes",
+            raw.max_batch_bytes,
+            DEFAULT_MAX_BATCH_BYTES,
+        );
+        let load_connections = positive(
+            "load_connections",
+            raw.load_connections,
+            DEFAULT_LOAD_CONNECTIONS,
+        );
+        let retain_last = positive(
+            "retain_snapshots",
+            raw.retain_snapshots,
+            DEFAULT_RETENTION.retain_last,
+        );
+        let lake = problems.take(self.lake(raw));
+        problems.finish()?;
+        let (Some(source), Some(lake)) = (source, lake) else {
+            unreachable!("a setting without a value is a problem told above");
+        };
         Ok(Settings {
             source,
             tables,
@@ -594,60 +651,101 @@ impl Merged {
                 .publication
                 .clone()
                 .unwrap_or_else(|| DEFAULT_PUBLICATION.to_owned()),
-            lake: lake.clone(),
-            namespace: raw.namespace.clone(),
             state_dir: raw
                 .state_dir
                 .clone()
                 .unwrap_or_else(|| lake.default_state_dir()),
+            lake,
+            namespace: raw.namespace.clone(),
             table_names,
-            flush_interval: self
-                .duration("flush_interval", raw.flush_interval.as_ref())?
-                .unwrap_or(DEFAULT_FLUSH_INTERVAL),
-            max_batch_rows: self.positive(
-                "max_batch_rows",
-                raw.max_batch_rows,
-                DEFAULT_MAX_BATCH_ROWS,
-            )?,
-            max_batch_bytes: self.positive(
-                "max_batch_bytes",
-                raw.max_batch_bytes,
-                DEFAULT_MAX_BATCH_BYTES,
-            )?,
+            flush_interval: flush_interval.unwrap_or(DEFAULT_FLUSH_INTERVAL),
+            max_batch_rows,
+            max_batch_bytes,
             atomic_commits: raw.atomic_commits.unwrap_or(true),
-            compact_after_files: match raw.compact_after_files {
-                None => DEFAULT_AFTER_FILES,
-                Some(n) => usize::try_from(n).map_err(|_| {
-                    self.error(
-                        "compact_after_files",
-                        format!("must be 0 (never) or more, not {n}"),
-                    )
-                })?,
-            },
-            load_connections: self.positive(
-                "load_connections",
-                raw.load_connections,
-                DEFAULT_LOAD_CONNECTIONS,
-            )?,
+            compact_after_files,
+            load_connections,
             retention: Retention {
-                older_than: self
-                    .duration("snapshot_retention", raw.snapshot_retention.as_ref())?
-                    .unwrap_or(DEFAULT_RETENTION.older_than),
-                retain_last: self.positive(
-                    "retain_snapshots",
-                    raw.retain_snapshots,
-                    DEFAULT_RETENTION.retain_last,
-                )?,
+                older_than: older_than.unwrap_or(DEFAULT_RETENTION.older_than),
+                retain_last,
             },
-            exit_when_idle: self.duration("exit_when_idle", raw.exit_when_idle.as_ref())?,
+            exit_when_idle,
             metrics_addr,
             log_format,
             proto_version,
             streaming,
-            heartbeat_interval: self
-                .duration("heartbeat_interval", raw.heartbeat_interval.as_ref())?,
+            heartbeat_interval,
             retained_wal_warn_bytes,
+            storage_retry_deadline: storage_retry_deadline
+                .unwrap_or(DEFAULT_STORAGE_RETRY_DEADLINE),
         })
+    }
+
+    /// `table_names`, each entry checked against the tables.
+    fn table_names(
+        &self,
+        raw: &Raw,
+        tables: &[TableName],
+        problems: &mut Problems,
+    ) -> BTreeMap<TableName, String> {
+        let mut table_names = BTreeMap::new();
+        for (table, name) in raw.table_names.iter().flatten() {
+            let Some(table) =
+                problems.take(TableName::parse(table).map_err(|e| self.error("table_names", e)))
+            else {
+                continue;
+            };
+            if !tables.is_empty() && !tables.contains(&table) {
+                problems.add(self.error(
+                    "table_names",
+                    format!("names {table}, which is not among the tables"),
+                ));
+            } else if name.is_empty() || name.contains('.') || name.ends_with("_changes") {
+                problems.add(self.error(
+                    "table_names",
+                    format!(
+                        "{name:?} for {table}: a name must be non-empty, without dots, and not end in _changes (the bronze suffix)"
+                    ),
+                ));
+            } else {
+                table_names.insert(table, name.clone());
+            }
+        }
+        table_names
+    }
+}
+
+/// Every invalid setting's error, gathered so that one start tells them
+/// all rather than one per try.
+#[derive(Default)]
+struct Problems(Vec<Error>);
+
+impl Problems {
+    fn add(&mut self, err: Error) {
+        self.0.push(err);
+    }
+
+    /// `result`'s value, its error kept for [`Problems::finish`].
+    fn take<T>(&mut self, result: Result<T>) -> Option<T> {
+        result.map_err(|e| self.add(e)).ok()
+    }
+
+    /// One error for all: the only one as it is, several one per line.
+    fn finish(mut self) -> Result<()> {
+        match self.0.len() {
+            0 => Ok(()),
+            1 => Err(self.0.remove(0)),
+            n => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "{n} settings are invalid:\n  {}",
+                    self.0
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join("\n  ")
+                ),
+            )),
+        }
     }
 }
 

@@ -5,6 +5,10 @@
 
 use std::fmt;
 
+mod storage_fault;
+
+pub use storage_fault::StorageFault;
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -108,6 +112,29 @@ impl Error {
         None
     }
 
+    /// How the lake's storage failed, when a cause says so: an object
+    /// store's error, or a local file system's that a person must act on.
+    /// A PostgreSQL error's causes are the connection's, and a
+    /// configuration's or a TLS setup's files are not the lake's.
+    pub fn storage_fault(&self) -> Option<StorageFault> {
+        let about_files = |kind| matches!(kind, ErrorKind::Lake | ErrorKind::Io);
+        if !about_files(self.kind) {
+            return None;
+        }
+        let mut cause = std::error::Error::source(self);
+        while let Some(err) = cause {
+            let ours = err.downcast_ref::<Error>().map(Error::kind);
+            if err.is::<tokio_postgres::Error>() || ours.is_some_and(|k| !about_files(k)) {
+                return None;
+            }
+            if let Some(fault) = StorageFault::of(err) {
+                return Some(fault);
+            }
+            cause = err.source();
+        }
+        None
+    }
+
     /// True for failures that a reconnect may cure: lost connections, the
     /// server shutting down or starting up, too many connections or no free
     /// replication slot right now, local I/O. Everything else needs a person.
@@ -136,20 +163,45 @@ impl fmt::Display for Error {
         if !self.context.is_empty() {
             f.write_str(")")?;
         }
-        // The whole chain: tokio-postgres, for one, keeps the reason for a
-        // TLS failure in its source. A cause already spelled out by the
-        // error before it is not repeated.
-        let mut printed = String::new();
+        // The whole chain, each cause once: tokio-postgres, for one, keeps
+        // the reason for a TLS failure in its source, while iceberg's and
+        // parquet's errors print their source inside their own text.
+        let mut printed: Vec<String> = Vec::new();
         let mut cause = std::error::Error::source(self);
         while let Some(err) = cause {
-            let text = err.to_string();
-            if !printed.contains(&text) {
-                write!(f, ": {text}")?;
-                printed = text;
-            }
             cause = err.source();
+            let text = err.to_string();
+            let inner = cause.map(ToString::to_string);
+            let own = own_part(&text, inner.as_deref());
+            // A bare label ("External") says nothing its cause does not.
+            let label = cause.is_some() && !own.contains(char::is_whitespace);
+            if !own.is_empty() && !label && !printed.iter().any(|p| p.contains(own)) {
+                write!(f, ": {own}")?;
+                printed.push(own.to_owned());
+            }
+        }
+        if let Some(fault) = self.storage_fault() {
+            write!(f, "; {}", fault.explanation())?;
         }
         Ok(())
+    }
+}
+
+/// What `text`, an error's display, says beside its cause's `inner`
+/// display: the text before it, without the joint (`: `, `, source: `).
+fn own_part<'t>(text: &'t str, inner: Option<&str>) -> &'t str {
+    let mut own = match inner.filter(|i| !i.is_empty()).and_then(|i| text.find(i)) {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    loop {
+        let trimmed = own
+            .trim_end_matches(|c: char| c == ':' || c == ',' || c.is_whitespace())
+            .trim_end_matches("source");
+        if trimmed.len() == own.len() {
+            return trimmed;
+        }
+        own = trimmed;
     }
 }
 
@@ -236,5 +288,53 @@ mod tests {
 
         let syntax = Error::new(ErrorKind::Server, "a statement failed");
         assert!(!syntax.is_retryable());
+    }
+
+    /// parquet's way: `External: {source}`, its source kept too.
+    #[derive(Debug)]
+    struct External(Box<dyn std::error::Error + Send + Sync>);
+
+    impl fmt::Display for External {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "External: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for External {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(self.0.as_ref())
+        }
+    }
+
+    #[test]
+    fn each_cause_prints_once_and_a_full_disk_says_so_with_the_fix() {
+        let disk = std::io::Error::from(std::io::ErrorKind::StorageFull);
+        let nested = External(Box::new(External(Box::new(disk))));
+        let iceberg = iceberg::Error::new(iceberg::ErrorKind::Unexpected, "cannot write")
+            .with_context("path", "/lake/data/x.parquet")
+            .with_source(nested);
+        let err = Error::new(ErrorKind::Lake, "cannot write the batch")
+            .with_context("table", "public.t")
+            .with_source(iceberg);
+        let text = err.to_string();
+        assert_eq!(err.storage_fault(), Some(StorageFault::DiskFull));
+        assert_eq!(text.matches("External").count(), 0, "{text}");
+        assert_eq!(text.matches("no storage space").count(), 1, "{text}");
+        assert!(text.contains("/lake/data/x.parquet"), "{text}");
+        assert!(
+            text.ends_with(StorageFault::DiskFull.explanation()),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn only_the_lakes_files_are_storage_faults() {
+        let denied = || std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let key = Error::new(ErrorKind::Tls, "cannot read the client key").with_source(denied());
+        assert_eq!(key.storage_fault(), None);
+        let lake = Error::new(ErrorKind::Io, "cannot write").with_source(denied());
+        assert_eq!(lake.storage_fault(), Some(StorageFault::NoPermission));
+        let wrapped = Error::new(ErrorKind::Lake, "cannot commit").with_source(key);
+        assert_eq!(wrapped.storage_fault(), None);
     }
 }

@@ -97,6 +97,9 @@ enum Command {
         /// Also drop every Iceberg table of the namespace, with its files.
         #[arg(long)]
         drop_tables: bool,
+        /// Drop the slot even when it holds changes the lake lacks.
+        #[arg(long)]
+        force: bool,
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
@@ -276,6 +279,7 @@ const RUN_TUNING: &[&str] = &[
     "metrics_addr",
     "heartbeat_interval",
     "retained_wal_warn_bytes",
+    "storage_retry_deadline",
 ];
 /// Read by `run` and `tail`.
 const IDLE: &[&str] = &["exit_when_idle"];
@@ -416,6 +420,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 exit_when_idle: settings.exit_when_idle,
                 heartbeat_interval: settings.heartbeat_interval,
                 retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
+                storage_retry_deadline: settings.storage_retry_deadline,
                 state_dir: settings.state_dir.clone(),
                 shutdown: Shutdown::on_signals()?,
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
@@ -475,17 +480,20 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             } else {
                 out!("{}", status.to_text());
             }
-            Ok(if status.lake_missing() || status.other_slots().is_some() {
-                ExitCode::from(1)
-            } else {
-                ExitCode::SUCCESS
-            })
+            Ok(
+                if status.unreachable() || status.lake_missing() || status.other_slots().is_some() {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::SUCCESS
+                },
+            )
         }
         Command::Teardown {
             settings: args,
             drop_tables,
+            force,
             yes,
-        } => teardown(settings(args)?, drop_tables, yes).await,
+        } => teardown(settings(args)?, drop_tables, force, yes).await,
         Command::DropTable {
             settings: args,
             table,
@@ -645,7 +653,12 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
     }
 }
 
-async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<ExitCode, Error> {
+async fn teardown(
+    settings: Settings,
+    drop_tables: bool,
+    force: bool,
+    yes: bool,
+) -> Result<ExitCode, Error> {
     let config = &settings.source;
     let (slot, publication) = (&settings.slot, &settings.publication);
     let what = format!(
@@ -673,6 +686,7 @@ async fn teardown(settings: Settings, drop_tables: bool, yes: bool) -> Result<Ex
         lake: settings.lake.clone(),
         namespace: settings.lake_namespace(),
         drop_tables: drop_tables.then(|| settings.state_dir.clone()),
+        force,
     };
     let report = wal2iceberg::ops::teardown::teardown(config, &options).await?;
     outln!(

@@ -33,6 +33,7 @@ mod seed_walkthrough;
 mod slot_adoption;
 mod slot_identity;
 mod slow_lake;
+mod storage_faults;
 mod streaming;
 mod types;
 mod values;

@@ -60,6 +60,8 @@ pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
 /// Connections reading the initial load, when there are that many tables.
 pub const DEFAULT_LOAD_CONNECTIONS: usize = 2;
+/// Transient storage faults are retried this long with no commit landing.
+pub const DEFAULT_STORAGE_RETRY_DEADLINE: Duration = Duration::from_secs(300);
 /// Snapshots are expired at least this often, in silver commits.
 pub const EXPIRE_EVERY_COMMITS: usize = 100;
 
@@ -94,6 +96,10 @@ pub struct RunOptions {
     /// Heartbeat and retained-WAL warnings while streaming.
     pub heartbeat_interval: Option<Duration>,
     pub retained_wal_warn_bytes: u64,
+    /// How long the run retries the lake's storage while it fails for the
+    /// moment (timeouts, resets, 5xx, throttling) and no commit lands, before
+    /// it exits with the error.
+    pub storage_retry_deadline: Duration,
     /// How often the slot's state is read for metrics and warnings.
     pub monitor_interval: Duration,
     /// Connections that read the initial load's tables in parallel, each a
@@ -125,6 +131,7 @@ impl RunOptions {
             exit_when_idle: None,
             heartbeat_interval: None,
             retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
+            storage_retry_deadline: DEFAULT_STORAGE_RETRY_DEADLINE,
             monitor_interval: monitor::DEFAULT_INTERVAL,
             load_connections: DEFAULT_LOAD_CONNECTIONS,
             shutdown: Shutdown::default(),

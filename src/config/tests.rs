@@ -456,3 +456,35 @@ fn the_lake_commands_take_the_lake_from_the_same_layers_and_no_source() {
     assert_eq!(lake.lake.name, "lakehouse");
     assert_eq!(lake.lake.folder, Path::new("/srv/lake"));
 }
+
+#[test]
+fn every_invalid_setting_is_told_at_once() {
+    let err = resolve(
+        Some(
+            "flush_interval = \"often\"\n\
+             max_batch_rows = 0\ntables = [\"a.b.c\"]\n",
+        ),
+        &[
+            ("WAL2ICEBERG_METRICS_ADDR", "localhost"),
+            (
+                "WAL2ICEBERG_SOURCE",
+                "host=db port=none user=app dbname=shop",
+            ),
+        ],
+        Raw::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    let text = err.to_string();
+    assert!(text.starts_with("5 settings are invalid:"), "{text}");
+    for key in [
+        "source (from the environment variable WAL2ICEBERG_SOURCE)",
+        "port \"none\"",
+        "flush_interval (from the config file",
+        "max_batch_rows (from the config file",
+        "tables (from the config file",
+        "metrics_addr (from the environment variable WAL2ICEBERG_METRICS_ADDR)",
+    ] {
+        assert!(text.contains(key), "{key}: {text}");
+    }
+}

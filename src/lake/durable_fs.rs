@@ -67,7 +67,10 @@ impl Storage for DurableFs {
     async fn write(&self, path: &str, bs: Bytes) -> Result<()> {
         let file = local_path(path);
         let folders = named_in(&file);
-        self.inner.write(path, bs).await?;
+        self.inner
+            .write(path, bs)
+            .await
+            .map_err(|e| e.with_context("path", path))?;
         blocking(|| {
             sync(&file)?;
             folders.iter().try_for_each(|f| sync(f))
@@ -76,8 +79,16 @@ impl Storage for DurableFs {
 
     async fn writer(&self, path: &str) -> Result<Box<dyn FileWrite>> {
         let folders = named_in(&local_path(path));
-        let inner = self.inner.writer(path).await?;
-        Ok(Box::new(DurableWrite { inner, folders }))
+        let inner = self
+            .inner
+            .writer(path)
+            .await
+            .map_err(|e| e.with_context("path", path))?;
+        Ok(Box::new(DurableWrite {
+            inner,
+            folders,
+            path: path.to_owned(),
+        }))
     }
 
     async fn delete(&self, path: &str) -> Result<()> {
@@ -102,20 +113,29 @@ impl Storage for DurableFs {
 }
 
 /// A file written piecewise; iceberg syncs it at its close, then its
-/// folders are synced.
+/// folders are synced. Its errors name its path (a full disk, say).
 struct DurableWrite {
     inner: Box<dyn FileWrite>,
     folders: Vec<PathBuf>,
+    path: String,
 }
 
 #[async_trait]
 impl FileWrite for DurableWrite {
     async fn write(&mut self, bs: Bytes) -> Result<()> {
-        self.inner.write(bs).await
+        let path = &self.path;
+        self.inner
+            .write(bs)
+            .await
+            .map_err(|e| e.with_context("path", path))
     }
 
     async fn close(&mut self) -> Result<()> {
-        self.inner.close().await?;
+        let path = &self.path;
+        self.inner
+            .close()
+            .await
+            .map_err(|e| e.with_context("path", path))?;
         blocking(|| self.folders.iter().try_for_each(|f| sync(f)))
     }
 }

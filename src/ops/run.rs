@@ -18,10 +18,11 @@ use crate::apply::table_set;
 use crate::apply::{Pipeline, StreamEnd};
 use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
 use crate::cdc::snapshot::SnapshotLoad;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, StorageFault};
 use crate::failpoint;
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::lock::WriterLock;
+use crate::metrics::metrics;
 use crate::pg::config::PgConfig;
 use crate::pg::replication::SLOT_IN_USE;
 use crate::pg::source::{self, SourceClient, TableName};
@@ -41,7 +42,9 @@ const PREFLIGHT_RETRIES: usize = 3;
 /// Runs the pipeline. Once it has streamed, a lost connection or a server
 /// restart is not the end: it reconnects with capped exponential backoff
 /// and resumes from the slot (nothing committed is repeated, nothing
-/// unconfirmed is lost). An error before the first stream started (a wrong
+/// unconfirmed is lost). So is a lake's storage failing for the moment,
+/// for `storage_retry_deadline` without a commit ([`StorageStreak`]). An
+/// error before the first stream started (a wrong
 /// host, a refused password, a failed check) ends the run at once; a
 /// restart's failed checks are tried a few times more, settled again.
 pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
@@ -49,6 +52,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
     let mut backoff = Duration::from_millis(250);
     let mut streamed = false;
     let mut preflight_retries = 0;
+    let mut storage: Option<StorageStreak> = None;
     // Taken by the first start and held to the end: a drop-table or a
     // compaction that came between two starts would act beside the run.
     let mut writer = None;
@@ -58,13 +62,49 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             wait_for_slot_release(config, &options.capture.slot).await;
             failpoint::stall("restart").await;
         }
-        match run_once(config, options, (&mut started, &mut writer), &mut total).await {
+        // Boxed: a start's future is deep, and the deadline wraps it.
+        let attempt = Box::pin(run_once(
+            config,
+            options,
+            (&mut started, &mut writer),
+            &mut total,
+        ));
+        let ended = match &storage {
+            Some(streak) => {
+                streak
+                    .bounded(attempt, options.storage_retry_deadline)
+                    .await
+            }
+            None => attempt.await,
+        };
+        match ended {
             Ok(StreamEnd::Done) => return Ok(total),
             Ok(StreamEnd::Resync) if options.shutdown.is_requested() => return Ok(total),
             Ok(StreamEnd::Resync) => {
                 streamed = true;
                 backoff = Duration::from_millis(250);
                 preflight_retries = 0;
+            }
+            // Before anything streamed, a store that does not answer is as
+            // likely a wrong endpoint as a passing fault: it ends the run.
+            Err(err)
+                if err.storage_fault().is_some_and(StorageFault::is_transient)
+                    && (started || streamed || total.batches > 0) =>
+            {
+                if options.shutdown.is_requested() {
+                    return Ok(total);
+                }
+                streamed = true;
+                let mut streak = match storage.take() {
+                    Some(streak) if !streak.committed_since() => streak,
+                    _ => StorageStreak::new(),
+                };
+                let Some(wait) = streak.next_wait(options.storage_retry_deadline) else {
+                    return Err(streak.gave_up().with_source(err));
+                };
+                tracing::warn!(error = %err, attempt = streak.attempt, retry_in = ?wait, gives_up_in = ?options.storage_retry_deadline.saturating_sub(streak.since.elapsed()), "the lake's storage failed for the moment; starting again");
+                tokio::time::sleep(wait).await;
+                storage = Some(streak);
             }
             Err(err) if err.is_retryable() && (started || streamed) => {
                 if options.shutdown.is_requested() {
@@ -79,6 +119,9 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
+            // The lake's storage refused (a full or read-only disk, denied
+            // credentials): a person must act, however long it streamed.
+            Err(err) if err.storage_fault().is_some() => return Err(err),
             // A restart's checks can meet DDL that raced them (a table
             // renamed after its names were settled): settled again, it
             // passes; a failure that stays ends the run.
@@ -125,6 +168,82 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             }
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// Transient storage faults in a row, with no Iceberg commit of the
+/// process landing between them: a commit ends the streak.
+struct StorageStreak {
+    since: Instant,
+    commits: u64,
+    attempt: u32,
+}
+
+impl StorageStreak {
+    fn new() -> StorageStreak {
+        StorageStreak {
+            since: Instant::now(),
+            commits: metrics().iceberg_commits.get(),
+            attempt: 0,
+        }
+    }
+
+    fn committed_since(&self) -> bool {
+        metrics().iceberg_commits.get() != self.commits
+    }
+
+    /// The error the run ends with once the streak outlasted its deadline.
+    fn gave_up(&self) -> Error {
+        Error::new(
+            ErrorKind::Lake,
+            format!(
+                "the lake's storage kept failing for {} s with no commit landing \
+                 (storage_retry_deadline); nothing past what the lake holds was confirmed, \
+                 and the next start takes up from there",
+                self.since.elapsed().as_secs()
+            ),
+        )
+    }
+
+    /// `attempt`, a start during the streak, ended when the deadline
+    /// passes with no commit landing: a store that hangs rather than
+    /// fails (each of its operations waits for opendal's timeouts and
+    /// retries, a minute or more) is not waited for past it. Cancelling a
+    /// start is what a crash does, which loses and repeats nothing.
+    async fn bounded(
+        &self,
+        attempt: impl Future<Output = Result<StreamEnd>>,
+        deadline: Duration,
+    ) -> Result<StreamEnd> {
+        let expired = async {
+            tokio::time::sleep_until(self.since + deadline).await;
+            if self.committed_since() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            ended = attempt => ended,
+            () = expired => Err(self.gave_up()),
+        }
+    }
+
+    /// How long to wait before the next try: exponential from 250 ms up
+    /// to [`MAX_BACKOFF`], each wait drawn from its upper half (so that
+    /// runs failing together do not come back together), never past the
+    /// `deadline`; none once it passed.
+    fn next_wait(&mut self, deadline: Duration) -> Option<Duration> {
+        let left = deadline.checked_sub(self.since.elapsed())?;
+        let ceiling =
+            (Duration::from_millis(250) * 2u32.saturating_pow(self.attempt)).min(MAX_BACKOFF);
+        self.attempt += 1;
+        let jitter = {
+            use std::hash::{BuildHasher, Hasher};
+            std::collections::hash_map::RandomState::new()
+                .build_hasher()
+                .finish()
+        };
+        let share = 0.5 + (jitter % 1000) as f64 / 2000.0;
+        Some(ceiling.mul_f64(share).min(left))
     }
 }
 

@@ -13,6 +13,7 @@
 //! lake, and the difference, that transaction's latency.
 
 use std::fmt::Write;
+use std::time::Duration;
 
 use bytes::Bytes;
 use iceberg::NamespaceIdent;
@@ -37,7 +38,15 @@ use crate::pg::source::SourceClient;
 
 /// How long the server may take to decode a slot's first pending
 /// transaction for [`seconds_behind`].
-const PEEK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const PEEK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a peek waits for the WAL it would read to be flushed.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// How long each part of the status (the source, the lake) may take
+/// beyond that: a store or server that does not answer is reported as
+/// unreachable, beside what the other part said.
+const PART_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct SlotStatus {
@@ -87,8 +96,12 @@ pub struct TableStatus {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
-    /// `None` when the slot does not exist.
+    /// `None` when the slot does not exist, or the source did not answer.
     pub slot: Option<SlotStatus>,
+    /// Why the source could not be read, when it could not.
+    pub source_unreachable: Option<String>,
+    /// Why the lake could not be read, when it could not.
+    pub lake_unreachable: Option<String>,
     pub slot_name: String,
     /// The lake's catalog file, and whether it exists.
     pub lake: String,
@@ -101,6 +114,11 @@ impl Status {
     /// or a lost lake. `status` exits 1 then.
     pub fn lake_missing(&self) -> bool {
         self.slot.is_some() && !self.lake_found
+    }
+
+    /// The source or the lake did not answer. `status` exits 1 then.
+    pub fn unreachable(&self) -> bool {
+        self.source_unreachable.is_some() || self.lake_unreachable.is_some()
     }
 
     /// The slots the lake's tables record, when `slot_name` is not one of
@@ -124,6 +142,52 @@ pub async fn status(
     lake: &LakeLocation,
     namespace: Option<&str>,
 ) -> Result<Status> {
+    let namespace = NamespaceIdent::new(namespace.unwrap_or(&config.dbname).to_owned());
+    let (source, tables) = tokio::join!(
+        within(
+            PART_TIMEOUT + PEEK_TIMEOUT,
+            slot_status(config, slot, publication)
+        ),
+        within(PART_TIMEOUT, table_statuses(lake, &namespace)),
+    );
+    let (slot_status, source_unreachable) = match source {
+        Ok(found) => (found, None),
+        Err(reason) => (None, Some(reason)),
+    };
+    let (tables, lake_unreachable) = match tables {
+        Ok(tables) => (tables, None),
+        Err(reason) => (Vec::new(), Some(reason)),
+    };
+    Ok(Status {
+        slot: slot_status,
+        source_unreachable,
+        lake_unreachable,
+        slot_name: slot.to_owned(),
+        lake: lake.catalog.to_string(),
+        lake_found: lake.catalog.may_exist(),
+        tables,
+    })
+}
+
+/// `part`'s answer, or why there is none: its error, or that it gave none
+/// within `limit`.
+async fn within<T>(
+    limit: Duration,
+    part: impl Future<Output = Result<T>>,
+) -> std::result::Result<T, String> {
+    match tokio::time::timeout(limit, part).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer, after {} s", limit.as_secs())),
+    }
+}
+
+/// The slot as the server sees it, `None` when it does not exist.
+async fn slot_status(
+    config: &PgConfig,
+    slot: &str,
+    publication: &str,
+) -> Result<Option<SlotStatus>> {
     let client = SourceClient::connect(config).await?;
     let row = client
         .query_opt(
@@ -155,14 +219,7 @@ pub async fn status(
             Err(reason) => s.seconds_behind_unknown = Some(reason),
         }
     }
-    let namespace = NamespaceIdent::new(namespace.unwrap_or(&config.dbname).to_owned());
-    Ok(Status {
-        slot: slot_status,
-        slot_name: slot.to_owned(),
-        lake: lake.catalog.to_string(),
-        lake_found: lake.catalog.may_exist(),
-        tables: table_statuses(lake, &namespace).await?,
-    })
+    Ok(slot_status)
 }
 
 /// How long ago the oldest source transaction the slot has not confirmed
@@ -180,18 +237,22 @@ async fn seconds_behind(
     if slot.lag_bytes.unwrap_or(0) <= 0 {
         return Ok(0.0);
     }
-    match peek_oldest_pending(client, slot, publication).await {
-        Ok(seconds) => Ok(seconds.max(0.0)),
+    match oldest_pending_commit(client, &slot.slot_name, slot.active, publication).await {
+        Ok(commit) => Ok(commit.map_or(0.0, |ts| ((now_micros() - ts) as f64 / 1e6).max(0.0))),
         Err(e) => Err(unknown_reason(client, e).await),
     }
 }
 
-/// The age of the slot's first pending transaction.
-async fn peek_oldest_pending(
+/// When the slot's first pending transaction committed at the source (Unix
+/// microseconds), `None` when none is pending; `active`: a run holds the
+/// slot, so a temporary copy of it is read instead.
+pub(crate) async fn oldest_pending_commit(
     client: &SourceClient,
-    slot: &SlotStatus,
+    slot: &str,
+    active: bool,
     publication: &str,
-) -> std::result::Result<f64, tokio_postgres::Error> {
+) -> std::result::Result<Option<i64>, tokio_postgres::Error> {
+    wait_flushed(client).await?;
     client
         .batch_execute(&format!(
             "BEGIN; SET LOCAL statement_timeout = '{}s'",
@@ -199,17 +260,17 @@ async fn peek_oldest_pending(
         ))
         .await?;
     let peeked = async {
-        let read = if slot.active {
+        let read = if active {
             let copy = temporary_slot_name("w2i_status");
             client
                 .execute(
                     "SELECT pg_copy_logical_replication_slot($1, $2, true)",
-                    &[&slot.slot_name, &copy],
+                    &[&slot, &copy],
                 )
                 .await?;
             copy
         } else {
-            slot.slot_name.clone()
+            slot.to_owned()
         };
         let row = client
             .query_opt(
@@ -218,7 +279,7 @@ async fn peek_oldest_pending(
                 &[&read, &quote_ident(publication)],
             )
             .await?;
-        if slot.active {
+        if active {
             client
                 .execute("SELECT pg_drop_replication_slot($1)", &[&read])
                 .await?;
@@ -237,7 +298,33 @@ async fn peek_oldest_pending(
             },
         );
     ended?;
-    Ok(commit.map_or(0.0, |ts| (now_micros() - ts) as f64 / 1e6))
+    Ok(commit)
+}
+
+/// Waits, up to [`FLUSH_WAIT`], until the server flushed the WAL it had
+/// inserted: decoding reads only flushed WAL, and a commit under
+/// `synchronous_commit = off` is flushed by the WAL writer within a few
+/// `wal_writer_delay`s. Without the wait a peek could miss it.
+async fn wait_flushed(client: &SourceClient) -> std::result::Result<(), tokio_postgres::Error> {
+    let inserted: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get(0);
+    let give_up = tokio::time::Instant::now() + FLUSH_WAIT;
+    while tokio::time::Instant::now() < give_up {
+        let flushed: bool = client
+            .query_one(
+                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
+                &[&inserted],
+            )
+            .await?
+            .get(0);
+        if flushed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
 }
 
 /// Why the slot could not be peeked at, with what would let it be.
@@ -346,6 +433,13 @@ impl Status {
         let mut out = String::new();
         let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
         match &self.slot {
+            None if self.source_unreachable.is_some() => {
+                let _ = writeln!(
+                    out,
+                    "source: unreachable ({})",
+                    self.source_unreachable.as_deref().unwrap_or_default()
+                );
+            }
             None => {
                 let _ = writeln!(out, "slot {}: does not exist", self.slot_name);
             }
@@ -401,6 +495,10 @@ impl Status {
                     ""
                 }
             );
+            return out;
+        }
+        if let Some(reason) = &self.lake_unreachable {
+            let _ = writeln!(out, "lake: unreachable ({reason})");
             return out;
         }
         if self.tables.is_empty() {

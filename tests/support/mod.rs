@@ -28,6 +28,7 @@ pub mod readers;
 pub mod reconcile;
 pub mod rest;
 pub mod s3;
+pub mod stall_proxy;
 
 pub use python::python;
 pub use readers::{bronze_ops, duckdb, id_plan_pairs, id_plan_rows, pyiceberg, tamper};
