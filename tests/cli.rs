@@ -989,7 +989,18 @@ async fn teardown_asks_drops_only_what_wal2iceberg_made_and_keeps_the_lake_unles
         )
         .await
         .unwrap();
+    // A change the lake lacks: the slot is kept unless forced.
+    db.exec("UPDATE customers SET plan = 'pro' WHERE id = 1")
+        .await;
     let (code, stdout, stderr) = run(&[&teardown[..], &["--yes"]].concat()).await;
+    assert_eq!(code, 1, "{stdout} {stderr}");
+    assert!(
+        stderr.contains("bytes of WAL past what the lake confirmed, with changes the lake lacks")
+            && stderr.contains("--force"),
+        "{stderr}"
+    );
+    assert_eq!(count(slots, slot.clone()).await, 1, "kept");
+    let (code, stdout, stderr) = run(&[&teardown[..], &["--yes", "--force"]].concat()).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(
         stdout.contains(&format!("slot {slot}: dropped"))
@@ -1297,10 +1308,79 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
 
     let (code, _, stderr) = show(&["--as-of", "0/1"]).await;
     assert_ne!(code, 0);
-    assert!(stderr.contains("no snapshot as of"), "{stderr}");
+    assert!(
+        stderr.contains("no snapshot as of") && stderr.contains("its history starts later"),
+        "{stderr}"
+    );
     let (code, _, stderr) = run(&["show", "nope", "--lake", &lake_path]).await;
     assert_ne!(code, 0);
     assert!(stderr.contains("no such table"), "{stderr}");
+
+    // Once expiry removed the snapshot, --as-of says so, and what is kept.
+    let (code, _, stderr) = run(&[
+        "expire-snapshots",
+        "--lake",
+        &lake_path,
+        "--older-than",
+        "0s",
+        "--retain-last",
+        "1",
+        "customers",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, _, stderr) = show(&["--as-of", &loaded_at]).await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("expiry removed the snapshots that far back")
+            && stderr.contains("the oldest kept is snapshot"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn show_prints_uuids_with_dashes_and_json_numerics_exactly_and_nulls_as_null() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE t(id uuid PRIMARY KEY, amount numeric(30,10), note text);
+         INSERT INTO t VALUES ('a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 12345678901234567890.0123456789, NULL);",
+    )
+    .await;
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let (code, _, stderr) = run(&[
+        "run",
+        "--source",
+        &db.config_url(),
+        "--tables",
+        "public.t",
+        "--slot",
+        &unique("show_values"),
+        "--lake",
+        &lake_path,
+        "--exit-when-idle",
+        "1s",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let (code, json, stderr) = run(&["show", "t", "--lake", &lake_path, "--format", "json"]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        rows[0]["id"], "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "{json}"
+    );
+    assert_eq!(
+        rows[0]["amount"], "12345678901234567890.0123456789",
+        "{json}"
+    );
+    assert_eq!(rows[0].get("note"), Some(&Value::Null), "{json}");
+    let (code, text, stderr) = run(&["show", "t", "--lake", &lake_path]).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        text.contains("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -1569,6 +1649,16 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
     assert!(
         logged.contains("retains more WAL than the threshold"),
         "a loud warning: {logged}"
+    );
+    // Each commit's line says what it wrote, table by table.
+    let commit_line = logged
+        .lines()
+        .find(|l| l.contains("batch committed and confirmed") && l.contains("inserts 100,"))
+        .unwrap_or_else(|| panic!("{logged}"));
+    assert!(
+        commit_line
+            .contains("tables=public.events (inserts 100, updates 0, deletes 0, rows 100, files "),
+        "{commit_line}"
     );
     assert!(!scrape.contains("NaN"), "{scrape}");
 
@@ -1944,6 +2034,22 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
         kept.join("index.json").exists(),
         "the clean stop kept the key index"
     );
+
+    // By a role that may not change the publication: refused before
+    // anything is dropped, with the statement its owner runs.
+    let role = unique("plain");
+    db.exec(&format!("CREATE ROLE {role} LOGIN")).await;
+    let plain = url.replace("postgres@", &format!("{role}@"));
+    let by_plain = drop.map(|a| if a == url { plain.as_str() } else { a });
+    let (code, _, stderr) = run(&by_plain).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("ALTER PUBLICATION \"pub\" DROP TABLE \"public\".\"orders\";")
+            && stderr.contains("nothing dropped"),
+        "{stderr}"
+    );
+    assert!(kept.join("index.json").exists() && dir.path().join("warehouse/shop/orders").exists());
+    assert_eq!(db.publishing("orders").await, 1);
 
     let (code, stdout, stderr) = run(&drop).await;
     assert_eq!(code, 0, "{stderr}");

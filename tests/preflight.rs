@@ -6,7 +6,7 @@ use wal2iceberg::ops::scratch::ScratchPostgres;
 use wal2iceberg::pg::conn::ReplicationConnection;
 use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::replication::StartOptions;
-use wal2iceberg::pg::source::{CheckFailure, TableName};
+use wal2iceberg::pg::source::{CheckFailure, SourceClient, TableName};
 
 use crate::support::*;
 
@@ -44,6 +44,31 @@ async fn wal_level_other_than_logical_is_reported_with_the_fix() {
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::Preflight);
     assert!(err.to_string().contains("wal_level"), "{err}");
+    // setup says so too, before it installs anything.
+    let out = cli(&[
+        "setup",
+        "--source",
+        &pg.url("postgres"),
+        "--tables",
+        "pg_catalog.pg_class",
+    ])
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("ALTER SYSTEM SET wal_level = logical") && stderr.contains("restart"),
+        "{stderr}"
+    );
+    let client = SourceClient::connect(&config).await.unwrap();
+    let schemas: i64 = client
+        .query_one(
+            "SELECT count(*) FROM pg_namespace WHERE nspname = 'wal2iceberg'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(schemas, 0, "nothing installed");
 }
 
 #[tokio::test]
@@ -69,7 +94,10 @@ async fn missing_privileges_tables_and_keys_are_all_reported_at_once() {
     );
     let f = find(&failures, "select_privilege");
     assert!(
-        f.problem.contains("public.keyed") && f.fix.contains("GRANT SELECT"),
+        f.problem.contains("public.keyed")
+            && f.fix.contains(&format!(
+                "GRANT SELECT ON \"public\".\"keyed\" TO \"{role}\";"
+            )),
         "{f}"
     );
     let f = find(&failures, "table_exists");

@@ -5,7 +5,8 @@
 //! table, bronze then silver, each table recording the position it holds.
 //! Then what follows a commit: positions, compaction, expiry, metrics.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -18,13 +19,36 @@ use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::lake::compaction::{Merge, merge_small_files};
 use crate::lake::each_table;
-use crate::lake::row_delta::{RowDelta, commit_row_deltas};
+use crate::lake::row_delta::{RowDelta, Written, commit_row_deltas};
 use crate::lake::writer::Position;
 use crate::metrics::{metrics, now_micros};
 use crate::pg::source::TableName;
 
 /// A table's delta, and the source table whose silver it is.
 type Staged = (TableIdent, RowDelta, Option<TableName>);
+
+/// What one commit wrote for a source table, both its tables together.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    ops: HashMap<&'static str, u64>,
+    written: Written,
+}
+
+impl fmt::Display for Tally {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let op = |code| self.ops.get(code).copied().unwrap_or(0);
+        write!(
+            f,
+            "inserts {}, updates {}, deletes {}, rows {}, files {}, bytes {}",
+            op("c"),
+            op("u"),
+            op("d"),
+            self.ops.values().sum::<u64>(),
+            self.written.files,
+            self.written.bytes
+        )
+    }
+}
 
 impl TableSink {
     /// Whether the open batch gives bronze, and silver, a snapshot: what
@@ -46,6 +70,7 @@ impl Pipeline<'_> {
             return Ok(false);
         };
         let m = metrics();
+        self.committed.clear();
         // A resync commits on its own: its silver replaces every row.
         let mut resynced = HashSet::new();
         for (table, sink) in &mut self.sinks {
@@ -63,10 +88,13 @@ impl Pipeline<'_> {
             .sinks
             .iter()
             .any(|(table, sink)| !resynced.contains(table) && sink.wants_commit().0);
-        if self.atomic_commits {
-            self.commit_together(position, &resynced).await?;
+        let written = if self.atomic_commits {
+            self.commit_together(position, &resynced).await?
         } else {
-            self.commit_each(position, &resynced).await?;
+            self.commit_each(position, &resynced).await?
+        };
+        for (table, written) in written.into_iter().filter(|(_, w)| w.files > 0) {
+            self.committed.entry(table).or_default().written += written;
         }
         for (table, sink) in &mut self.sinks {
             if resynced.contains(table) {
@@ -111,9 +139,16 @@ impl Pipeline<'_> {
             .fetch_max(position.commit_ts, Ordering::Relaxed);
         m.oldest_pending_commit_micros.store(0, Ordering::Relaxed);
         for (table, sink) in &mut self.sinks {
-            let table = table.to_string();
+            let name = table.to_string();
             for (op, n) in sink.ops.drain() {
-                m.add_changes(&table, op, n);
+                m.add_changes(&name, op, n);
+                *self
+                    .committed
+                    .entry(table.clone())
+                    .or_default()
+                    .ops
+                    .entry(op)
+                    .or_default() += n;
             }
         }
         if self.batch_changes > 0 {
@@ -130,7 +165,7 @@ impl Pipeline<'_> {
         &mut self,
         position: Position,
         resynced: &HashSet<TableName>,
-    ) -> Result<()> {
+    ) -> Result<Vec<(TableName, Written)>> {
         // The tables' files are written at once: on object storage a flush otherwise
         // waits for one upload after another.
         let lake = &self.lake;
@@ -160,16 +195,20 @@ impl Pipeline<'_> {
                 Ok(Some((silver.ident().clone(), delta, Some(table.clone()))))
             };
             let (bronze, silver) = try_join(bronze, silver).await?;
-            Ok::<_, Error>([bronze, silver])
+            let written = [&bronze, &silver]
+                .into_iter()
+                .flatten()
+                .map(|(_, delta, _)| delta.written())
+                .fold(Written::default(), |mut sum, w| {
+                    sum += w;
+                    sum
+                });
+            Ok::<_, Error>(((table.clone(), written), [bronze, silver]))
         });
-        let staged: Vec<Staged> = each_table(prepared)
-            .await?
-            .into_iter()
-            .flatten()
-            .flatten()
-            .collect();
+        let (written, staged): (Vec<_>, Vec<_>) = each_table(prepared).await?.into_iter().unzip();
+        let staged: Vec<Staged> = staged.into_iter().flatten().flatten().collect();
         if staged.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let deltas: Vec<(&TableIdent, &RowDelta)> = staged.iter().map(|(i, d, _)| (i, d)).collect();
         let committed = commit_row_deltas(&self.lake, &deltas).await?;
@@ -182,7 +221,7 @@ impl Pipeline<'_> {
                 silver.committed(table, delta.replace_all);
             }
         }
-        Ok(())
+        Ok(written)
     }
 
     /// Each table's snapshot in a commit of its own, bronze then silver:
@@ -192,24 +231,27 @@ impl Pipeline<'_> {
         &mut self,
         position: Position,
         resynced: &HashSet<TableName>,
-    ) -> Result<()> {
+    ) -> Result<Vec<(TableName, Written)>> {
+        let mut all = Vec::new();
         for (table, sink) in &mut self.sinks {
             if resynced.contains(table) {
                 continue;
             }
             let (bronze, silver) = sink.wants_commit();
+            let mut written = Written::default();
             if bronze {
                 let evolved = sink.bronze.schema_staged();
-                sink.bronze.commit(&self.lake, position).await?;
+                written += sink.bronze.commit(&self.lake, position).await?;
                 if evolved {
                     failpoint::hit("mid-schema-change");
                 }
                 failpoint::hit("between-bronze-and-silver");
             }
             if let Some(table) = sink.silver.as_mut().filter(|_| silver) {
-                table.commit(&self.lake, position).await?;
+                written += table.commit(&self.lake, position).await?;
             }
+            all.push((table.clone(), written));
         }
-        Ok(())
+        Ok(all)
     }
 }

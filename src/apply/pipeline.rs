@@ -1,7 +1,7 @@
 //! The open batch and the stream loop: events staged into the sinks,
 //! flushed when the policy says, confirmed once every commit landed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -9,6 +9,7 @@ use iceberg::TableIdent;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::flush::Tally;
 use super::naming::{idents, state_folder};
 use super::policy::{FlushPolicy, IDLE_COMPACTION_FLUSHES, Step};
 use super::resync;
@@ -44,6 +45,8 @@ pub(crate) struct Pipeline<'r> {
     /// The source commit times of the open batch's streamed transactions,
     /// for the metrics.
     pub(super) batch_commit_times: Vec<i64>,
+    /// What the last commit wrote, by source table, for its log line.
+    pub(super) committed: BTreeMap<TableName, Tally>,
     /// The last transaction in the batch; `None` while the batch holds no
     /// complete transaction.
     pub(super) batch_end: Option<Position>,
@@ -119,6 +122,7 @@ impl<'r> Pipeline<'r> {
             batch_changes: 0,
             batch_bytes: 0,
             batch_commit_times: Vec::new(),
+            committed: BTreeMap::new(),
             batch_end: None,
             atomic_commits,
             compact_after_files: options.compact_after_files,
@@ -530,7 +534,12 @@ impl Pipeline<'_> {
             stream.confirm(end).await?;
         }
         self.confirmed(stream.confirmed());
-        tracing::info!(lsn = %end, confirmed = %stream.confirmed(), "batch committed and confirmed");
+        let tables: Vec<String> = self
+            .committed
+            .iter()
+            .map(|(table, tally)| format!("{table} ({tally})"))
+            .collect();
+        tracing::info!(lsn = %end, confirmed = %stream.confirmed(), tables = %tables.join("; "), "batch committed and confirmed");
         Ok(())
     }
 }

@@ -32,7 +32,7 @@ use iceberg::{TableIdent, TableUpdate};
 
 use super::arrow::{Verbatim, build_array_keeping, load_source_column, with_verbatim};
 use super::catalog::Lake;
-use super::row_delta::{RowDelta, commit_row_delta};
+use super::row_delta::{RowDelta, Written, commit_row_delta};
 use super::scan::scan;
 use super::schema::{
     BEFORE, BEFORE_IMAGE, BEFORE_NOT_SENT, COMMIT_LSN, COMMIT_TS, LSN, OP, SEQ, VERBATIM, XID,
@@ -186,7 +186,7 @@ impl BronzeTable {
 
     /// Commits the open batch as one snapshot recording `position` (an
     /// empty one when nothing was staged).
-    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<Written> {
         self.commit_with(lake, position.summary()).await
     }
 
@@ -196,7 +196,7 @@ impl BronzeTable {
         lake: &Lake,
         position: Position,
         (key, value): (&str, &str),
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let mut properties = position.summary();
         properties.insert(key.to_owned(), value.to_owned());
         self.commit_with(lake, properties).await
@@ -206,10 +206,10 @@ impl BronzeTable {
         &mut self,
         lake: &Lake,
         properties: HashMap<String, String>,
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let delta = self.prepare_with(lake, properties).await?;
         commit_row_delta(lake, &self.ident, &delta).await?;
-        Ok(())
+        Ok(delta.written())
     }
 
     /// What [`Self::commit`] commits, written and handed over, for a

@@ -68,6 +68,30 @@ pub struct RowDelta {
     pub built_on: Option<i64>,
 }
 
+/// The files a delta adds and their bytes, for a commit's log line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub files: usize,
+    pub bytes: u64,
+}
+
+impl std::ops::AddAssign for Written {
+    fn add_assign(&mut self, other: Written) {
+        self.files += other.files;
+        self.bytes += other.bytes;
+    }
+}
+
+impl RowDelta {
+    pub fn written(&self) -> Written {
+        let files = self.data_files.iter().chain(&self.delete_files);
+        Written {
+            files: self.data_files.len() + self.delete_files.len(),
+            bytes: files.map(DataFile::file_size_in_bytes).sum(),
+        }
+    }
+}
+
 /// Commits `delta` as one snapshot of `ident`, retrying on a concurrent
 /// commit with the table reloaded (the new snapshot then builds on the
 /// other writer's). Returns the table as committed.

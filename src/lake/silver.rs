@@ -47,7 +47,7 @@ use super::iceberg_error;
 use super::key::{Key, KeyCodec};
 use super::key_index::{KeyIndex, MEMORY_ENTRIES, NewFile};
 use super::position_deletes::{DeleteReader, write_position_deletes};
-use super::row_delta::{RowDelta, commit_row_delta};
+use super::row_delta::{RowDelta, Written, commit_row_delta};
 use super::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
 use super::staged_schema::StagedSchema;
 use super::writer::{
@@ -774,11 +774,11 @@ impl SilverTable {
     /// Commits the open batch as one snapshot recording `position`; an
     /// empty one when the batch changed nothing (which is how the load of
     /// an empty table is marked done).
-    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<()> {
+    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<Written> {
         let delta = self.prepare_commit(lake, position).await?;
         let committed = commit_row_delta(lake, &self.ident, &delta).await?;
         self.committed(&committed, delta.replace_all);
-        Ok(())
+        Ok(delta.written())
     }
 
     /// What [`Self::commit`] commits, written and handed over, for a

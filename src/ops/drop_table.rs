@@ -8,7 +8,7 @@ use iceberg::NamespaceIdent;
 
 use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::apply::table_set;
-use crate::error::{Result, postgres};
+use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::lock::WriterLock;
 use crate::pg::config::PgConfig;
@@ -59,6 +59,21 @@ impl DropTableReport {
 }
 
 pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result<DropTableReport> {
+    // Refused before anything is dropped when the table would stay in
+    // wal2iceberg's publication: the next run would load it again.
+    let client = SourceClient::connect(config).await?;
+    if let Some(sql) = owner_must_leave(&client, &options.publication, &options.table).await? {
+        return Err(Error::new(
+            ErrorKind::Preflight,
+            format!(
+                "this role may not take {} out of publication {:?}, and a table left in it is \
+                 loaded again by the next run; as the publication's owner or a superuser run \
+                 {sql} then drop-table again (or run drop-table as that role); nothing dropped",
+                options.table, options.publication
+            ),
+        )
+        .with_context("table", &options.table));
+    }
     let _writer = WriterLock::acquire(&options.lake, &options.namespace).await?;
     let lake = Lake::open_existing(&options.lake).await?;
     let name = match &options.name {
@@ -86,9 +101,40 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
         &options.namespace,
         Some(&name),
     ))?;
-    let client = SourceClient::connect(config).await?;
     report.publication = leave_publication(&client, &options.publication, &options.table).await?;
     Ok(report)
+}
+
+/// The `ALTER PUBLICATION` an owner must run first, when the table is in
+/// wal2iceberg's publication and this role may not change that.
+async fn owner_must_leave(
+    client: &SourceClient,
+    publication: &str,
+    table: &TableName,
+) -> Result<Option<String>> {
+    let row = client
+        .query_opt(
+            "SELECT obj_description(p.oid, 'pg_publication') = $3 \
+                    AND EXISTS (SELECT 1 FROM pg_publication_rel r WHERE r.prpubid = p.oid \
+                                AND r.prrelid = to_regclass($2)) \
+                    AND NOT pg_has_role(current_user, p.pubowner, 'USAGE') \
+                    AND NOT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user) \
+             FROM pg_publication p WHERE p.pubname = $1",
+            &[&publication, &table.quoted(), &CREATED_BY_MARK],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_publication").with_context("table", table))?;
+    Ok(row
+        .is_some_and(|r| r.get::<_, Option<bool>>(0) == Some(true))
+        .then(|| leave_statement(publication, table)))
+}
+
+fn leave_statement(publication: &str, table: &TableName) -> String {
+    format!(
+        "ALTER PUBLICATION {} DROP TABLE {};",
+        quote_ident(publication),
+        table.quoted()
+    )
 }
 
 async fn leave_publication(
@@ -116,15 +162,11 @@ async fn leave_publication(
     if mark.as_deref() != Some(CREATED_BY_MARK) {
         return Ok(PublicationMembership::NotOurs);
     }
-    let sql = format!(
-        "ALTER PUBLICATION {} DROP TABLE {}",
-        quote_ident(publication),
-        table.quoted()
-    );
+    let sql = leave_statement(publication, table);
     match client.batch_execute(&sql).await {
         Ok(()) => Ok(PublicationMembership::Removed),
         Err(e) if e.code().map(|c| c.code()) == Some("42501") => {
-            Ok(PublicationMembership::NotPermitted(format!("{sql};")))
+            Ok(PublicationMembership::NotPermitted(sql))
         }
         Err(e) => Err(postgres(e, "cannot change the publication").with_context("table", table)),
     }

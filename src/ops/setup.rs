@@ -37,7 +37,9 @@ pub const MIGRATIONS: &[(&str, &str)] = &[
 
 pub async fn setup(config: &PgConfig, tables: &[TableName]) -> Result<()> {
     let client = SourceClient::connect(config).await?;
-    let mut failures = Vec::new();
+    // Refused before anything is installed: nothing replicates until the
+    // server restarted with it.
+    let mut failures: Vec<_> = source::wal_level(&client).await?.into_iter().collect();
     for table in tables {
         failures.extend(
             source::check_table(&client, table, true)

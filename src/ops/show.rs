@@ -161,9 +161,10 @@ pub async fn show(lake: &Lake, ident: &TableIdent, options: &ShowOptions) -> Res
 }
 
 /// The newest snapshot whose last source transaction committed at or
-/// before `lsn`.
+/// before `lsn`; when there is none, whether expiry removed it, and the
+/// oldest snapshot kept.
 fn snapshot_as_of(table: &Table, lsn: Lsn) -> Result<i64> {
-    table
+    let positioned: Vec<(i64, u64, &iceberg::spec::Snapshot)> = table
         .metadata()
         .snapshots()
         .filter_map(|s| {
@@ -173,17 +174,45 @@ fn snapshot_as_of(table: &Table, lsn: Lsn) -> Result<i64> {
                 .get(SUMMARY_COMMIT_LSN)?
                 .parse()
                 .ok()?;
-            (committed <= lsn.0).then_some((s.sequence_number(), s.snapshot_id()))
+            Some((s.sequence_number(), committed, s.as_ref()))
         })
-        .max()
-        .map(|(_, id)| id)
-        .ok_or_else(|| {
-            Error::new(
-                ErrorKind::Config,
-                format!("the table has no snapshot as of LSN {lsn}: its history starts later"),
-            )
-            .with_context("table", table.identifier())
-        })
+        .collect();
+    if let Some((_, _, s)) = positioned
+        .iter()
+        .filter(|(_, committed, _)| *committed <= lsn.0)
+        .max_by_key(|(sequence, ..)| *sequence)
+    {
+        return Ok(s.snapshot_id());
+    }
+    let oldest = positioned
+        .iter()
+        .min_by_key(|(sequence, ..)| *sequence)
+        .map_or_else(
+            || "it has none yet".to_owned(),
+            |(_, committed, s)| {
+                format!(
+                    "the oldest kept is snapshot {} at LSN {}",
+                    s.snapshot_id(),
+                    Lsn(*committed)
+                )
+            },
+        );
+    // The first snapshot kept has a parent: older ones were expired.
+    let expired = table
+        .metadata()
+        .snapshots()
+        .min_by_key(|s| s.sequence_number())
+        .is_some_and(|s| s.parent_snapshot_id().is_some());
+    let why = if expired {
+        "expiry removed the snapshots that far back (snapshot_retention, retain_snapshots)"
+    } else {
+        "its history starts later"
+    };
+    Err(Error::new(
+        ErrorKind::Config,
+        format!("the table has no snapshot as of LSN {lsn}: {why}; {oldest}"),
+    )
+    .with_context("table", table.identifier()))
 }
 
 fn default_order(table: &Table, rows: &RecordBatch) -> Vec<String> {
@@ -233,7 +262,10 @@ fn render(rows: &RecordBatch, format: Format) -> Result<String> {
                 .map_err(bad)?
         )),
         Format::Json => {
-            let mut writer = arrow_json::ArrayWriter::new(Vec::new());
+            // A NULL is `null`, not a missing key.
+            let mut writer = arrow_json::WriterBuilder::new()
+                .with_explicit_nulls(true)
+                .build::<_, arrow_json::writer::JsonArray>(Vec::new());
             writer.write(rows).map_err(bad)?;
             writer.finish().map_err(bad)?;
             let mut out = String::from_utf8(writer.into_inner()).map_err(|e| {
@@ -287,6 +319,23 @@ fn printable_column(
             .iter()
             .map(|v| v.map(|v| Lsn(v as u64).to_string()))
             .collect(),
+        // Iceberg's uuid: sixteen bytes, printed as PostgreSQL does.
+        DataType::FixedSizeBinary(16) => column
+            .as_fixed_size_binary()
+            .iter()
+            .map(|v| {
+                v.and_then(|b| uuid::Uuid::from_slice(b).ok())
+                    .map(|u| u.to_string())
+            })
+            .collect(),
+        // Exact in every format: JSON readers would parse a number into a
+        // double.
+        DataType::Decimal128(..) => {
+            let formatter = ArrayFormatter::try_new(column, &FormatOptions::default())?;
+            (0..column.len())
+                .map(|i| (!column.is_null(i)).then(|| formatter.value(i).to_string()))
+                .collect()
+        }
         DataType::Date32 => {
             let days = |i| i64::from(column.as_primitive::<Date32Type>().value(i));
             temporal_text(

@@ -9,9 +9,11 @@ use iceberg::NamespaceIdent;
 
 use crate::apply::naming::{remove_state_folder, state_folder};
 use crate::apply::table_set;
+use crate::cdc::temporal::format_timestamp_utc;
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::iceberg_error;
+use crate::ops::status::oldest_pending_commit;
 use crate::pg::config::PgConfig;
 use crate::pg::replication::quote_ident;
 use crate::pg::source::{CREATED_BY_MARK, SourceClient};
@@ -26,6 +28,8 @@ pub struct TeardownOptions {
     /// Also drop every table of the namespace, files included, and the
     /// namespace's folder of this state directory.
     pub drop_tables: Option<std::path::PathBuf>,
+    /// Drop the slot even when it holds changes the kept lake lacks.
+    pub force: bool,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -75,6 +79,24 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
                 "replication slot {:?} is in use: the server's walsender process {pid} \
                  serves it to a client (a wal2iceberg run, whose own process this is not); \
                  stop that client first",
+                options.slot
+            ),
+        ));
+    }
+    // A kept lake that takes its changes from the slot would never get
+    // what the slot still holds for it.
+    if slot.is_some()
+        && options.drop_tables.is_none()
+        && !options.force
+        && table_set::lake_records_slot(&options.lake, &options.namespace, &options.slot).await?
+        && let Some(held) = unconfirmed(&client, &options.slot, &options.publication).await?
+    {
+        return Err(Error::new(
+            ErrorKind::Slot,
+            format!(
+                "replication slot {:?} holds {held}; dropping it loses them for good: run the \
+                 pipeline until it caught up (wal2iceberg run --exit-when-idle 10s), or pass \
+                 --force to drop it anyway (--drop-tables drops the lake too); nothing dropped",
                 options.slot
             ),
         ));
@@ -134,6 +156,43 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
         remove_state_folder(&state_folder(state_dir, &options.namespace, None))?;
     }
     Ok(report)
+}
+
+/// What `slot` holds that the lake has not confirmed, when that includes
+/// a transaction of the publication (or cannot be told): the bytes of WAL
+/// past its confirmed position, and the oldest such commit.
+async fn unconfirmed(
+    client: &SourceClient,
+    slot: &str,
+    publication: &str,
+) -> Result<Option<String>> {
+    let bytes: Option<i64> = client
+        .query_opt(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::int8 \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?
+        .and_then(|row| row.get(0));
+    let Some(bytes) = bytes.filter(|b| *b > 0) else {
+        return Ok(None);
+    };
+    Ok(
+        match oldest_pending_commit(client, slot, false, publication).await {
+            Ok(None) => None,
+            Ok(Some(commit)) => Some(format!(
+                "{bytes} bytes of WAL past what the lake confirmed, with changes the lake lacks \
+                 (the oldest committed at {})",
+                format_timestamp_utc(commit)
+            )),
+            Err(e) => Some(format!(
+                "{bytes} bytes of WAL past what the lake confirmed, which may hold changes the \
+                 lake lacks ({})",
+                postgres(e, "cannot peek at them")
+            )),
+        },
+    )
 }
 
 async fn drop_publication(client: &SourceClient, publication: &str) -> Result<Publication> {

@@ -170,6 +170,22 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> 
     }))
 }
 
+/// The server's `wal_level`, when it is not `logical`.
+pub async fn wal_level(client: &Client) -> Result<Option<CheckFailure>> {
+    let level: String = client
+        .query_one("SHOW wal_level", &[])
+        .await
+        .map_err(|e| postgres(e, "cannot read wal_level"))?
+        .get(0);
+    Ok((level != "logical").then(|| CheckFailure {
+        check: "wal_level",
+        problem: format!("wal_level is {level:?}; logical replication needs \"logical\""),
+        fix: "as a superuser: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL \
+              (a reload does not change it)"
+            .to_owned(),
+    }))
+}
+
 /// Runs every preflight check and returns all failures at once.
 /// `to_lake`: the tables go to the lake, which needs a primary key
 /// ([`check_table`]).
@@ -183,18 +199,7 @@ pub async fn preflight(
     let mut failures = Vec::new();
     let q = |e| postgres(e, "preflight check query failed");
 
-    let wal_level: String = client
-        .query_one("SHOW wal_level", &[])
-        .await
-        .map_err(q)?
-        .get(0);
-    if wal_level != "logical" {
-        failures.push(CheckFailure {
-            check: "wal_level",
-            problem: format!("wal_level is {wal_level:?}; logical replication needs \"logical\""),
-            fix: "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL".to_owned(),
-        });
-    }
+    failures.extend(wal_level(client).await?);
 
     let role = client
         .query_one(
@@ -407,7 +412,8 @@ pub async fn check_table(
                     EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisreplident), \
                     ARRAY(SELECT a.attname::text FROM pg_attribute a WHERE a.attrelid = c.oid \
                           AND a.attnum > 0 AND NOT a.attisdropped AND a.attname LIKE '\\_cdc\\_%' \
-                          ORDER BY a.attnum) \
+                          ORDER BY a.attnum), \
+                    current_user::text, has_schema_privilege(n.oid, 'USAGE') \
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
              WHERE n.nspname = $1 AND c.relname = $2",
             &[&table.schema, &table.name],
@@ -429,6 +435,7 @@ pub async fn check_table(
         bool,
     ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
     let reserved: Vec<String> = row.get(5);
+    let (role, schema_usage): (String, bool) = (row.get(6), row.get(7));
     let mut failures = Vec::new();
     // Without a key, silver has nothing to keep rows by: the table goes to
     // bronze alone, which needs complete before images (FULL) to fill an
@@ -470,11 +477,26 @@ pub async fn check_table(
             fix: "replicate the underlying table instead".to_owned(),
         });
     }
-    if !can_select {
+    if !can_select || !schema_usage {
+        let usage = if schema_usage {
+            String::new()
+        } else {
+            format!(
+                "GRANT USAGE ON SCHEMA {} TO {}; ",
+                quote_ident(&table.schema),
+                quote_ident(&role)
+            )
+        };
         failures.push(CheckFailure {
             check: "select_privilege",
-            problem: format!("the role may not SELECT from {table}, which the initial load needs"),
-            fix: format!("GRANT SELECT ON {} TO <role>;", table.quoted()),
+            problem: format!(
+                "role {role:?} may not SELECT from {table}, which the initial load needs"
+            ),
+            fix: format!(
+                "as the table's owner: {usage}GRANT SELECT ON {} TO {};",
+                table.quoted(),
+                quote_ident(&role)
+            ),
         });
     }
     let identity_ok = match replident.as_str() {
