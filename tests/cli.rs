@@ -519,6 +519,27 @@ async fn run_loads_a_table_into_the_lake_and_reports_what_it_applied() {
     let (code, stdout, stderr) = run(&args).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("applied 1 changes"), "{stdout}");
+
+    // A table added to the list: one line says it loads beside the
+    // stream, and nothing warns.
+    db.exec("CREATE TABLE orders(id int PRIMARY KEY); INSERT INTO orders VALUES (1); UPDATE customers SET plan = 'pro' WHERE id = 1;")
+        .await;
+    let added = args.map(|a| match a {
+        "public.customers" => "public.customers,public.orders",
+        a => a,
+    });
+    let out = logged(&added).await;
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let beside: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("loading beside the stream"))
+        .collect();
+    assert!(
+        beside.len() == 1 && beside[0].contains("public.orders"),
+        "{log}"
+    );
+    assert!(!log.lines().any(|l| l.contains(" WARN ")), "{log}");
 }
 
 #[tokio::test]

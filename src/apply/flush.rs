@@ -5,8 +5,7 @@
 //! table, bronze then silver, each table recording the position it holds.
 //! Then what follows a commit: positions, compaction, expiry, metrics.
 
-use std::collections::{HashMap, HashSet};
-use std::fmt;
+use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -26,29 +25,6 @@ use crate::pg::source::TableName;
 
 /// A table's delta, and the source table whose silver it is.
 type Staged = (TableIdent, RowDelta, Option<TableName>);
-
-/// What one commit wrote for a source table, both its tables together.
-#[derive(Debug, Default)]
-pub(super) struct Tally {
-    ops: HashMap<&'static str, u64>,
-    written: Written,
-}
-
-impl fmt::Display for Tally {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let op = |code| self.ops.get(code).copied().unwrap_or(0);
-        write!(
-            f,
-            "inserts {}, updates {}, deletes {}, rows {}, files {}, bytes {}",
-            op("c"),
-            op("u"),
-            op("d"),
-            self.ops.values().sum::<u64>(),
-            self.written.files,
-            self.written.bytes
-        )
-    }
-}
 
 impl TableSink {
     /// Whether the open batch gives bronze, and silver, a snapshot: what

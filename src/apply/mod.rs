@@ -47,6 +47,7 @@ mod rewrite;
 mod sink;
 pub mod slot_adoption;
 pub mod table_set;
+mod tally;
 
 pub(crate) use load::load_columns;
 pub use naming::iceberg_name;

@@ -9,11 +9,11 @@ use iceberg::TableIdent;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::flush::Tally;
 use super::naming::{idents, state_folder};
 use super::policy::{FlushPolicy, IDLE_COMPACTION_FLUSHES, Step};
 use super::resync;
 use super::sink::{TableSink, wants};
+use super::tally::Tally;
 use super::{RunOptions, RunReport};
 use crate::cdc::event::Event;
 use crate::cdc::relation::RelationInfo;
@@ -534,11 +534,15 @@ impl Pipeline<'_> {
             stream.confirm(end).await?;
         }
         self.confirmed(stream.confirmed());
-        let tables: Vec<String> = self
+        let mut tables: Vec<String> = self
             .committed
             .iter()
             .map(|(table, tally)| format!("{table} ({tally})"))
             .collect();
+        if tables.is_empty() {
+            // Positions only: a mark, a table's first empty snapshot.
+            tables.push("none written".to_owned());
+        }
         tracing::info!(lsn = %end, confirmed = %stream.confirmed(), tables = %tables.join("; "), "batch committed and confirmed");
         Ok(())
     }
