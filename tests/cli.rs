@@ -1543,18 +1543,7 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
             .spawn()
             .unwrap();
         let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let addr = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-            while let Some(line) = lines.next_line().await.unwrap() {
-                if let Some(rest) = line.split("address=").nth(1)
-                    && line.contains("serving /metrics")
-                {
-                    return rest.split_whitespace().next().unwrap().to_owned();
-                }
-            }
-            panic!("the run ended before serving metrics");
-        })
-        .await
-        .expect("metrics address logged");
+        let addr = metrics_address(&mut lines).await;
         let logged = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let log = logged.clone();
         tokio::spawn(async move {

@@ -82,18 +82,7 @@ async fn a_pending_change_is_never_zero_seconds_behind_for_the_least_privileged_
         .spawn()
         .unwrap();
     let mut lines = tokio::io::BufReader::new(running.stderr.take().unwrap()).lines();
-    let addr = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(line) = lines.next_line().await.unwrap() {
-            if let Some(rest) = line.split("address=").nth(1)
-                && line.contains("serving /metrics")
-            {
-                return rest.split_whitespace().next().unwrap().to_owned();
-            }
-        }
-        panic!("the run ended before serving metrics");
-    })
-    .await
-    .expect("metrics address logged");
+    let addr = metrics_address(&mut lines).await;
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     db.wait_until_active(&slot).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -128,18 +117,22 @@ async fn status_says_why_seconds_behind_is_unknown_and_what_would_tell_it() {
     let watcher = db.config_url().replace("postgres@", &format!("{role}@"));
     let lake = tempfile::tempdir().unwrap();
     let lake_path = lake.path().display().to_string();
-    let (code, stdout, stderr) = wal2iceberg(&[
-        "status",
-        "--source",
-        &watcher,
-        "--slot",
-        &slot,
-        "--publication",
-        "lagpub",
-        "--lake",
-        &lake_path,
-    ])
-    .await;
+    let status = async |json: &[&str]| {
+        let mut args = vec!["status"];
+        args.extend_from_slice(json);
+        args.extend([
+            "--source",
+            &watcher,
+            "--slot",
+            &slot,
+            "--publication",
+            "lagpub",
+            "--lake",
+            &lake_path,
+        ]);
+        wal2iceberg(&args).await
+    };
+    let (code, stdout, stderr) = status(&[]).await;
     // No lake where the slot is: status exits 1 for that, and says it.
     assert_eq!(code, 1, "{stderr}");
     let line = stdout
@@ -150,19 +143,7 @@ async fn status_says_why_seconds_behind_is_unknown_and_what_would_tell_it() {
         line.contains("unknown") && line.contains(&format!("ALTER ROLE \"{role}\" REPLICATION")),
         "{stdout}"
     );
-    let (code, stdout, stderr) = wal2iceberg(&[
-        "status",
-        "--json",
-        "--source",
-        &watcher,
-        "--slot",
-        &slot,
-        "--publication",
-        "lagpub",
-        "--lake",
-        &lake_path,
-    ])
-    .await;
+    let (code, stdout, stderr) = status(&["--json"]).await;
     assert_eq!(code, 1, "{stderr}");
     let json: Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(json["slot"]["seconds_behind"], Value::Null, "{json}");

@@ -644,3 +644,23 @@ pub async fn http_get(addr: &str, path: &str) -> String {
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     response.split("\r\n\r\n").nth(1).unwrap().to_owned()
 }
+
+/// Reads a run's log `lines` until it says where it serves `/metrics`
+/// (60 s at most); that address.
+pub async fn metrics_address<R>(lines: &mut tokio::io::Lines<R>) -> String
+where
+    R: tokio::io::AsyncBufRead + Unpin,
+{
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some(rest) = line.split("address=").nth(1)
+                && line.contains("serving /metrics")
+            {
+                return rest.split_whitespace().next().unwrap().to_owned();
+            }
+        }
+        panic!("the run ended before serving metrics");
+    })
+    .await
+    .expect("metrics address logged")
+}
