@@ -17,6 +17,8 @@
 //! - [`shutdown`]: the stop request from SIGINT and SIGTERM.
 //! - [`failpoint`]: crash points, compiled into test builds only.
 
+#![forbid(unsafe_code)]
+
 pub mod apply;
 pub mod blocking;
 pub mod cdc;

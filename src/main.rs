@@ -1,5 +1,7 @@
 //! The `wal2iceberg` command line.
 
+#![forbid(unsafe_code)]
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -552,7 +554,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             retain_last,
         } => {
             let settings = args.lake()?;
-            let older_than = wal2iceberg::config::parse_duration(&older_than)
+            let older_than = wal2iceberg::config::parse_duration("older_than", &older_than)
                 .map_err(|e| Error::new(ErrorKind::Config, format!("--older-than: {e}")))?;
             if retain_last == 0 {
                 return Err(Error::new(
@@ -610,7 +612,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             settings: args,
             wait,
         } => {
-            let wait = wal2iceberg::config::parse_duration(&wait)
+            let wait = wal2iceberg::config::parse_duration("wait", &wait)
                 .map_err(|e| Error::new(ErrorKind::Config, format!("--wait: {e}")))?;
             let settings = settings(args)?;
             let options = RunOptions {
@@ -732,7 +734,7 @@ async fn teardown(
 async fn resync(settings: Settings, table: &str, wait: Option<&str>) -> Result<ExitCode, Error> {
     use wal2iceberg::ops::resync::{self, Resync, ResyncOptions};
     let wait = wait
-        .map(wal2iceberg::config::parse_duration)
+        .map(|w| wal2iceberg::config::parse_duration("wait", w))
         .transpose()
         .map_err(|e| Error::new(ErrorKind::Config, format!("--wait: {e}")))?;
     let table = wal2iceberg::pg::source::TableName::parse(table)?;

@@ -1,15 +1,26 @@
 //! Prometheus metrics for one process, through `prometheus-client`, and
-//! the small HTTP server that serves them on `/metrics` (OpenMetrics text,
-//! which Prometheus reads) beside `/healthz`. Names follow
+//! the HTTP server (hyper, with a connection cap and timeouts) that serves
+//! them on `/metrics` (OpenMetrics text, which Prometheus reads) beside
+//! `/healthz`. Names follow
 //! `wal2iceberg_<name>_<unit>[_total]`; docs/operations.md lists them with
 //! example alert rules.
 
 mod catch_up;
 
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{LazyLock, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -18,8 +29,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -160,8 +171,14 @@ impl Metrics {
         // Unknown until the stream has read as far as the source's WAL
         // reached at a look (`catch_up`): no sample before.
         r.register(
-            "wal2iceberg_seconds_behind",
+            "wal2iceberg_lag_seconds",
             "age of the oldest source commit not yet visible in the lake; 0 when none",
+            m.seconds_behind.clone(),
+        );
+        // The same series under its first name, which dashboards use.
+        r.register(
+            "wal2iceberg_seconds_behind",
+            "the same as wal2iceberg_lag_seconds (its older name)",
             m.seconds_behind.clone(),
         );
         // Before anything is in the lake there is no last commit: no sample.
@@ -356,7 +373,16 @@ pub fn now_micros() -> i64 {
 }
 
 /// The media type of [`Metrics::render`]'s text.
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const METRICS_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+const TEXT_TYPE: &str = "text/plain; charset=utf-8";
+
+/// At most this many metrics connections are served at once; the next
+/// waits until one ends.
+const MAX_CONNECTIONS: usize = 32;
+/// A connection that has not sent a whole request head by then is closed.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Whatever a client does, its connection ends by then.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `/metrics` and `/healthz` on `addr` until the process ends.
 pub async fn serve(addr: SocketAddr) -> Result<SocketAddr> {
@@ -367,9 +393,13 @@ pub async fn serve(addr: SocketAddr) -> Result<SocketAddr> {
     })?;
     let bound = listener.local_addr()?;
     tracing::info!(address = %bound, "serving /metrics and /healthz");
+    let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tokio::spawn(async move {
         loop {
-            let mut socket = match listener.accept().await {
+            let Ok(permit) = open.clone().acquire_owned().await else {
+                return;
+            };
+            let socket = match listener.accept().await {
                 Ok((socket, _)) => socket,
                 // Out of file descriptors, say: try again later, not at once.
                 Err(e) => {
@@ -379,31 +409,35 @@ pub async fn serve(addr: SocketAddr) -> Result<SocketAddr> {
                 }
             };
             tokio::spawn(async move {
-                let mut request = Vec::new();
-                let mut chunk = [0u8; 1024];
-                while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 8192 {
-                    match socket.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => request.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let line = String::from_utf8_lossy(&request);
-                let path = line.split_whitespace().nth(1).unwrap_or("");
-                let (status, body) = match path {
-                    "/metrics" => ("200 OK", metrics().render()),
-                    "/healthz" => ("200 OK", "ok\n".to_owned()),
-                    _ => ("404 Not Found", "not found\n".to_owned()),
-                };
-                let response = format!(
-                    "HTTP/1.1 {status}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = socket.write_all(response.as_bytes()).await;
-                let _ = socket.shutdown().await;
+                let connection = http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .keep_alive(false)
+                    .serve_connection(TokioIo::new(socket), service_fn(respond));
+                // An error here is the client's (it hung up, or sent no
+                // HTTP): nothing for the run to act on.
+                let _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection).await;
+                drop(permit);
             });
         }
     });
     Ok(bound)
+}
+
+async fn respond(
+    request: Request<Incoming>,
+) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
+    let (status, content_type, body) = match request.uri().path() {
+        "/metrics" => (StatusCode::OK, METRICS_TYPE, metrics().render()),
+        "/healthz" => (StatusCode::OK, TEXT_TYPE, "ok\n".to_owned()),
+        _ => (StatusCode::NOT_FOUND, TEXT_TYPE, "not found\n".to_owned()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    Ok(response)
 }
 
 #[cfg(test)]
@@ -419,11 +453,13 @@ mod tests {
     fn the_exposition_names_escapes_and_leaves_out_what_is_unknown() {
         let m = Metrics::new();
         let text = m.render();
-        assert_eq!(
-            sample(&text, "wal2iceberg_seconds_behind"),
-            None,
-            "the stream has read nothing: {text}"
-        );
+        for name in ["wal2iceberg_lag_seconds", "wal2iceberg_seconds_behind"] {
+            assert_eq!(
+                sample(&text, name),
+                None,
+                "the stream has read nothing: {text}"
+            );
+        }
         let age = "wal2iceberg_last_source_commit_age_seconds";
         assert_eq!(sample(&text, age), None, "no last commit yet: {text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
@@ -456,5 +492,45 @@ mod tests {
             Some("1"),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_request_does_not_hold_the_server() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = serve("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        // Every connection the server takes at once, each stuck mid-head.
+        let mut stuck = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+            socket
+                .write_all(b"GET /metrics HTTP/1.1\r\n")
+                .await
+                .unwrap();
+            stuck.push(socket);
+        }
+        let started = std::time::Instant::now();
+        let mut socket = tokio::net::TcpStream::connect(addr).await.unwrap();
+        socket
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut response = String::new();
+        tokio::time::timeout(HEADER_TIMEOUT * 3, socket.read_to_string(&mut response))
+            .await
+            .expect("answered once the stuck connections timed out")
+            .unwrap();
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.ends_with("\r\n\r\nok\n"), "{response}");
+        assert!(
+            started.elapsed() >= HEADER_TIMEOUT / 2,
+            "the cap held the new connection back: {:?}",
+            started.elapsed()
+        );
+        // The stuck ones were closed by the server, not left open.
+        let mut rest = Vec::new();
+        tokio::time::timeout(Duration::from_secs(1), stuck[0].read_to_end(&mut rest))
+            .await
+            .expect("a stuck connection is closed")
+            .ok();
     }
 }

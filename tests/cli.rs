@@ -1337,6 +1337,27 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
     assert_ne!(code, 0);
     assert!(stderr.contains("no such table"), "{stderr}");
 
+    // A typo'd age is refused before anything is expired: its cutoff
+    // would lie in the future and take every snapshot past --retain-last.
+    let (code, _, stderr) = run(&[
+        "expire-snapshots",
+        "--lake",
+        &lake_path,
+        "--older-than",
+        "150000000000d",
+        "--retain-last",
+        "1",
+        "customers",
+    ])
+    .await;
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--older-than") && stderr.contains("3650d this setting takes at most"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = show(&["--as-of", &loaded_at]).await;
+    assert_eq!(code, 0, "the refused expiry removed nothing: {stderr}");
+
     // Once expiry removed the snapshot, --as-of says so, and what is kept.
     let (code, _, stderr) = run(&[
         "expire-snapshots",
@@ -1586,8 +1607,13 @@ async fn metrics_show_the_lag_and_the_counters_move_during_a_run() {
         );
     };
     assert!(sample(&scrape, applied) >= 100.0);
-    let behind = sample(&scrape, "wal2iceberg_seconds_behind");
+    let behind = sample(&scrape, "wal2iceberg_lag_seconds");
     assert!((0.0..60.0).contains(&behind), "{scrape}");
+    assert_eq!(
+        sample(&scrape, "wal2iceberg_seconds_behind"),
+        behind,
+        "the old name serves the same sample"
+    );
     assert!(sample(&scrape, "wal2iceberg_received_bytes_total") > 0.0);
     assert!(sample(&scrape, "wal2iceberg_iceberg_commits_total") >= 2.0);
     assert!(sample(&scrape, "wal2iceberg_commit_to_visible_seconds_count") >= 1.0);

@@ -334,14 +334,44 @@ fn each_error_names_the_option_its_origin_and_the_rule() {
 
 #[test]
 fn durations_take_a_unit_or_mean_seconds() {
-    assert_eq!(parse_duration("6"), Ok(Duration::from_secs(6)));
-    assert_eq!(parse_duration("6s"), Ok(Duration::from_secs(6)));
-    assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-    assert_eq!(parse_duration("1.5m"), Ok(Duration::from_secs(90)));
-    assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+    let parse = |text| parse_duration("exit_when_idle", text);
+    assert_eq!(parse("6"), Ok(Duration::from_secs(6)));
+    assert_eq!(parse("6s"), Ok(Duration::from_secs(6)));
+    assert_eq!(parse("500ms"), Ok(Duration::from_millis(500)));
+    assert_eq!(parse("1.5m"), Ok(Duration::from_secs(90)));
+    assert_eq!(parse("2h"), Ok(Duration::from_secs(7200)));
     for bad in ["", "s", "6 days", "-1s", "1e999", "6x"] {
-        assert!(parse_duration(bad).is_err(), "{bad}");
+        assert!(parse(bad).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn every_duration_setting_refuses_a_value_past_its_ceiling() {
+    for (key, longest) in LONGEST {
+        assert_eq!(
+            parse_duration(key, &format!("{}s", longest.as_secs())),
+            Ok(*longest)
+        );
+        let err = parse_duration(key, &format!("{}s", longest.as_secs() + 1)).unwrap_err();
+        assert!(err.contains("at most"), "{key}: {err}");
+        let err = parse_duration(key, "150000000000d").unwrap_err();
+        assert!(err.contains("150000000000d"), "{key}: {err}");
+    }
+    let flags = Raw {
+        flush_interval: Some("2d".into()),
+        storage_retry_deadline: Some("400d".into()),
+        ..Raw::default()
+    };
+    let err = resolve(None, &[], flags).unwrap_err().to_string();
+    assert!(
+        err.contains("flush_interval (from the command line)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("storage_retry_deadline (from the command line)"),
+        "{err}"
+    );
+    assert!(err.contains("1h this setting takes at most"), "{err}");
 }
 
 #[test]

@@ -92,9 +92,9 @@ async fn try_expire(
     let metadata = table.metadata();
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0);
-    let cutoff = now_ms.saturating_sub(retention.older_than.as_millis() as i64);
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    let older_than_ms = i64::try_from(retention.older_than.as_millis()).unwrap_or(i64::MAX);
+    let cutoff = now_ms.saturating_sub(older_than_ms);
     let current = metadata.current_snapshot_id();
     let referenced = referenced_snapshots(&table)?;
     let mut snapshots: Vec<&SnapshotRef> = metadata.snapshots().collect();
