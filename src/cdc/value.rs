@@ -157,7 +157,11 @@ impl PgType {
                 }
             }
             PgType::Interval => Value::Interval(temporal::parse_interval(text).ok_or_else(bad)?),
-            PgType::Uuid => Value::Uuid(parse_uuid(text).ok_or_else(bad)?),
+            PgType::Uuid => Value::Uuid(
+                *uuid::Uuid::try_parse(text)
+                    .map_err(|_| bad())?
+                    .as_bytes(),
+            ),
             PgType::Json => Value::Json(text.to_owned()),
             PgType::Jsonb => Value::Jsonb(text.to_owned()),
             PgType::Inet => Value::Inet(text.to_owned()),
@@ -584,7 +588,7 @@ impl Value {
             })),
             Value::TimestampTz(t) => infinite(&map_finite(t, temporal::format_timestamp_utc)),
             Value::Interval(iv) => json!(temporal::format_interval(iv)),
-            Value::Uuid(u) => json!(format_uuid(u)),
+            Value::Uuid(u) => json!(uuid::Uuid::from_bytes(*u).hyphenated().to_string()),
             Value::Json(s) | Value::Jsonb(s) => {
                 serde_json::from_str(s).unwrap_or_else(|_| json!(s))
             }
@@ -667,30 +671,6 @@ fn hex(bytes: &[u8]) -> String {
             let _ = write!(s, "{b:02x}");
             s
         })
-}
-
-fn parse_uuid(text: &str) -> Option<[u8; 16]> {
-    let digits: Vec<u8> = text.bytes().filter(|&b| b != b'-').collect();
-    if digits.len() != 32 || text.len() != 36 {
-        return None;
-    }
-    let mut out = [0u8; 16];
-    for (i, pair) in digits.chunks(2).enumerate() {
-        out[i] = (hex_digit(pair[0])? << 4) | hex_digit(pair[1])?;
-    }
-    Some(out)
-}
-
-fn format_uuid(u: &[u8; 16]) -> String {
-    let h = hex(u);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
 }
 
 /// Parses an array in the grammar of PostgreSQL's `array_in` ("Array

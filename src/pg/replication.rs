@@ -374,10 +374,12 @@ fn slot_error(err: Error, slot: &str) -> Error {
 
 /// Quotes an identifier for a replication command.
 pub fn quote_ident(ident: &str) -> String {
-    format!("\"{}\"", ident.replace('"', "\"\""))
+    postgres_protocol::escape::escape_identifier(ident)
 }
 
-/// Quotes a string literal for a replication command.
+/// Quotes a string literal for a replication command. Not
+/// `postgres_protocol::escape::escape_literal`: for a backslash that
+/// writes `E'..'`, which the walsender's command grammar does not take.
 pub fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
