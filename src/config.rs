@@ -21,8 +21,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{CatalogChoice, LakeLocation, namespace};
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::source::TableName;
 
 /// One layer of raw values, as written in a file, the environment or
 /// flags: the settings' one definition, which clap reads as flags and

@@ -1,6 +1,8 @@
 //! wal2iceberg: PostgreSQL logical replication (pgoutput) into Apache
 //! Iceberg tables. Data flows Postgres wire -> change events -> Iceberg.
 //!
+//! - [`model`]: the words every layer shares: [`model::Lsn`] and
+//!   [`model::TableName`]. Below everything; depends on nothing.
 //! - [`pg`]: the wire only. Connections, replication protocol, pgoutput
 //!   decoding, catalog queries, COPY framing.
 //! - [`cdc`]: the domain. Typed values, relations, change events, the
@@ -27,6 +29,7 @@ pub mod error;
 pub mod failpoint;
 pub mod lake;
 pub mod metrics;
+pub mod model;
 pub mod ops;
 pub mod pg;
 pub mod shutdown;

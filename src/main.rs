@@ -15,10 +15,10 @@ use wal2iceberg::lake::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
 use wal2iceberg::lake::lock::WriterLock;
+use wal2iceberg::model::Lsn;
 use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
-use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::source::SLOT_HELD_BY_RUN;
 use wal2iceberg::shutdown::Shutdown;
 use wal2iceberg::{Error, ErrorKind};
@@ -737,7 +737,7 @@ async fn resync(settings: Settings, table: &str, wait: Option<&str>) -> Result<E
         .map(|w| wal2iceberg::config::parse_duration("wait", w))
         .transpose()
         .map_err(|e| Error::new(ErrorKind::Config, format!("--wait: {e}")))?;
-    let table = wal2iceberg::pg::source::TableName::parse(table)?;
+    let table = wal2iceberg::model::TableName::parse(table)?;
     let options = ResyncOptions {
         name: settings.table_names.get(&table).cloned(),
         namespace: settings.lake_namespace(),
@@ -759,7 +759,7 @@ async fn resync(settings: Settings, table: &str, wait: Option<&str>) -> Result<E
 
 async fn drop_table(settings: Settings, table: &str, yes: bool) -> Result<ExitCode, Error> {
     use wal2iceberg::ops::drop_table::{DropTableOptions, PublicationMembership};
-    let table = wal2iceberg::pg::source::TableName::parse(table)?;
+    let table = wal2iceberg::model::TableName::parse(table)?;
     let what = format!(
         "the lake's tables of {table} in {}, with their files",
         settings.lake.catalog

@@ -704,14 +704,14 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
     assert_eq!(s["restart_lsn"], row.get::<_, String>(1));
     assert_eq!(s["wal_status"], row.get::<_, String>(2));
     assert_eq!(s["active"], row.get::<_, bool>(3));
-    let restart: wal2iceberg::pg::lsn::Lsn = row.get::<_, String>(1).parse().unwrap();
+    let restart: wal2iceberg::model::Lsn = row.get::<_, String>(1).parse().unwrap();
     let retained = s["retained_wal_bytes"].as_i64().unwrap();
     assert!(
         (wal_before.0 - restart.0) as i64 <= retained
             && retained <= (wal_after.0 - restart.0) as i64,
         "{retained} between the WAL positions around the call"
     );
-    let confirmed: wal2iceberg::pg::lsn::Lsn = row.get::<_, String>(0).parse().unwrap();
+    let confirmed: wal2iceberg::model::Lsn = row.get::<_, String>(0).parse().unwrap();
     let lag = s["lag_bytes"].as_i64().unwrap();
     assert!(
         (wal_before.0 - confirmed.0) as i64 <= lag && lag <= (wal_after.0 - confirmed.0) as i64
@@ -730,7 +730,7 @@ async fn status_shows_the_slot_as_the_server_does_and_each_tables_position() {
         ]
     );
     for t in tables {
-        let lsn: wal2iceberg::pg::lsn::Lsn = t["commit_lsn"].as_str().unwrap().parse().unwrap();
+        let lsn: wal2iceberg::model::Lsn = t["commit_lsn"].as_str().unwrap().parse().unwrap();
         assert!(before < lsn && lsn < after, "the update's commit: {t}");
         let lag = t["lag_seconds"].as_f64().unwrap();
         assert!((0.0..60.0).contains(&lag), "{t}");
@@ -927,7 +927,7 @@ async fn resync_while_stopped_keeps_bronzes_history_and_a_crash_inside_it_does_i
     assert_eq!(bronze_ops(lake.path(), &bronze_table).await, "rrruudcrrr");
 }
 
-async fn current_wal(db: &TestDb) -> wal2iceberg::pg::lsn::Lsn {
+async fn current_wal(db: &TestDb) -> wal2iceberg::model::Lsn {
     let row = db
         .client
         .query_one("SELECT pg_current_wal_lsn()::text", &[])
@@ -1251,8 +1251,7 @@ async fn show_prints_a_table_as_of_an_lsn_as_text_json_or_csv() {
     assert_eq!(now[0]["plan"], "team");
     // LSNs in PostgreSQL's form, which --as-of takes, as it takes the
     // lake's integer.
-    let lsn: wal2iceberg::pg::lsn::Lsn =
-        now[0]["_cdc_commit_lsn"].as_str().unwrap().parse().unwrap();
+    let lsn: wal2iceberg::model::Lsn = now[0]["_cdc_commit_lsn"].as_str().unwrap().parse().unwrap();
     let (code, same, stderr) = show(&["--as-of", &lsn.0.to_string(), "--format", "json"]).await;
     assert_eq!(code, 0, "{stderr}");
     assert_eq!(serde_json::from_str::<Value>(&same).unwrap(), now);

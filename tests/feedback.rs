@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use wal2iceberg::cdc::capture::{self, Capture};
 use wal2iceberg::cdc::event::Event;
 use wal2iceberg::cdc::stream::{ChangeStream, Next};
-use wal2iceberg::pg::lsn::Lsn;
+use wal2iceberg::model::Lsn;
 
 use crate::support::*;
 

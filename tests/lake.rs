@@ -215,7 +215,7 @@ mod row_delta {
     use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta};
     use wal2iceberg::lake::schema::silver_schema;
     use wal2iceberg::lake::writer::{arrow_schema, write_data_files};
-    use wal2iceberg::pg::source::TableName;
+    use wal2iceberg::model::TableName;
 
     use crate::support::pyiceberg;
 
@@ -743,7 +743,7 @@ mod silver {
         // Time travel reaches each of them.
         for snapshot in &snapshots {
             let lsn: u64 = snapshot["commit_lsn"].as_str().unwrap().parse().unwrap();
-            let lsn = wal2iceberg::pg::lsn::Lsn(lsn).to_string();
+            let lsn = wal2iceberg::model::Lsn(lsn).to_string();
             let out = std::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
                 .args([
                     "show", "accounts", "--format", "json", "--as-of", &lsn, "--lake",

@@ -1,7 +1,8 @@
 //! The module graph of `src/`, read from its `use` paths: no module
 //! depends on itself through others, the wire (`pg`) depends on nothing
-//! above it, and nothing but the commands (`ops`) and the binary depends
-//! on the commands (docs/architecture.md).
+//! above it, the shared words (`model`) on nothing, the lake not on the
+//! wire, and nothing but the commands (`ops`) and the binary depends on
+//! the commands (docs/architecture.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -135,13 +136,31 @@ fn no_module_depends_on_itself_the_wire_on_nothing_above_it_and_none_on_the_comm
             );
         }
     }
-    for (module, targets) in edges.iter().filter(|(m, _)| m.starts_with("pg")) {
-        for target in targets {
-            let top = target.split("::").next().unwrap();
-            assert!(
-                ["pg", "error", "metrics"].contains(&top),
-                "{module} (the wire) depends on {target}"
-            );
-        }
+    let tops = |prefix: &'static str| {
+        edges
+            .iter()
+            .filter(move |(m, _)| m.split("::").next() == Some(prefix))
+            .flat_map(|(m, targets)| {
+                targets
+                    .iter()
+                    .map(move |t| (m.clone(), t.split("::").next().unwrap().to_owned()))
+            })
+    };
+    for (module, top) in tops("pg") {
+        assert!(
+            ["pg", "error", "metrics", "model"].contains(&top.as_str()),
+            "{module} (the wire) depends on {top}"
+        );
+    }
+    // The shared words sit below everything.
+    for (module, top) in tops("model") {
+        assert!(
+            ["model", "error"].contains(&top.as_str()),
+            "{module} (the shared words) depends on {top}"
+        );
+    }
+    // The lake knows Iceberg, not the wire it was fed from.
+    for (module, top) in tops("lake") {
+        assert_ne!(top, "pg", "{module} (the lake) depends on the wire");
     }
 }

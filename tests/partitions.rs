@@ -385,7 +385,7 @@ async fn a_partitioned_table_needs_the_partition_triggers_which_a_superuser_setu
     assert!(err.contains("partition_rows_triggers"), "{err}");
     assert_eq!(db.slot_count().await, slots, "no slot was created");
 
-    let ev = wal2iceberg::pg::source::TableName::parse("public.ev").unwrap();
+    let ev = wal2iceberg::model::TableName::parse("public.ev").unwrap();
     wal2iceberg::ops::setup::setup(&db.config, &[ev])
         .await
         .unwrap();

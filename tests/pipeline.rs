@@ -863,7 +863,7 @@ async fn a_terminated_walsender_is_reconnected_and_nothing_is_lost_or_repeated()
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { run(&config, &opts).await });
 
-    let wait_confirmed = |target: wal2iceberg::pg::lsn::Lsn| {
+    let wait_confirmed = |target: wal2iceberg::model::Lsn| {
         let db = &db;
         let slot = &slot;
         async move {
@@ -1271,7 +1271,7 @@ async fn a_bronze_made_before_it_recorded_its_source_is_held_under_its_chosen_na
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("legacy");
     let mut opts = options_for(&db, &["customers"], &slot, dir.path());
-    let table = wal2iceberg::pg::source::TableName::parse("public.customers").unwrap();
+    let table = wal2iceberg::model::TableName::parse("public.customers").unwrap();
     opts.table_names.insert(table, "clients".into());
     run(&db.config, &opts).await.unwrap();
     // As a lake of a version before bronze recorded its source and slot.

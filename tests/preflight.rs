@@ -2,11 +2,12 @@
 
 use wal2iceberg::ErrorKind;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
+use wal2iceberg::model::Lsn;
+use wal2iceberg::model::TableName;
 use wal2iceberg::ops::scratch::ScratchPostgres;
 use wal2iceberg::pg::conn::ReplicationConnection;
-use wal2iceberg::pg::lsn::Lsn;
 use wal2iceberg::pg::replication::StartOptions;
-use wal2iceberg::pg::source::{CheckFailure, SourceClient, TableName};
+use wal2iceberg::pg::source::{CheckFailure, SourceClient};
 
 use crate::support::*;
 

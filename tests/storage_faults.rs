@@ -93,7 +93,7 @@ async fn status_says_unreachable(lake: &Lake, proxy: &StallProxy, props: &[Strin
     );
 }
 
-async fn insert(db: &TestDb, from: i32, to: i32) -> wal2iceberg::pg::lsn::Lsn {
+async fn insert(db: &TestDb, from: i32, to: i32) -> wal2iceberg::model::Lsn {
     db.exec(&format!(
         "INSERT INTO items SELECT g, 'item ' || g FROM generate_series({from}, {to}) g"
     ))
@@ -105,7 +105,7 @@ async fn insert(db: &TestDb, from: i32, to: i32) -> wal2iceberg::pg::lsn::Lsn {
 async fn wait_confirmed(
     db: &TestDb,
     slot: &str,
-    lsn: wal2iceberg::pg::lsn::Lsn,
+    lsn: wal2iceberg::model::Lsn,
     run: &mut tokio::process::Child,
     log: &std::path::Path,
 ) {

@@ -24,8 +24,8 @@ use crate::cdc::snapshot::SnapshotLoad;
 use crate::cdc::stream::ChangeStream;
 use crate::error::Result;
 use crate::lake::catalog::Lake;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::source::TableName;
 
 /// How long an idle stream waits for the server at least while a load
 /// runs beside it, which an idle exit waits for.

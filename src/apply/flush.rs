@@ -21,7 +21,7 @@ use crate::lake::each_table;
 use crate::lake::row_delta::{RowDelta, Written, commit_row_deltas};
 use crate::lake::writer::Position;
 use crate::metrics::{metrics, now_micros};
-use crate::pg::source::TableName;
+use crate::model::TableName;
 
 /// A table's delta, and the source table whose silver it is.
 type Staged = (TableIdent, RowDelta, Option<TableName>);

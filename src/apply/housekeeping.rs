@@ -10,7 +10,7 @@ use crate::lake::compaction::{Merge, merge_small_files};
 use crate::lake::expire::{Retention, expire_snapshots};
 use crate::lake::writer::summary_total;
 use crate::metrics::metrics;
-use crate::pg::source::TableName;
+use crate::model::TableName;
 
 impl TableSink {
     /// After a commit or an idle compaction: the metrics, and snapshot

@@ -26,9 +26,9 @@ use crate::lake::evolve::{self, Mode};
 use crate::lake::schema::source_arrow_fields;
 use crate::lake::writer::Position;
 use crate::metrics::metrics;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
 
 /// A run of the initial load's rows, decoded into silver-typed Arrow
 /// columns on its connection's task.

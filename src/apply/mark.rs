@@ -22,7 +22,7 @@ use super::table_set::{MARK, mark};
 use crate::cdc::stream::ChangeStream;
 use crate::error::Result;
 use crate::lake::each_table;
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
 
 /// The least time between two marks of a run: the slot lags the stream
 /// by about that much at most when the lake's tables are quiet. A

@@ -28,8 +28,8 @@ use crate::cdc::capture::CaptureOptions;
 use crate::lake::catalog::LakeLocation;
 use crate::lake::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::expire::{DEFAULT_RETENTION, Retention};
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::shutdown::Shutdown;
 
 mod beside;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use iceberg::TableIdent;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::source::TableName;
+use crate::model::TableName;
 
 /// The default Iceberg name of a source table: `customers` (and
 /// `customers_changes`) for `public.customers`; `sales__orders` for

@@ -28,8 +28,8 @@ use crate::lake::lock::WriterLock;
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
 use crate::metrics::metrics;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::model::Lsn;
+use crate::model::TableName;
 
 pub(crate) struct Pipeline<'r> {
     pub(super) lake: Lake,

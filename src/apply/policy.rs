@@ -176,7 +176,7 @@ mod tests {
     use super::*;
     use crate::cdc::capture::CaptureOptions;
     use crate::cdc::event::TxInfo;
-    use crate::pg::lsn::Lsn;
+    use crate::model::Lsn;
 
     fn policy(now: Instant) -> FlushPolicy {
         let mut options = RunOptions::new(CaptureOptions::new(Vec::new()), PathBuf::new());

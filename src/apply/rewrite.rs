@@ -13,8 +13,8 @@ use crate::error::Result;
 use crate::lake::evolve::Mode;
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::model::Lsn;
+use crate::model::TableName;
 
 impl Pipeline<'_> {
     /// DDL of the transaction committing at `commit_lsn` rewrote `table`'s

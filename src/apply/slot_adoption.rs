@@ -19,9 +19,10 @@ use iceberg::NamespaceIdent;
 use super::table_set::{self, Recorded};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::{self, SlotInfo, SourceClient, TableName};
+use crate::pg::source::{self, SlotInfo, SourceClient};
 
 /// The lake follows slot `to` from here, where its tables recorded `from`.
 #[derive(Debug, Clone)]

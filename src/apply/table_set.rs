@@ -15,9 +15,10 @@ use crate::apply::naming::iceberg_name;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::writer::Position;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::{self, SourceClient, TableName};
+use crate::pg::source::{self, SourceClient};
 
 /// Bronze's properties naming the source table and the slot it is
 /// replicated from.

@@ -23,9 +23,9 @@ use super::partition_rows::{self, PartitionRow};
 use super::relation::{self, Catalog, Describe, RelationCache, RelationInfo, TupleRole};
 use super::temporal::pg_micros_to_unix;
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::pgoutput::{Decoder, Message, OldTupleKind};
-use crate::pg::source::TableName;
 
 /// Spooled messages of one streamed top-level transaction.
 struct Spool {

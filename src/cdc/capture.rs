@@ -9,11 +9,12 @@ use super::relation::{Catalog, RelationInfo};
 use super::snapshot::SnapshotLoad;
 use super::stream::ChangeStream;
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::conn::ReplicationConnection;
-use crate::pg::lsn::Lsn;
 use crate::pg::replication::{CreatedSlot, StartOptions};
-use crate::pg::source::{self, CheckFailure, SourceClient, TableName};
+use crate::pg::source::{self, CheckFailure, SourceClient};
 
 /// Default names; one slot and one publication per wal2iceberg pipeline.
 pub const DEFAULT_SLOT: &str = "wal2iceberg";

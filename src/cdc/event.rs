@@ -15,8 +15,8 @@ use super::relation::{ColumnInfo, RelationInfo};
 use super::temporal;
 pub use super::value::Datum;
 use crate::error::{Error, ErrorKind};
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::model::Lsn;
+use crate::model::TableName;
 
 /// The kind of change, with the codes of the bronze `_cdc_op` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

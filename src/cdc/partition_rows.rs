@@ -21,8 +21,8 @@ use super::event::{BeforeImage, Datum, ImageKind, Op};
 use super::relation::RelationInfo;
 use super::value::Value;
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::model::Lsn;
+use crate::model::TableName;
 
 /// The prefixes of the triggers' messages.
 pub const ATTACHED: &str = "wal2iceberg.attached_row";

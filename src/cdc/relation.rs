@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use super::value::{Datum, PgType, Value, ValueError, Wire};
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::pgoutput::{self, TupleValue};
-use crate::pg::source::{self, CatalogTable, ColumnFacts, SourceClient, TableName};
+use crate::pg::source::{self, CatalogTable, ColumnFacts, SourceClient};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ColumnInfo {
@@ -600,7 +601,7 @@ impl RelationCache {
 pub(crate) mod fixtures {
     use super::{ColumnInfo, RelationInfo};
     use crate::cdc::value::PgType;
-    use crate::pg::source::TableName;
+    use crate::model::TableName;
 
     pub fn column(
         name: &str,

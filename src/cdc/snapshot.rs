@@ -38,11 +38,12 @@ use super::event::{Change, Datum, Event, Op, TxInfo};
 use super::relation::{Catalog, RelationInfo};
 use super::value::{Value, Wire};
 use crate::error::{Error, Result};
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::conn::ReplicationConnection;
 use crate::pg::copy::{BinaryCopyReader, CopyRows};
-use crate::pg::lsn::Lsn;
-use crate::pg::source::{self, SourceClient, TableName};
+use crate::pg::source::{self, SourceClient};
 
 /// A run of rows ends at this many rows, or about this many bytes.
 const RUN_ROWS: usize = 64 * 1024;

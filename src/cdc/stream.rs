@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use super::assembler::Assembler;
 use super::event::Event;
 use crate::error::Result;
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
 use crate::pg::replication::{ReplicationMessage, ReplicationStream};
 
 /// What [`ChangeStream::next_before`] found.

@@ -157,11 +157,9 @@ impl PgType {
                 }
             }
             PgType::Interval => Value::Interval(temporal::parse_interval(text).ok_or_else(bad)?),
-            PgType::Uuid => Value::Uuid(
-                *uuid::Uuid::try_parse(text)
-                    .map_err(|_| bad())?
-                    .as_bytes(),
-            ),
+            PgType::Uuid => {
+                Value::Uuid(*uuid::Uuid::try_parse(text).map_err(|_| bad())?.as_bytes())
+            }
             PgType::Json => Value::Json(text.to_owned()),
             PgType::Jsonb => Value::Jsonb(text.to_owned()),
             PgType::Inet => Value::Inet(text.to_owned()),

@@ -30,7 +30,7 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use super::iceberg_error;
 use crate::blocking::{blocking, blocking_await};
 use crate::error::{Error, ErrorKind, Result};
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
 
 /// An open batch holds at most this many rows, or about this many bytes of
 /// values, in memory per table before writing them to a data file.

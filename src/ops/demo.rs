@@ -14,8 +14,9 @@ use super::show::{ShowOptions, show as show_table};
 use crate::cdc::capture::CaptureOptions;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, namespace};
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::source::{SourceClient, TableName};
+use crate::pg::source::SourceClient;
 
 const SETUP: &str = "
     CREATE TABLE customers(

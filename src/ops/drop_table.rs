@@ -11,9 +11,10 @@ use crate::apply::table_set;
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::lock::WriterLock;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::replication::quote_ident;
-use crate::pg::source::{CREATED_BY_MARK, SourceClient, TableName};
+use crate::pg::source::{CREATED_BY_MARK, SourceClient};
 
 pub struct DropTableOptions {
     pub table: TableName,

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::schema::history_only;
 use crate::lake::writer::Position;
-use crate::pg::source::TableName;
+use crate::model::TableName;
 
 pub struct ResyncOptions {
     pub table: TableName,

@@ -23,9 +23,10 @@ use crate::failpoint;
 use crate::lake::catalog::{Lake, namespace};
 use crate::lake::lock::WriterLock;
 use crate::metrics::metrics;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::replication::SLOT_IN_USE;
-use crate::pg::source::{self, SourceClient, TableName};
+use crate::pg::source::{self, SourceClient};
 
 pub use crate::apply::naming::{iceberg_name, idents};
 pub use crate::apply::{

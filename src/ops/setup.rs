@@ -8,9 +8,10 @@
 
 use crate::cdc::capture::preflight_error;
 use crate::error::{Result, postgres};
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::replication::quote_ident;
-use crate::pg::source::{self, SourceClient, TableName};
+use crate::pg::source::{self, SourceClient};
 
 /// The role and publication the migrations create.
 pub const ROLE: &str = "wal2iceberg";

@@ -30,7 +30,7 @@ use crate::lake::catalog::Lake;
 use crate::lake::scan::{scan, schema_at};
 use crate::lake::schema::{COMMIT_LSN, LSN, SEQ};
 use crate::lake::writer::SUMMARY_COMMIT_LSN;
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Format {

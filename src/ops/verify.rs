@@ -55,9 +55,10 @@ use crate::lake::key::{Key, KeyCodec};
 use crate::lake::scan::scan;
 use crate::lake::schema::{VERBATIM, column_names, has_silver, history_only, source_arrow_fields};
 use crate::lake::writer::Position;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::{self, SourceClient, TableName};
+use crate::pg::source::{self, SourceClient};
 
 mod replay;
 mod wait;

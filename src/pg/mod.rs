@@ -14,7 +14,6 @@
 pub mod config;
 pub mod conn;
 pub mod copy;
-pub mod lsn;
 pub mod pgoutput;
 pub mod replication;
 pub mod source;

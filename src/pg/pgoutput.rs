@@ -14,8 +14,8 @@
 
 use bytes::Bytes;
 
-use super::lsn::Lsn;
 use super::wire::{DecodeError, Reader};
+use crate::model::Lsn;
 
 /// Microseconds since 2000-01-01 00:00:00 UTC, as the server sends timestamps.
 pub type PgTimestamp = i64;

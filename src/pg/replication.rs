@@ -12,9 +12,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 use postgres_protocol::message::backend::Message;
 
 use super::conn::{Frame, ReplicationConnection, ServerError, copy_data};
-use super::lsn::Lsn;
 use super::wire::{DecodeError, Reader};
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::Lsn;
 
 mod stream;
 

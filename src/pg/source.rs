@@ -15,45 +15,10 @@ use tokio::task::JoinHandle;
 use tokio_postgres::{Client, CopyOutStream, NoTls};
 
 use super::config::{DEFAULT_APPLICATION_NAME, PgConfig};
-use super::lsn::Lsn;
 use super::replication::quote_ident;
 use crate::error::{Error, ErrorKind, Result, postgres};
-
-/// A schema-qualified table name, as given by the user (`public.customers`,
-/// or `customers` for the `public` schema). Names are matched exactly, as
-/// stored in the catalog.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TableName {
-    pub schema: String,
-    pub name: String,
-}
-
-impl TableName {
-    pub fn parse(s: &str) -> Result<TableName> {
-        let (schema, name) = s.split_once('.').unwrap_or(("public", s));
-        if schema.is_empty() || name.is_empty() || name.contains('.') {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!("table {s:?} is not of the form schema.table"),
-            ));
-        }
-        Ok(TableName {
-            schema: schema.to_owned(),
-            name: name.to_owned(),
-        })
-    }
-
-    /// `"schema"."name"`, for SQL.
-    pub fn quoted(&self) -> String {
-        format!("{}.{}", quote_ident(&self.schema), quote_ident(&self.name))
-    }
-}
-
-impl fmt::Display for TableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}.{}", self.schema, self.name)
-    }
-}
+use crate::model::Lsn;
+use crate::model::TableName;
 
 /// An ordinary connection; its background task ends when this is dropped.
 pub struct SourceClient {

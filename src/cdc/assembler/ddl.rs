@@ -11,8 +11,8 @@ use super::Assembler;
 use crate::cdc::event::{Event, TxInfo};
 use crate::cdc::relation::{self, Describe, NotedColumn};
 use crate::error::Result;
-use crate::pg::lsn::Lsn;
-use crate::pg::source::TableName;
+use crate::model::Lsn;
+use crate::model::TableName;
 
 /// The captured tables a transaction marked rewritten so far: one mark per
 /// table, however many of its partitions the DDL rewrote.

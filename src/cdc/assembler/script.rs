@@ -20,12 +20,12 @@ use bytes::Bytes;
 use super::Assembler;
 use crate::cdc::event::{Event, Op};
 use crate::cdc::relation::MessageOnly;
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::pg::pgoutput::{
     Begin, Commit, Delete, Insert, LogicalMessage, Message, OldTupleKind, Relation, RelationColumn,
     StreamAbort, StreamStart, Truncate, TupleValue, Type, Update,
 };
-use crate::pg::source::TableName;
 
 /// Relations 1 to 3; the assembler replicates `t1` and `t2` only.
 const RELATIONS: u32 = 3;

@@ -14,7 +14,7 @@ use crate::lake::align::align;
 use crate::lake::key::Key;
 use crate::lake::scan::scan;
 use crate::lake::schema::{VERBATIM, column_names};
-use crate::pg::lsn::Lsn;
+use crate::model::Lsn;
 
 /// The order of bronze's changes: by commit, a load before the
 /// transactions streamed at its own consistent point, then by sequence.

@@ -9,11 +9,12 @@ use tokio::time::Instant;
 use crate::cdc::relation::{self, message_table};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::Lake;
+use crate::model::Lsn;
+use crate::model::TableName;
 use crate::ops::run::{RunOptions, idents};
-use crate::pg::lsn::Lsn;
 use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::{SLOT_IN_USE, quote_ident};
-use crate::pg::source::{self, SourceClient, TableName};
+use crate::pg::source::{self, SourceClient};
 
 /// Waits until no table's bronze holds a resync request not done yet: a
 /// schema change (a rewrite, a new column with a default) or `wal2iceberg

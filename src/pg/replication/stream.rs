@@ -34,8 +34,8 @@ use tokio::time::{Instant, sleep_until};
 use super::{InCopyBoth, ReplicationMessage, in_copy_both, pg_now_micros, slot_error};
 use super::{standby_status_update, status_interval_for};
 use crate::error::{Error, ErrorKind, Result};
+use crate::model::Lsn;
 use crate::pg::conn::{Frame, ReplicationConnection};
-use crate::pg::lsn::Lsn;
 
 /// Bytes of messages read ahead of the consumer at most. A message larger
 /// than this waits until the channel is empty and then takes all of it.
