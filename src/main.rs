@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use iceberg::TableIdent;
+use wal2iceberg::apply::RunOptions;
 use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LakeSettings, LogFormat, Raw, Settings};
 use wal2iceberg::error::OutputClosed;
@@ -16,7 +17,6 @@ use wal2iceberg::lake::expire::{
 };
 use wal2iceberg::lake::lock::WriterLock;
 use wal2iceberg::model::Lsn;
-use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};
 use wal2iceberg::pg::source::SLOT_HELD_BY_RUN;
@@ -406,9 +406,6 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
     match cli.command {
         Command::Run { settings: args } => {
             let settings = settings(args)?;
-            if let Some(addr) = settings.metrics_addr {
-                wal2iceberg::metrics::serve(addr).await?;
-            }
             let options = RunOptions {
                 namespace: settings.namespace.clone(),
                 table_names: settings.table_names.clone(),
@@ -427,13 +424,10 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 shutdown: Shutdown::on_signals()?,
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
-            let report = wal2iceberg::ops::run::run(&settings.source, &options).await?;
-            outln!(
-                "applied {} changes in {} batches; confirmed {}",
-                report.changes_applied,
-                report.batches,
-                report.confirmed
-            );
+            let summary =
+                wal2iceberg::ops::run::run(&settings.source, &options, settings.metrics_addr)
+                    .await?;
+            outln!("{summary}");
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { settings: args } => {
@@ -445,7 +439,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
                 table_names: settings.table_names.clone(),
                 ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
             };
-            let settled = wal2iceberg::ops::run::settle(&settings.source, &run_options).await?;
+            let settled = wal2iceberg::apply::settle(&settings.source, &run_options).await?;
             let failures = capture::check(&settings.source, &settled.capture).await?;
             if failures.is_empty() {
                 outln!("all checks passed: {}", settings.source);

@@ -189,7 +189,7 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("shared");
     let opts = run_options(&db, &["customers"], &slot, dir.path());
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     db.exec("UPDATE customers SET plan = 'team' WHERE id = 1; DELETE FROM customers WHERE id = 2;")
         .await;
     let url = db.config_url();
@@ -267,7 +267,7 @@ async fn tail_never_consumes_a_slot_it_did_not_create_and_the_run_gets_every_cha
     assert_eq!(db.publishing("unpublished").await, 0);
     assert_eq!(db.slot_count().await, slots);
 
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
     assert_eq!(
         bronze_ops(dir.path(), "shop.customers_changes").await,
@@ -1164,7 +1164,7 @@ async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
     opts.exit_when_idle = None;
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();
-    let pipeline = tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &opts).await });
+    let pipeline = tokio::spawn(async move { wal2iceberg::apply::run(&config, &opts).await });
     db.wait_until_streaming(&slot).await;
     let url = db.config_url();
     let lake = dir.path().display().to_string();
@@ -2033,7 +2033,7 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("drop");
     let both = run_options(&db, &["customers", "orders"], &slot, dir.path());
-    wal2iceberg::ops::run::run(&db.config, &both).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &both).await.unwrap();
     let url = db.config_url();
     let lake = dir.path().display().to_string();
     let drop = [
@@ -2056,8 +2056,7 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
     streaming.exit_when_idle = None;
     let shutdown = streaming.shutdown.clone();
     let config = db.config.clone();
-    let pipeline =
-        tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &streaming).await });
+    let pipeline = tokio::spawn(async move { wal2iceberg::apply::run(&config, &streaming).await });
     db.wait_until_streaming(&slot).await;
     let (code, _, stderr) = run(&drop).await;
     assert_eq!(code, 1, "{stderr}");
@@ -2107,13 +2106,13 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
     db.exec("UPDATE orders SET total = 20; UPDATE customers SET plan = 'pro';")
         .await;
     let customers = run_options(&db, &["customers"], &slot, dir.path());
-    wal2iceberg::ops::run::run(&db.config, &customers)
+    wal2iceberg::apply::run(&db.config, &customers)
         .await
         .unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
     let (code, stdout, _) = run(&["show", "orders", "--lake", &lake, "--namespace", "shop"]).await;
     assert_ne!(code, 0, "{stdout}");
-    wal2iceberg::ops::run::run(&db.config, &both).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &both).await.unwrap();
     assert_reconciled(&db, "orders", dir.path(), "shop.orders").await;
 
     // The last table out: the slot claims nothing of the lake now, which
@@ -2133,7 +2132,7 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
         )),
         "{stdout}"
     );
-    let refused = wal2iceberg::ops::run::run(&db.config, &both)
+    let refused = wal2iceberg::apply::run(&db.config, &both)
         .await
         .unwrap_err()
         .to_string();
@@ -2158,11 +2157,11 @@ async fn show_prints_infinite_dates_and_timestamps_as_postgresql_does() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["inf"], &unique("inf"), dir.path());
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     // Bronze: infinite values in the before image too.
     db.exec("UPDATE inf SET ts = '2027-01-01' WHERE id = 1")
         .await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let lake = dir.path().display().to_string();
     let show_table = |table: &'static str, format: &'static str| {
         let lake = lake.clone();
@@ -2245,7 +2244,7 @@ async fn show_prints_arrays_as_postgresql_does_where_a_comma_brace_or_null_is_no
     .await;
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["tagged"], &unique("tagged"), dir.path());
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let source: String = db
         .client
         .query_one("SELECT tags::text || ' ' || n::text FROM tagged", &[])

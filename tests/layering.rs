@@ -119,7 +119,9 @@ fn no_module_depends_on_itself_the_wire_on_nothing_above_it_and_none_on_the_comm
     let modules = modules();
     let edges = edges(&modules);
     assert!(
-        edges.get("ops::run").is_some_and(|t| t.contains("apply")),
+        edges
+            .get("ops::run")
+            .is_some_and(|t| t.contains("apply::run")),
         "the scan reads use paths: {edges:?}"
     );
     for module in edges.keys() {

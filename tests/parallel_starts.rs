@@ -2,7 +2,7 @@
 //! objects once, under one advisory lock, and all go on.
 
 use tokio::task::JoinSet;
-use wal2iceberg::ops::run::run;
+use wal2iceberg::apply::run;
 
 use crate::support::*;
 

@@ -4,8 +4,8 @@
 //! anything is created (docs/tables.md, Partitioned tables).
 
 use serde_json::json;
+use wal2iceberg::apply::{RunOptions, run};
 use wal2iceberg::cdc::capture;
-use wal2iceberg::ops::run::{RunOptions, run};
 
 use crate::support::*;
 

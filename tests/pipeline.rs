@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use wal2iceberg::ops::run::{RunOptions, run};
+use wal2iceberg::apply::{RunOptions, run};
 
 use crate::support::*;
 

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use wal2iceberg::ops::run::{RunOptions, run};
+use wal2iceberg::apply::{RunOptions, run};
 use wal2iceberg::shutdown::Shutdown;
 
 use crate::support::*;
@@ -69,7 +69,7 @@ pub(crate) fn reads_of(rows: &Value, id: i64) -> Vec<Value> {
 
 /// A run in the background.
 pub(crate) type Running =
-    tokio::task::JoinHandle<wal2iceberg::error::Result<wal2iceberg::ops::run::RunReport>>;
+    tokio::task::JoinHandle<wal2iceberg::error::Result<wal2iceberg::apply::RunReport>>;
 
 /// The arguments of a `wal2iceberg run` of `orders` with `opts`' slot and
 /// publication, into the lake at `lake`, ending when idle.

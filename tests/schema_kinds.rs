@@ -332,7 +332,7 @@ async fn a_reload_runs_beside_the_stream_and_the_other_tables_keep_streaming() {
     .await;
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["orders", "customers"], &unique("beside"), dir.path());
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let mut args = binary_run(&db, &opts, dir.path());
     args.iter_mut()
         .filter(|a| *a == "public.orders")
@@ -435,9 +435,9 @@ async fn a_column_added_again_ahead_of_bronzes_stream_keeps_its_before_image_val
          UPDATE orders SET b3 = 2.5;",
     )
     .await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     db.exec("UPDATE orders SET qty = -2 WHERE id = 2;").await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
 
     let bronze = schema(dir.path(), BRONZE).await;
     assert!(

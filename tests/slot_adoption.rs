@@ -35,7 +35,7 @@ async fn a_replay_from_a_copy_of_the_slot_adds_nothing_and_the_lake_follows_the_
     let slot = unique("adopted");
     let copy = format!("{slot}_replay");
     let opts = run_options(&db, &["customers"], &slot, dir.path());
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     db.exec(&format!(
         "SELECT pg_copy_logical_replication_slot('{slot}', '{copy}')"
     ))
@@ -46,16 +46,14 @@ async fn a_replay_from_a_copy_of_the_slot_adds_nothing_and_the_lake_follows_the_
          INSERT INTO customers VALUES (4, 'free');",
     )
     .await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let bronze = bronze_ops(dir.path(), "shop.customers_changes").await;
     let silver = id_plan_rows(dir.path(), "shop.customers").await;
     assert_eq!(bronze, "rrrudc");
 
     // The copy resends the three changes; the lake holds them already.
     let replay = run_options(&db, &["customers"], &copy, dir.path());
-    let report = wal2iceberg::ops::run::run(&db.config, &replay)
-        .await
-        .unwrap();
+    let report = wal2iceberg::apply::run(&db.config, &replay).await.unwrap();
     assert_eq!(report.changes_applied, 3, "the copy resent the changes");
     assert_eq!(
         bronze_ops(dir.path(), "shop.customers_changes").await,
@@ -71,16 +69,14 @@ async fn a_replay_from_a_copy_of_the_slot_adds_nothing_and_the_lake_follows_the_
     // now, may be taken up again, and resends what the lake holds.
     db.exec("UPDATE customers SET plan = 'pro' WHERE id = 4")
         .await;
-    wal2iceberg::ops::run::run(&db.config, &replay)
-        .await
-        .unwrap();
+    wal2iceberg::apply::run(&db.config, &replay).await.unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
     let bronze = format!("{bronze}u");
     assert_eq!(
         bronze_ops(dir.path(), "shop.customers_changes").await,
         bronze
     );
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     assert_eq!(
         bronze_ops(dir.path(), "shop.customers_changes").await,
         bronze
@@ -98,7 +94,7 @@ async fn a_slot_made_after_the_lake_moved_on_is_refused_with_the_gap_in_bytes() 
     let slot = unique("gapped");
     let fresh = format!("{slot}_fresh");
     let opts = run_options(&db, &["customers"], &slot, dir.path());
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
         .await;
     // Made while the lake's slot holds the update back: it never sends it.
@@ -109,7 +105,7 @@ async fn a_slot_made_after_the_lake_moved_on_is_refused_with_the_gap_in_bytes() 
     let confirmed = db.confirmed_flush(&fresh).await;
     let bronze = bronze_ops(dir.path(), "shop.customers_changes").await;
     let other = run_options(&db, &["customers"], &fresh, dir.path());
-    let err = wal2iceberg::ops::run::run(&db.config, &other)
+    let err = wal2iceberg::apply::run(&db.config, &other)
         .await
         .expect_err("a slot past the lake's history leaves a gap");
     let message = err.to_string();
@@ -135,7 +131,7 @@ async fn a_slot_made_after_the_lake_moved_on_is_refused_with_the_gap_in_bytes() 
     );
 
     // The lake's own slot still brings the update.
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
 }
 

@@ -59,7 +59,7 @@ async fn assert_refused(db: &TestDb, opts: &RunOptions, dir: &Path) {
     let (code, stdout) = check(db, opts).await;
     assert_eq!(code, Some(1), "{stdout}");
     assert!(stdout.contains("[slot_past_lake]"), "{stdout}");
-    let err = wal2iceberg::ops::run::run(&db.config, opts)
+    let err = wal2iceberg::apply::run(&db.config, opts)
         .await
         .expect_err("the run must refuse the slot");
     let message = err.to_string();
@@ -88,7 +88,7 @@ async fn the_slot_passes_quiet_wal_behind_a_mark_and_one_made_again_under_its_na
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["customers"], &unique("marked"), dir.path());
     let slot = opts.capture.slot.clone();
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let (first_mark, loaded) = recorded(dir.path(), "customers").await;
     assert!(loaded.is_some() && first_mark.is_some(), "{first_mark:?}");
 
@@ -97,7 +97,7 @@ async fn the_slot_passes_quiet_wal_behind_a_mark_and_one_made_again_under_its_na
     db.exec("CREATE TABLE other(x int); INSERT INTO other SELECT generate_series(1, 10000);")
         .await;
     let written = db.wal_insert_lsn().await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let confirmed = db.confirmed_flush(&slot).await.unwrap();
     let (marked, position) = recorded(dir.path(), "customers").await;
     assert_eq!(position, loaded, "no change of customers came");
@@ -113,7 +113,7 @@ async fn the_slot_passes_quiet_wal_behind_a_mark_and_one_made_again_under_its_na
     // The next start takes its own slot up.
     db.exec("UPDATE customers SET plan = 'team' WHERE id = 1")
         .await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
 
     // Dropped by hand and made again under its name (by another
@@ -135,7 +135,7 @@ async fn a_slot_tail_consumed_without_the_lake_is_refused_and_a_lake_from_before
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["customers"], &unique("consumed"), dir.path());
     let slot = opts.capture.slot.clone();
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
 
     // `tail --consume` not told of the lake warns, and confirms a change
     // the lake never gets.
@@ -172,7 +172,7 @@ async fn a_slot_tail_consumed_without_the_lake_is_refused_and_a_lake_from_before
     assert_eq!(recorded(dir.path(), "customers").await.0, None);
     db.exec("UPDATE customers SET plan = 'pro' WHERE id = 2")
         .await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let confirmed = db.confirmed_flush(&slot).await;
     let (marked, position) = recorded(dir.path(), "customers").await;
     assert!(
@@ -197,10 +197,10 @@ async fn dropping_the_table_that_holds_the_marks_hands_its_reach_to_another() {
     let dir = tempfile::tempdir().unwrap();
     let opts = run_options(&db, &["accounts", "customers"], &unique("heir"), dir.path());
     let slot = opts.capture.slot.clone();
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     db.exec("CREATE TABLE other(x int); INSERT INTO other SELECT generate_series(1, 10000);")
         .await;
-    wal2iceberg::ops::run::run(&db.config, &opts).await.unwrap();
+    wal2iceberg::apply::run(&db.config, &opts).await.unwrap();
     let confirmed = db.confirmed_flush(&slot).await.unwrap();
     // The marks went to the first bronze by name; customers' stays behind.
     assert!(recorded(dir.path(), "accounts").await.0 >= Some(confirmed));
@@ -231,7 +231,7 @@ async fn dropping_the_table_that_holds_the_marks_hands_its_reach_to_another() {
     let customers = run_options(&db, &["customers"], &slot, dir.path());
     db.exec("UPDATE customers SET plan = 'pro' WHERE id = 1")
         .await;
-    wal2iceberg::ops::run::run(&db.config, &customers)
+    wal2iceberg::apply::run(&db.config, &customers)
         .await
         .unwrap();
     assert_reconciled(&db, "customers", dir.path(), "shop.customers").await;
@@ -253,7 +253,7 @@ async fn a_fast_shutdown_of_the_source_is_answered_with_a_mark_at_once() {
     let slot = opts.capture.slot.clone();
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();
-    let running = tokio::spawn(async move { wal2iceberg::ops::run::run(&config, &opts).await });
+    let running = tokio::spawn(async move { wal2iceberg::apply::run(&config, &opts).await });
     db.wait_until_streaming(&slot).await;
     // WAL of other tables: the first mark follows it at once ...
     db.exec("CREATE TABLE other(x int); INSERT INTO other SELECT generate_series(1, 1000);")

@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
+use wal2iceberg::apply::{RunOptions, run};
 use wal2iceberg::cdc::capture::CaptureOptions;
 use wal2iceberg::cdc::event::{Event, Op};
 use wal2iceberg::cdc::stream::Next;
-use wal2iceberg::ops::run::{RunOptions, run};
 
 use crate::support::alloc;
 use crate::support::*;

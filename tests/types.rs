@@ -148,7 +148,7 @@ async fn load_and_stream_decode_every_supported_type_identically() {
 mod lake {
     use std::time::Duration;
 
-    use wal2iceberg::ops::run::{RunOptions, run};
+    use wal2iceberg::apply::{RunOptions, run};
 
     use crate::support::*;
 

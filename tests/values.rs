@@ -3,7 +3,7 @@
 //! verbatim in `_cdc_verbatim` where it does not (docs/values.md).
 
 use serde_json::{Value, json};
-use wal2iceberg::ops::run::run;
+use wal2iceberg::apply::run;
 
 use crate::support::*;
 

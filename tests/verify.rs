@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use wal2iceberg::apply::run;
 use wal2iceberg::failpoint::STALL_VARIABLE;
-use wal2iceberg::ops::run::run;
 use wal2iceberg::pg::source::SourceClient;
 
 use crate::support::oracle::{NAMESPACE, Oracle};

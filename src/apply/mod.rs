@@ -44,6 +44,7 @@ mod pipeline;
 mod policy;
 pub mod resync;
 mod rewrite;
+mod run;
 mod sink;
 pub mod slot_adoption;
 pub mod table_set;
@@ -52,6 +53,7 @@ mod tally;
 pub(crate) use load::load_columns;
 pub use naming::iceberg_name;
 pub(crate) use pipeline::{Pipeline, StreamEnd};
+pub use run::{Settled, run, settle};
 
 /// Flush a batch at least this often while changes arrive.
 pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);

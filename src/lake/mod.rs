@@ -1,4 +1,4 @@
-//! Iceberg: what the change stream becomes (`ops::run` drives it).
+//! Iceberg: what the change stream becomes (`apply::run` drives it).
 //!
 //! - `align`: a file's rows in its table's current schema, by field id.
 //! - `arrow`: typed values to Arrow arrays of the mapped column types, and

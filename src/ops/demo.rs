@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use iceberg::TableIdent;
 
-use super::run::{RunOptions, run};
 use super::scratch::ScratchPostgres;
 use super::show::{ShowOptions, show as show_table};
+use crate::apply::{RunOptions, run};
 use crate::cdc::capture::CaptureOptions;
 use crate::error::{Result, postgres};
 use crate::lake::catalog::{Lake, namespace};

@@ -5,7 +5,8 @@
 //! - `drop_table`: one source table out of the lake and the publication.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `resync`: asks for one table's silver to be reloaded beside a running run.
-//! - `run`: the pipeline, change stream to bronze and silver tables.
+//! - `run`: the pipeline, change stream to bronze and silver tables,
+//!   through its front door `apply::run`.
 //! - `setup`: the source's role and publication, from `migrations/`.
 //! - `show`: a lake table printed through our own reader.
 //! - `status`: the slot and each lake table's position and lag.

@@ -39,8 +39,9 @@ use iceberg::table::Table;
 
 use self::replay::replay;
 use self::wait::{wait_for_lake, wait_for_resyncs};
-use super::run::{RunOptions, idents};
+use crate::apply::RunOptions;
 use crate::apply::load_columns;
+use crate::apply::naming::idents;
 use crate::apply::naming::names;
 use crate::apply::table_set;
 use crate::cdc::capture::read_now;

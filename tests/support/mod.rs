@@ -9,13 +9,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use wal2iceberg::apply::RunOptions;
 use wal2iceberg::cdc::capture::{self, Capture, CaptureOptions};
 use wal2iceberg::cdc::event::{Change, Datum, Event};
 use wal2iceberg::cdc::stream::{ChangeStream, Next};
 use wal2iceberg::cdc::value::Value;
 use wal2iceberg::model::Lsn;
 use wal2iceberg::model::TableName;
-use wal2iceberg::ops::run::RunOptions;
 use wal2iceberg::ops::scratch::ScratchPostgres;
 use wal2iceberg::pg::config::PgConfig;
 use wal2iceberg::pg::source::SourceClient;

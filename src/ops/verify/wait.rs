@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::apply::RunOptions;
+use crate::apply::naming::idents;
 use crate::cdc::relation::{self, message_table};
 use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::lake::catalog::Lake;
 use crate::model::Lsn;
 use crate::model::TableName;
-use crate::ops::run::{RunOptions, idents};
 use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::{SLOT_IN_USE, quote_ident};
 use crate::pg::source::{self, SourceClient};
