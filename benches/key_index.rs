@@ -14,8 +14,8 @@
 
 use std::time::Instant;
 
-use wal2iceberg::lake::key::Key;
-use wal2iceberg::lake::key_index::{KeyIndex, MEMORY_ENTRIES};
+use wal2iceberg::lake::table::key::Key;
+use wal2iceberg::lake::table::key_index::{KeyIndex, MEMORY_ENTRIES};
 
 /// The target of issue 16 for the index's bytes written over the bytes of
 /// its keys, at 10^8 keys.

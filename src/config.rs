@@ -19,8 +19,8 @@ use crate::apply::{
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{CatalogChoice, LakeLocation, namespace};
-use crate::lake::compaction::DEFAULT_AFTER_FILES;
-use crate::lake::expire::{DEFAULT_RETENTION, Retention};
+use crate::lake::maintenance::compaction::DEFAULT_AFTER_FILES;
+use crate::lake::maintenance::expire::{DEFAULT_RETENTION, Retention};
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
 

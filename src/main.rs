@@ -12,10 +12,10 @@ use wal2iceberg::cdc::capture::{self, CaptureOptions};
 use wal2iceberg::config::{LakeSettings, LogFormat, Raw, Settings};
 use wal2iceberg::error::OutputClosed;
 use wal2iceberg::lake::catalog::Lake;
-use wal2iceberg::lake::expire::{
+use wal2iceberg::lake::lock::WriterLock;
+use wal2iceberg::lake::maintenance::expire::{
     DEFAULT_RETENTION, Retention, expire_snapshots, remove_orphan_files,
 };
-use wal2iceberg::lake::lock::WriterLock;
 use wal2iceberg::model::Lsn;
 use wal2iceberg::ops::show::{Format, ShowOptions};
 use wal2iceberg::ops::tail::{TailOptions, TailSlot, tail};

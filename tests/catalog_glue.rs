@@ -210,8 +210,8 @@ async fn random_kills_and_a_crash_before_a_commit_on_a_glue_catalog_on_s3_lose_a
 /// properties), which plans again on the new table.
 #[tokio::test]
 async fn a_commit_planned_before_another_writers_loses_to_it_on_glue() {
+    use wal2iceberg::lake::catalog::commit::commit_metadata;
     use wal2iceberg::lake::catalog::namespace;
-    use wal2iceberg::lake::catalog_commit::commit_metadata;
 
     let dir = tempfile::tempdir().unwrap();
     let s3 = S3Server::start();

@@ -184,7 +184,7 @@ async fn run_with(run: &[String], env: &[(&str, &str)]) -> std::process::Output 
 /// does not know: the S3 server takes only requests signed by keys it
 /// issued, so the lake is written with the keys the catalog vends for
 /// each table (rustberg puts them in `loadTable`'s `storage-credentials`,
-/// which iceberg-rust leaves unread: src/lake/rest_tables.rs). A run that
+/// which iceberg-rust leaves unread: src/lake/catalog/rest_tables.rs). A run that
 /// asks for none is refused by the store with its own keys, and the next
 /// one that asks takes up where the lake stands; pyiceberg and DuckDB
 /// read it.

@@ -73,8 +73,9 @@ async fn append_changes(
     table: iceberg::table::Table,
     events: &[wal2iceberg::cdc::event::Event],
 ) -> iceberg::table::Table {
-    use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta};
-    use wal2iceberg::lake::{bronze::bronze_batch, writer};
+    use wal2iceberg::lake::catalog::row_delta::{RowDelta, commit_row_delta};
+    use wal2iceberg::lake::files::writer;
+    use wal2iceberg::lake::table::bronze::bronze_batch;
     let c = changes(events);
     let last = c.last().expect("changes").tx.commit_lsn;
     let batch = bronze_batch(&writer::arrow_schema(&table).unwrap(), &c).unwrap();
@@ -127,7 +128,7 @@ async fn bronze_keeps_every_change_in_order_with_its_before_image_and_position()
     let last_commit = changes(&events).last().unwrap().tx.commit_lsn;
     let table = append_changes(&lake, table, &events).await;
     assert_eq!(
-        wal2iceberg::lake::writer::Position::of(&table)
+        wal2iceberg::lake::files::writer::Position::of(&table)
             .unwrap()
             .map(|p| p.commit_lsn),
         Some(last_commit)
@@ -209,12 +210,12 @@ mod row_delta {
     use wal2iceberg::cdc::relation::{ColumnInfo, RelationInfo};
     use wal2iceberg::cdc::temporal::MaybeInfinite;
     use wal2iceberg::cdc::value::{PgType, Value};
-    use wal2iceberg::lake::arrow::build_array;
+    use wal2iceberg::lake::catalog::row_delta::{RowDelta, commit_row_delta};
     use wal2iceberg::lake::catalog::{Lake, namespace};
-    use wal2iceberg::lake::position_deletes::write_position_deletes;
-    use wal2iceberg::lake::row_delta::{RowDelta, commit_row_delta};
+    use wal2iceberg::lake::files::arrow::build_array;
+    use wal2iceberg::lake::files::position_deletes::write_position_deletes;
+    use wal2iceberg::lake::files::writer::{arrow_schema, write_data_files};
     use wal2iceberg::lake::schema::silver_schema;
-    use wal2iceberg::lake::writer::{arrow_schema, write_data_files};
     use wal2iceberg::model::TableName;
 
     use crate::support::pyiceberg;
@@ -388,8 +389,8 @@ mod silver {
     use serde_json::json;
     use wal2iceberg::cdc::event::Event;
     use wal2iceberg::lake::catalog::{Lake, namespace};
-    use wal2iceberg::lake::silver::SilverTable;
-    use wal2iceberg::lake::writer::Position;
+    use wal2iceberg::lake::files::writer::Position;
+    use wal2iceberg::lake::table::silver::SilverTable;
 
     use super::id_plan_rows;
     use crate::support::*;
@@ -655,7 +656,10 @@ mod silver {
         print_scan_ratio(dir, &format!("after {batches} batches"), run.expected.len()).await;
         while run
             .silver
-            .compact_now(&run.lake, wal2iceberg::lake::compaction::Merge::All)
+            .compact_now(
+                &run.lake,
+                wal2iceberg::lake::maintenance::compaction::Merge::All,
+            )
             .await
             .unwrap()
             .is_some()

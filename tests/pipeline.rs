@@ -746,7 +746,7 @@ async fn a_hundred_batches_of_random_changes_on_100k_rows_read_back_correct() {
     // Compaction of both tables every eighth file, expiry of all but the
     // newest three snapshots after each.
     opts.compact_after_files = 8;
-    opts.retention = wal2iceberg::lake::expire::Retention {
+    opts.retention = wal2iceberg::lake::maintenance::expire::Retention {
         older_than: Duration::ZERO,
         retain_last: 3,
     };

@@ -10,7 +10,7 @@ use iceberg::TableIdent;
 use wal2iceberg::apply::RunOptions;
 use wal2iceberg::apply::table_set::mark;
 use wal2iceberg::lake::catalog::{Lake, namespace};
-use wal2iceberg::lake::writer::Position;
+use wal2iceberg::lake::files::writer::Position;
 use wal2iceberg::model::Lsn;
 use wal2iceberg::ops::scratch::{ScratchPostgres, StopMode};
 

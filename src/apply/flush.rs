@@ -16,10 +16,10 @@ use super::pipeline::Pipeline;
 use super::sink::TableSink;
 use crate::error::{Error, Result};
 use crate::failpoint;
-use crate::lake::compaction::{Merge, merge_small_files};
+use crate::lake::catalog::row_delta::{RowDelta, Written, commit_row_deltas};
 use crate::lake::each_table;
-use crate::lake::row_delta::{RowDelta, Written, commit_row_deltas};
-use crate::lake::writer::Position;
+use crate::lake::files::writer::Position;
+use crate::lake::maintenance::compaction::{Merge, merge_small_files};
 use crate::metrics::{metrics, now_micros};
 use crate::model::TableName;
 

@@ -6,9 +6,9 @@ use super::pipeline::Pipeline;
 use super::sink::TableSink;
 use crate::error::Result;
 use crate::lake::catalog::Lake;
-use crate::lake::compaction::{Merge, merge_small_files};
-use crate::lake::expire::{Retention, expire_snapshots};
-use crate::lake::writer::summary_total;
+use crate::lake::files::writer::summary_total;
+use crate::lake::maintenance::compaction::{Merge, merge_small_files};
+use crate::lake::maintenance::expire::{Retention, expire_snapshots};
 use crate::metrics::metrics;
 use crate::model::TableName;
 

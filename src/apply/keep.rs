@@ -27,7 +27,7 @@ impl Pipeline<'_> {
     /// Drops the open batch after the stream failed mid-way: nothing of
     /// it is committed, and the slot streams it again. Each silver's key
     /// index is taken back to its last commit
-    /// (`crate::lake::silver::SilverTable::abandon`) and persisted.
+    /// (`crate::lake::table::silver::SilverTable::abandon`) and persisted.
     pub(crate) fn abandon(&mut self) {
         for (table, sink) in &mut self.sinks {
             let Some(silver) = sink.silver.as_mut() else {

@@ -3,8 +3,8 @@
 //!
 //! A change goes from the stream (`cdc::stream`) into the open batch
 //! (`pipeline`), whose commit `policy` says when; each source table's
-//! `sink` stages it into its bronze and silver tables (`lake::bronze`,
-//! `lake::silver`). At a flush every sink commits, `housekeeping`
+//! `sink` stages it into its bronze and silver tables (`lake::table::bronze`,
+//! `lake::table::silver`). At a flush every sink commits, `housekeeping`
 //! compacts and expires, and only then the batch's end is confirmed. The
 //! initial load (`load`) takes the same path in runs of rows. `naming`
 //! says which Iceberg tables a source table lands in, `table_set` which
@@ -26,8 +26,8 @@ use std::time::Duration;
 use self::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::cdc::capture::CaptureOptions;
 use crate::lake::catalog::LakeLocation;
-use crate::lake::compaction::DEFAULT_AFTER_FILES;
-use crate::lake::expire::{DEFAULT_RETENTION, Retention};
+use crate::lake::maintenance::compaction::DEFAULT_AFTER_FILES;
+use crate::lake::maintenance::expire::{DEFAULT_RETENTION, Retention};
 use crate::model::Lsn;
 use crate::model::TableName;
 use crate::shutdown::Shutdown;
@@ -88,7 +88,7 @@ pub struct RunOptions {
     /// Compact silver after a commit once this many data files were
     /// committed since its last compaction, or it holds this many delete
     /// files, and bronze every this many commits; 0 never
-    /// (src/lake/compaction.rs, src/lake/silver/compaction.rs).
+    /// (src/lake/maintenance/compaction.rs, src/lake/table/silver/compaction.rs).
     pub compact_after_files: usize,
     /// Which snapshots the automatic expiry keeps; it runs for both tables
     /// of a source table after silver's compaction, and every

@@ -13,7 +13,7 @@
 //! then bronze, the reload's rows at the snapshot's position with bronze's
 //! own position left where it was, so the changes between that and the
 //! snapshot still reach bronze (their unchanged TOAST values filled from
-//! bronze's history, `lake::gap`). Bronze's commit records the request
+//! bronze's history, `lake::table::gap`). Bronze's commit records the request
 //! (snapshot summary [`RESYNCED`]) and then the table [`DONE`]: a crash
 //! before bronze's commit does the whole resync again, one after it only
 //! records it done.
@@ -25,8 +25,8 @@ use iceberg::table::Table;
 
 use crate::error::Result;
 use crate::lake::catalog::Lake;
+use crate::lake::files::writer::ancestors;
 use crate::lake::schema::{HISTORY_ONLY, KEYED, RETIRED, history_only};
-use crate::lake::writer::ancestors;
 
 /// Bronze's properties: the latest request, and the latest one done.
 pub const REQUESTED: &str = "wal2iceberg.resync-requested";

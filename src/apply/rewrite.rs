@@ -10,9 +10,9 @@ use super::pipeline::Pipeline;
 use super::resync::{self, request_on};
 use crate::cdc::relation::RelationInfo;
 use crate::error::Result;
-use crate::lake::evolve::Mode;
+use crate::lake::files::writer::Position;
+use crate::lake::schema::evolve::Mode;
 use crate::lake::schema::history_only;
-use crate::lake::writer::Position;
 use crate::model::Lsn;
 use crate::model::TableName;
 

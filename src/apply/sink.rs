@@ -14,15 +14,15 @@ use crate::cdc::event::{Change, TxInfo};
 use crate::cdc::relation::RelationInfo;
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
-use crate::lake::bronze::BronzeTable;
 use crate::lake::catalog::Lake;
-use crate::lake::evolve::{self, Mode};
-use crate::lake::gap::Gap;
+use crate::lake::files::writer::Position;
+use crate::lake::schema::evolve::{self, Mode};
 use crate::lake::schema::{
     HISTORY_ONLY, bronze_schema, has_silver, history_only, silver_retired, silver_schema,
 };
-use crate::lake::silver::SilverTable;
-use crate::lake::writer::Position;
+use crate::lake::table::bronze::BronzeTable;
+use crate::lake::table::gap::Gap;
+use crate::lake::table::silver::SilverTable;
 use crate::metrics::metrics;
 
 /// The two Iceberg tables of one source table.

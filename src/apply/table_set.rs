@@ -14,7 +14,7 @@ use iceberg::{NamespaceIdent, TableIdent};
 use crate::apply::naming::iceberg_name;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
-use crate::lake::writer::Position;
+use crate::lake::files::writer::Position;
 use crate::model::Lsn;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;

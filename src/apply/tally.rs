@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::lake::row_delta::Written;
+use crate::lake::catalog::row_delta::Written;
 
 /// What one commit wrote for a source table, both its tables together.
 #[derive(Debug, Default)]

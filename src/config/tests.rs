@@ -1,6 +1,6 @@
 use super::*;
-use crate::lake::catalog_db::CatalogDb;
-use crate::lake::catalog_uri::CatalogUri;
+use crate::lake::catalog::db::CatalogDb;
+use crate::lake::catalog::uri::CatalogUri;
 use crate::lake::storage::{CatalogProperties, Warehouse};
 
 fn file(text: &str) -> tempfile::NamedTempFile {

@@ -19,10 +19,10 @@ use std::path::PathBuf;
 
 use iceberg::{NamespaceIdent, TableIdent};
 
-use super::catalog::LakeLocation;
-use super::catalog_db::CatalogDb;
-use super::catalog_uri::CatalogUri;
 use crate::error::{Error, ErrorKind, Result};
+use crate::lake::catalog::LakeLocation;
+use crate::lake::catalog::db::CatalogDb;
+use crate::lake::catalog::uri::CatalogUri;
 
 /// Held while it lives.
 #[derive(Debug)]

@@ -1,64 +1,29 @@
 //! Iceberg: what the change stream becomes (`apply::run` drives it).
 //!
-//! - `align`: a file's rows in its table's current schema, by field id.
-//! - `arrow`: typed values to Arrow arrays of the mapped column types, and
-//!   back.
-//! - `bronze`: bronze rows, one per change, and the staged bronze batch.
-//! - `catalog`: the embedded SQL catalog on SQLite and table creation.
-//! - `compaction`: the compaction policy, and bronze's (silver's is in
-//!   `silver`).
-//! - `evolve`: following ADD, DROP and RENAME COLUMN and promotions.
-//! - `expire`: snapshot expiry and the files only expired snapshots read.
-//! - `gap`: unchanged TOAST values of changes bronze takes alone, after
-//!   silver was loaded again at a later point.
-//! - `key`: primary keys as bytes for silver's index.
-//! - `key_index`: silver's index of live rows, spilling to sorted runs.
-//! - `listing`: the files under a table's folder, local, on S3 or on GCS,
-//!   with their ages, for the orphan sweep and drop-table.
+//! Each folder owns one concept and says what in its `mod.rs`:
+//!
+//! - `catalog`: the catalogs (SQL on SQLite or PostgreSQL, REST, Glue),
+//!   table creation, and each backend's commit; `row_delta` is the one
+//!   snapshot that adds data and position-delete files.
+//! - `storage`: where the files live (a folder, S3 or GCS), the durable
+//!   local file system, and listing a table's files.
+//! - `files`: Arrow arrays of typed values, Parquet data files, position
+//!   delete files, and reading files back in the current schema.
+//! - `schema`: the bronze and silver schemas and the type mapping, their
+//!   evolution, and schema changes committed with a batch.
+//! - `table`: bronze, silver, silver's key index and its sorted runs, and
+//!   bronze's unchanged-TOAST gap filling.
+//! - `maintenance`: compaction's policy and bronze's compaction, snapshot
+//!   expiry and the orphan sweep.
 //! - `lock`: one writing process per namespace of a lake.
-//! - `position_deletes`: position delete files written, read and merged
-//!   as streams of pairs.
-//! - `rest_commit`, `rest_tables`: a REST catalog's commits, and its
-//!   tables loaded with the credentials it vends.
-//! - `row_delta`: the snapshot that adds data and position-delete files.
-//! - `scan`: reading a table's rows, older files of evolved structs too.
-//! - `silver`: the current-state table, its key index and staged batch.
-//! - `schema`: the bronze and silver schemas and the type mapping.
-//! - `staged_schema`: schema changes committed with the batch's rows.
-//! - `sorted_run`: the key index's files on local disk.
-//! - `storage`: where the files live: a folder, S3 or GCS, and their
-//!   settings.
-//! - `writer`: Parquet data files and the source position of a snapshot.
 
-pub mod align;
-pub mod arrow;
-pub mod bronze;
 pub mod catalog;
-pub mod catalog_commit;
-pub mod catalog_db;
-pub mod catalog_uri;
-pub mod compaction;
-pub mod durable_fs;
-pub mod evolve;
-pub mod expire;
-pub mod gap;
-pub mod glue;
-pub mod glue_commit;
-pub mod key;
-pub mod key_index;
-pub mod listing;
+pub mod files;
 pub mod lock;
-pub mod position_deletes;
-pub mod rest_commit;
-pub mod rest_tables;
-pub mod row_delta;
-pub mod scan;
+pub mod maintenance;
 pub mod schema;
-pub mod silver;
-pub mod sorted_run;
-pub mod staged_schema;
 pub mod storage;
-pub mod writer;
+pub mod table;
 
 /// Runs `writes` (one per table: its files, manifests or metadata) at most
 /// a few at a time, in order: on object storage each is a round trip a

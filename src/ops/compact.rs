@@ -1,5 +1,5 @@
 //! `wal2iceberg compact`: the compaction a run does by itself
-//! (src/lake/compaction.rs, src/lake/silver/compaction.rs), on demand and
+//! (src/lake/maintenance/compaction.rs, src/lake/table/silver/compaction.rs), on demand and
 //! to the end: every small file is merged, not just the newest size tier,
 //! in rounds until nothing is left to merge. It holds the lake's writer lock, so it never runs beside
 //! a run on the same namespace.
@@ -8,9 +8,9 @@ use iceberg::TableIdent;
 
 use crate::error::Result;
 use crate::lake::catalog::{Lake, LakeLocation};
-use crate::lake::compaction::{Compacted, Merge, merge_small_files};
 use crate::lake::lock::WriterLock;
-use crate::lake::silver::SilverTable;
+use crate::lake::maintenance::compaction::{Compacted, Merge, merge_small_files};
+use crate::lake::table::silver::SilverTable;
 
 /// Rounds per table at most: each merges one size tier, and tiers grow
 /// geometrically, so a few dozen cover any table.

@@ -10,8 +10,8 @@ use crate::apply::resync::{DONE, request_on};
 use crate::apply::table_set;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
+use crate::lake::files::writer::Position;
 use crate::lake::schema::history_only;
-use crate::lake::writer::Position;
 use crate::model::TableName;
 
 pub struct ResyncOptions {

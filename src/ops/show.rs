@@ -25,11 +25,11 @@ use iceberg::table::Table;
 use crate::apply::table_set::SOURCE_TABLE;
 use crate::cdc::temporal::{MICROS_PER_DAY, PG_EPOCH_DAYS, format_date, format_pg_timestamp};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::arrow::{arrow_value, verbatim_text};
 use crate::lake::catalog::Lake;
-use crate::lake::scan::{scan, schema_at};
+use crate::lake::files::arrow::{arrow_value, verbatim_text};
+use crate::lake::files::scan::{scan, schema_at};
+use crate::lake::files::writer::SUMMARY_COMMIT_LSN;
 use crate::lake::schema::{COMMIT_LSN, LSN, SEQ};
-use crate::lake::writer::SUMMARY_COMMIT_LSN;
 use crate::model::Lsn;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

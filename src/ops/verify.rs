@@ -48,14 +48,14 @@ use crate::cdc::capture::read_now;
 use crate::cdc::relation::{Catalog, RelationInfo};
 use crate::cdc::snapshot::{LoadRows, SnapshotLoad};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::align::align;
-use crate::lake::arrow::verbatim_entries;
 use crate::lake::catalog::{Lake, namespace};
-use crate::lake::evolve;
-use crate::lake::key::{Key, KeyCodec};
-use crate::lake::scan::scan;
+use crate::lake::files::align::align;
+use crate::lake::files::arrow::verbatim_entries;
+use crate::lake::files::scan::scan;
+use crate::lake::files::writer::Position;
+use crate::lake::schema::evolve;
 use crate::lake::schema::{VERBATIM, column_names, has_silver, history_only, source_arrow_fields};
-use crate::lake::writer::Position;
+use crate::lake::table::key::{Key, KeyCodec};
 use crate::model::Lsn;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
@@ -567,7 +567,7 @@ impl Differences {
         let rest: Vec<Key> = self.bronze.drain().map(|(key, _)| key).collect();
         rest.into_iter()
             .for_each(|key| self.differ(key, Side::OnlyRight));
-        // Keys sort by their bytes as their values do (src/lake/key.rs).
+        // Keys sort by their bytes as their values do (src/lake/table/key.rs).
         self.kept.sort_by(|(a, _), (b, _)| a.cmp(b));
         let fields = shape.key_fields();
         Comparison {

@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use wal2iceberg::lake::catalog::{CatalogChoice, Lake, LakeLocation, namespace};
-use wal2iceberg::lake::writer::Position;
+use wal2iceberg::lake::files::writer::Position;
 use wal2iceberg::pg::source::SourceClient;
 
 use super::readers::RemoteLake;

@@ -10,10 +10,10 @@ use iceberg::table::Table;
 
 use super::{Shape, kept_entries, renamed_since};
 use crate::error::{Error, ErrorKind, Result};
-use crate::lake::align::align;
-use crate::lake::key::Key;
-use crate::lake::scan::scan;
+use crate::lake::files::align::align;
+use crate::lake::files::scan::scan;
 use crate::lake::schema::{VERBATIM, column_names};
+use crate::lake::table::key::Key;
 use crate::model::Lsn;
 
 /// The order of bronze's changes: by commit, a load before the
@@ -86,7 +86,7 @@ async fn newest_load(bronze: &Table, to: i64) -> Result<i64> {
 /// A change is in it when its transaction committed before `to` (a load's
 /// rows, committed at their consistent point, when that is `to` itself):
 /// exactly what a snapshot exported at `to` sees, and what a table whose
-/// position ends at `to` holds (see [`crate::lake::writer::Position`]).
+/// position ends at `to` holds (see [`crate::lake::files::writer::Position`]).
 pub(super) async fn replay(bronze: &Table, shape: &Shape, to: Lsn) -> Result<HashMap<Key, u64>> {
     let ident = bronze.identifier().to_string();
     let renamed = renamed_since(bronze);

@@ -1,0 +1,1171 @@
+//! Typed values to Arrow arrays of the column types the schema mapping
+//! chose (src/lake/schema/mod.rs, docs/tables.md).
+//!
+//! Infinite dates and timestamps are stored as the largest and the negated
+//! largest value of the column's integer (i32 days, i64 microseconds), the
+//! encoding DuckDB reads back as `infinity` and `-infinity`. The one finite
+//! value that meets them, timestamp `294247-01-10 04:00:54.775807`, is
+//! decoded as its text (`temporal::is_sentinel`), and refused here should
+//! it come as a number: never stored as infinity. A value that the column's
+//! type cannot hold exactly is an error naming the column, never a silently
+//! changed value (see docs/tables.md).
+//!
+//! [`arrow_value`] reads a stored cell back as a value, to fill unchanged
+//! TOAST values from the row a table already holds.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BooleanBuilder, Date32Builder, Decimal128Builder, FixedSizeBinaryBuilder, Float32Builder,
+    Float64Builder, Int32Builder, Int64Builder, LargeBinaryBuilder, MapBuilder, MapFieldNames,
+    StringBuilder, Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
+};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Date32Type, Decimal128Type, DecimalType, Float32Type, Float64Type, Int32Type, Int64Type,
+    Time64MicrosecondType, TimestampMicrosecondType,
+};
+use arrow_array::{Array, ArrayRef, ListArray, new_null_array};
+use arrow_buffer::{NullBuffer, OffsetBuffer};
+use arrow_schema::{DataType, Field, FieldRef, Fields, TimeUnit};
+
+use crate::cdc::temporal::{self, MaybeInfinite};
+use crate::cdc::value::{BinaryNumeric, Numeric, Value};
+use crate::error::{Error, ErrorKind, Result};
+
+/// Iceberg's time ends at 23:59:59.999999; PostgreSQL's at 24:00:00.
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// The values of one column; `None` is null.
+pub type Cells<'a> = [Option<&'a Value>];
+
+/// Builds the array of `field`'s type from the column's values.
+pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
+    let mut builder = ColumnBuilder::new(field, cells.len())?;
+    for cell in cells {
+        builder.append(*cell)?;
+    }
+    builder.finish()
+}
+
+/// Builds the array of `field`'s type from the values of rows numbered
+/// from 0, keeping in `verbatim` the values it cannot hold.
+pub fn build_array_keeping(
+    field: &Field,
+    cells: &Cells<'_>,
+    verbatim: &mut Verbatim,
+) -> Result<ArrayRef> {
+    let mut builder = ColumnBuilder::new(field, cells.len())?;
+    for (row, cell) in cells.iter().enumerate() {
+        builder.append_keeping(*cell, row, verbatim)?;
+    }
+    builder.finish()
+}
+
+/// The values of a batch that their columns' types cannot hold, by row:
+/// the column's name and the value's PostgreSQL text. They become the
+/// `_cdc_verbatim` map of their row, the column itself null
+/// (docs/values.md).
+#[derive(Debug, Default)]
+pub struct Verbatim {
+    rows: BTreeMap<usize, Vec<(String, String)>>,
+}
+
+impl Verbatim {
+    pub fn keep(&mut self, row: usize, column: &str, text: String) {
+        self.rows
+            .entry(row)
+            .or_default()
+            .push((column.to_owned(), text));
+    }
+
+    /// What a `_cdc_verbatim` column read back from a table holds.
+    pub fn of_column(array: &dyn Array) -> Verbatim {
+        let mut verbatim = Verbatim::default();
+        for row in 0..array.len() {
+            for (column, text) in verbatim_entries(array, row) {
+                verbatim.keep(row, &column, text);
+            }
+        }
+        verbatim
+    }
+
+    /// Takes `other`'s entries, their column names prefixed.
+    pub fn take_prefixed(&mut self, other: Verbatim, prefix: &str) {
+        for (row, kept) in other.rows {
+            for (column, text) in kept {
+                self.keep(row, &format!("{prefix}{column}"), text);
+            }
+        }
+    }
+
+    /// The entries of `row`, sorted.
+    pub fn entries(&self, row: usize) -> Vec<(String, String)> {
+        let mut entries = self.rows.get(&row).cloned().unwrap_or_default();
+        entries.sort();
+        entries
+    }
+
+    /// The `_cdc_verbatim` column (`field`, a map of strings) of a batch of
+    /// `rows` rows: null where a row kept nothing.
+    pub fn array(&self, field: &Field, rows: usize) -> Result<ArrayRef> {
+        let bad = || {
+            Error::new(
+                ErrorKind::Lake,
+                "the table's _cdc_verbatim column is not a map of strings",
+            )
+            .with_context("column", field.name())
+        };
+        let DataType::Map(entries, _) = field.data_type() else {
+            return Err(bad());
+        };
+        let DataType::Struct(kv) = entries.data_type() else {
+            return Err(bad());
+        };
+        let [key, value] = kv.iter().collect::<Vec<_>>()[..] else {
+            return Err(bad());
+        };
+        let names = MapFieldNames {
+            entry: entries.name().clone(),
+            key: key.name().clone(),
+            value: value.name().clone(),
+        };
+        let mut builder = MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new())
+            .with_keys_field(key.clone())
+            .with_values_field(value.clone());
+        for row in 0..rows {
+            match self.rows.get(&row) {
+                Some(kept) => {
+                    for (column, text) in kept {
+                        builder.keys().append_value(column);
+                        builder.values().append_value(text);
+                    }
+                    builder.append(true)
+                }
+                None => builder.append(false),
+            }
+            .map_err(|e| bad().with_source(e))?;
+        }
+        Ok(Arc::new(builder.finish()))
+    }
+}
+
+/// The arrays of a batch's `fields`: `columns` as given, the
+/// `_cdc_verbatim` field (left `None` there) built from `verbatim`.
+pub fn with_verbatim(
+    fields: &Fields,
+    columns: Vec<Option<ArrayRef>>,
+    verbatim: &Verbatim,
+    rows: usize,
+) -> Result<Vec<ArrayRef>> {
+    fields
+        .iter()
+        .zip(columns)
+        .map(|(field, column)| match column {
+            Some(array) => Ok(array),
+            None => verbatim.array(field, rows),
+        })
+        .collect()
+}
+
+/// The map a `_cdc_verbatim` cell holds, column to text.
+pub fn verbatim_entries(array: &dyn Array, row: usize) -> Vec<(String, String)> {
+    let Some(map) = array.as_map_opt() else {
+        return Vec::new();
+    };
+    if map.is_null(row) {
+        return Vec::new();
+    }
+    let entries = map.value(row);
+    let (Some(keys), Some(values)) = (
+        entries.column(0).as_string_opt::<i32>(),
+        entries.column(1).as_string_opt::<i32>(),
+    ) else {
+        return Vec::new();
+    };
+    (0..entries.len())
+        .map(|i| (keys.value(i).to_owned(), values.value(i).to_owned()))
+        .collect()
+}
+
+/// An array of a field's type being built value by value.
+pub struct ColumnBuilder {
+    field: FieldRef,
+    kind: Kind,
+}
+
+enum Kind {
+    Bool(BooleanBuilder),
+    Int32(Int32Builder),
+    Int64(Int64Builder),
+    Float32(Float32Builder),
+    Float64(Float64Builder),
+    Decimal {
+        builder: Decimal128Builder,
+        precision: u32,
+        scale: u32,
+    },
+    Utf8(StringBuilder),
+    Binary(LargeBinaryBuilder),
+    Date(Date32Builder),
+    Time(Time64MicrosecondBuilder),
+    Timestamp {
+        builder: TimestampMicrosecondBuilder,
+        with_zone: bool,
+    },
+    Uuid(FixedSizeBinaryBuilder),
+    List {
+        element: FieldRef,
+        child: Box<ColumnBuilder>,
+        offsets: Vec<i32>,
+        valid: Vec<bool>,
+    },
+}
+
+impl ColumnBuilder {
+    /// A builder for `field`'s type with room for `capacity` values.
+    pub fn new(field: &Field, capacity: usize) -> Result<ColumnBuilder> {
+        let kind = match field.data_type() {
+            DataType::Boolean => Kind::Bool(BooleanBuilder::with_capacity(capacity)),
+            DataType::Int32 => Kind::Int32(Int32Builder::with_capacity(capacity)),
+            DataType::Int64 => Kind::Int64(Int64Builder::with_capacity(capacity)),
+            DataType::Float32 => Kind::Float32(Float32Builder::with_capacity(capacity)),
+            DataType::Float64 => Kind::Float64(Float64Builder::with_capacity(capacity)),
+            DataType::Decimal128(precision, scale) => Kind::Decimal {
+                builder: Decimal128Builder::with_capacity(capacity)
+                    .with_precision_and_scale(*precision, *scale)
+                    .map_err(|e| {
+                        Error::new(ErrorKind::Lake, "invalid decimal type").with_source(e)
+                    })?,
+                precision: u32::from(*precision),
+                scale: u32::try_from(*scale).map_err(|_| {
+                    Error::new(ErrorKind::Lake, "negative decimal scale")
+                        .with_context("column", field.name())
+                })?,
+            },
+            DataType::Utf8 => Kind::Utf8(StringBuilder::with_capacity(capacity, 0)),
+            DataType::LargeBinary => Kind::Binary(LargeBinaryBuilder::with_capacity(capacity, 0)),
+            DataType::Date32 => Kind::Date(Date32Builder::with_capacity(capacity)),
+            DataType::Time64(TimeUnit::Microsecond) => {
+                Kind::Time(Time64MicrosecondBuilder::with_capacity(capacity))
+            }
+            DataType::Timestamp(TimeUnit::Microsecond, zone) => Kind::Timestamp {
+                builder: TimestampMicrosecondBuilder::with_capacity(capacity)
+                    .with_timezone_opt(zone.clone()),
+                with_zone: zone.is_some(),
+            },
+            DataType::FixedSizeBinary(16) => {
+                Kind::Uuid(FixedSizeBinaryBuilder::with_capacity(capacity, 16))
+            }
+            DataType::List(element) => Kind::List {
+                element: element.clone(),
+                child: Box::new(ColumnBuilder::new(element, capacity)?),
+                offsets: vec![0],
+                valid: Vec::with_capacity(capacity),
+            },
+            other => {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    format!("no conversion to Arrow type {other}"),
+                )
+                .with_context("column", field.name()));
+            }
+        };
+        Ok(ColumnBuilder {
+            field: Arc::new(field.clone()),
+            kind,
+        })
+    }
+
+    /// Appends a value, `None` or [`Value::Null`] as null. A value the
+    /// type cannot hold exactly is an error naming the column.
+    pub fn append(&mut self, cell: Option<&Value>) -> Result<()> {
+        let Some(v) = cell else {
+            self.append_null();
+            return Ok(());
+        };
+        if self.try_append(v)? {
+            Ok(())
+        } else {
+            Err(self.mismatch(v))
+        }
+    }
+
+    /// Appends a value of row `row` as [`Self::append`] does, except that
+    /// a value the type cannot hold but whose source text is known
+    /// ([`verbatim_text`]) is appended as null and its text kept in
+    /// `verbatim` (docs/values.md).
+    pub fn append_keeping(
+        &mut self,
+        cell: Option<&Value>,
+        row: usize,
+        verbatim: &mut Verbatim,
+    ) -> Result<()> {
+        let Some(v) = cell else {
+            self.append_null();
+            return Ok(());
+        };
+        if self.try_append(v)? {
+            return Ok(());
+        }
+        if !self.field.is_nullable() {
+            // A primary-key column: its value is the row's identity.
+            return Err(Error::new(
+                ErrorKind::Decode,
+                format!(
+                    "a {} value does not fit the key column's type {}, and a key cannot be \
+                     kept verbatim (docs/values.md)",
+                    value_kind(v),
+                    self.field.data_type()
+                ),
+            )
+            .with_context("column", self.field.name()));
+        }
+        let text = verbatim_text(v).ok_or_else(|| self.mismatch(v))?;
+        self.append_null();
+        verbatim.keep(row, self.field.name(), text.into_owned());
+        Ok(())
+    }
+
+    /// Whether a value of this type holds `v` exactly: what
+    /// [`Self::try_append`] decides, without appending.
+    fn accepts(&self, v: &Value) -> bool {
+        match (&self.kind, v) {
+            (_, Value::Null)
+            | (Kind::Bool(_), Value::Bool(_))
+            | (Kind::Int32(_), Value::Int2(_) | Value::Int4(_))
+            | (Kind::Float32(_), Value::Float4(_))
+            | (Kind::Float64(_), Value::Float4(_) | Value::Float8(_))
+            | (Kind::Binary(_), Value::Bytea(_))
+            | (Kind::Date(_), Value::Date(_))
+            | (Kind::Uuid(_), Value::Uuid(_)) => true,
+            (Kind::Int64(_), v) => integer_form(v).is_some(),
+            (Kind::Utf8(_), v) => text_form(v).is_some(),
+            (
+                Kind::Decimal {
+                    precision, scale, ..
+                },
+                Value::Numeric(Numeric::Finite(text)),
+            ) => decimal_to_i128(text, *scale, *precision).is_some(),
+            (Kind::Time(_), Value::Time(t)) => *t < MICROS_PER_DAY,
+            (Kind::Timestamp { with_zone, .. }, Value::Timestamp(_)) => !with_zone,
+            (Kind::Timestamp { with_zone, .. }, Value::TimestampTz(_)) => *with_zone,
+            (Kind::List { child, .. }, Value::Array(items)) => {
+                items.iter().all(|item| child.accepts(item))
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends `v` when the type holds it exactly; false, with nothing
+    /// appended, when it does not.
+    fn try_append(&mut self, v: &Value) -> Result<bool> {
+        if matches!(v, Value::Null) {
+            self.append_null();
+            return Ok(true);
+        }
+        // Appends the converted value, if the value converts.
+        macro_rules! put {
+            ($builder:expr, $converted:expr) => {
+                match $converted {
+                    Some(x) => {
+                        $builder.append_value(x);
+                        true
+                    }
+                    None => false,
+                }
+            };
+        }
+        let fits = match &mut self.kind {
+            Kind::Bool(b) => put!(
+                b,
+                match v {
+                    Value::Bool(x) => Some(*x),
+                    _ => None,
+                }
+            ),
+            Kind::Int32(b) => put!(
+                b,
+                match v {
+                    Value::Int2(i) => Some(i32::from(*i)),
+                    Value::Int4(i) => Some(*i),
+                    _ => None,
+                }
+            ),
+            Kind::Int64(b) => put!(b, integer_form(v)),
+            Kind::Float32(b) => put!(
+                b,
+                match v {
+                    Value::Float4(f) => Some(*f),
+                    _ => None,
+                }
+            ),
+            Kind::Float64(b) => put!(
+                b,
+                match v {
+                    Value::Float4(f) => Some(f64::from(*f)),
+                    Value::Float8(f) => Some(*f),
+                    _ => None,
+                }
+            ),
+            Kind::Decimal {
+                builder,
+                precision,
+                scale,
+            } => put!(
+                builder,
+                match v {
+                    Value::Numeric(Numeric::Finite(text)) =>
+                        decimal_to_i128(text, *scale, *precision),
+                    _ => None,
+                }
+            ),
+            Kind::Utf8(b) => put!(b, text_form(v)),
+            Kind::Binary(b) => put!(
+                b,
+                match v {
+                    Value::Bytea(x) => Some(x),
+                    _ => None,
+                }
+            ),
+            Kind::Date(b) => put!(
+                b,
+                match v {
+                    Value::Date(d) => encode_infinite(d, i32::MAX),
+                    _ => None,
+                }
+            ),
+            Kind::Time(b) => put!(
+                b,
+                match v {
+                    Value::Time(t) if *t < MICROS_PER_DAY => Some(*t),
+                    _ => None,
+                }
+            ),
+            Kind::Timestamp { builder, with_zone } => put!(
+                builder,
+                match (v, *with_zone) {
+                    (Value::Timestamp(t), false) | (Value::TimestampTz(t), true) =>
+                        encode_infinite(t, i64::MAX),
+                    _ => None,
+                }
+            ),
+            Kind::Uuid(b) => match v {
+                Value::Uuid(u) => {
+                    b.append_value(u).map_err(|e| {
+                        Error::new(ErrorKind::Lake, "cannot build a uuid array").with_source(e)
+                    })?;
+                    true
+                }
+                _ => false,
+            },
+            Kind::List {
+                child,
+                offsets,
+                valid,
+                ..
+            } => match v {
+                // Checked first, so that a list is appended whole or not at all.
+                Value::Array(items) if items.iter().all(|item| child.accepts(item)) => {
+                    for item in items {
+                        child.append(Some(item))?;
+                    }
+                    let end = offsets.last().copied().unwrap_or(0) as usize + items.len();
+                    offsets.push(i32::try_from(end).map_err(|_| {
+                        Error::new(ErrorKind::Lake, "a list column exceeds 2^31 elements")
+                    })?);
+                    valid.push(true);
+                    true
+                }
+                _ => false,
+            },
+        };
+        Ok(fits)
+    }
+
+    /// Appends a string to a string column; the text output of a column of
+    /// any other type goes through [`Self::append`] as its value.
+    pub fn append_str(&mut self, text: &str) -> bool {
+        match &mut self.kind {
+            Kind::Utf8(b) => {
+                b.append_value(text);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Appends a `numeric` in its binary format to a decimal column;
+    /// false when the column is not a decimal one, or the value is not a
+    /// finite number it holds exactly (then [`Self::append`] its value for
+    /// the error).
+    pub fn append_numeric(&mut self, numeric: &BinaryNumeric<'_>) -> bool {
+        match &mut self.kind {
+            Kind::Decimal {
+                builder,
+                precision,
+                scale,
+            } => match numeric.unscaled(*scale, *precision) {
+                Some(d) => {
+                    builder.append_value(d);
+                    true
+                }
+                None => false,
+            },
+            _ => false,
+        }
+    }
+
+    pub fn append_null(&mut self) {
+        match &mut self.kind {
+            Kind::Bool(b) => b.append_null(),
+            Kind::Int32(b) => b.append_null(),
+            Kind::Int64(b) => b.append_null(),
+            Kind::Float32(b) => b.append_null(),
+            Kind::Float64(b) => b.append_null(),
+            Kind::Decimal { builder, .. } => builder.append_null(),
+            Kind::Utf8(b) => b.append_null(),
+            Kind::Binary(b) => b.append_null(),
+            Kind::Date(b) => b.append_null(),
+            Kind::Time(b) => b.append_null(),
+            Kind::Timestamp { builder, .. } => builder.append_null(),
+            Kind::Uuid(b) => b.append_null(),
+            Kind::List { offsets, valid, .. } => {
+                offsets.push(offsets.last().copied().unwrap_or(0));
+                valid.push(false);
+            }
+        }
+    }
+
+    /// The array of the values appended so far; the builder starts over.
+    pub fn finish(&mut self) -> Result<ArrayRef> {
+        Ok(match &mut self.kind {
+            Kind::Bool(b) => Arc::new(b.finish()),
+            Kind::Int32(b) => Arc::new(b.finish()),
+            Kind::Int64(b) => Arc::new(b.finish()),
+            Kind::Float32(b) => Arc::new(b.finish()),
+            Kind::Float64(b) => Arc::new(b.finish()),
+            Kind::Decimal { builder, .. } => Arc::new(builder.finish()),
+            Kind::Utf8(b) => Arc::new(b.finish()),
+            Kind::Binary(b) => Arc::new(b.finish()),
+            Kind::Date(b) => Arc::new(b.finish()),
+            Kind::Time(b) => Arc::new(b.finish()),
+            Kind::Timestamp { builder, .. } => Arc::new(builder.finish()),
+            Kind::Uuid(b) => Arc::new(b.finish()),
+            Kind::List {
+                element,
+                child,
+                offsets,
+                valid,
+            } => {
+                let offsets = std::mem::replace(offsets, vec![0]);
+                Arc::new(
+                    ListArray::try_new(
+                        element.clone(),
+                        OffsetBuffer::new(offsets.into()),
+                        child.finish()?,
+                        Some(NullBuffer::from(std::mem::take(valid))),
+                    )
+                    .map_err(|e| {
+                        Error::new(ErrorKind::Lake, "cannot build a list array").with_source(e)
+                    })?,
+                )
+            }
+        })
+    }
+
+    fn mismatch(&self, v: &Value) -> Error {
+        Error::new(
+            ErrorKind::Decode,
+            format!(
+                "a {} value does not fit the column's type {}",
+                value_kind(v),
+                self.field.data_type()
+            ),
+        )
+        .with_context("column", self.field.name())
+    }
+}
+
+/// A table's column `field` for `rows` load rows: the source column of
+/// that name among `fields` (its array in `columns`), as the table types
+/// it; nulls when the source lacks it.
+pub fn load_source_column(
+    field: &Field,
+    fields: &[FieldRef],
+    columns: &[ArrayRef],
+    rows: usize,
+) -> Result<ArrayRef> {
+    match fields.iter().position(|f| f.name() == field.name()) {
+        Some(i) => retype(&columns[i], field.data_type()),
+        None => Ok(new_null_array(field.data_type(), rows)),
+    }
+}
+
+/// `array` as `to`, a type that differs at most in the field metadata of
+/// list elements (the field ids of bronze and silver differ).
+fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
+    if array.data_type() == to {
+        return Ok(array.clone());
+    }
+    // A column narrowed at the source keeps its wider field (lake/evolve):
+    // its values widen into it, exactly.
+    let widens = match (array.data_type(), to) {
+        (DataType::Int32, DataType::Int64) | (DataType::Float32, DataType::Float64) => true,
+        (DataType::Decimal128(p, s), DataType::Decimal128(q, t)) => s == t && q >= p,
+        _ => false,
+    };
+    if widens {
+        return arrow_cast::cast(array, to).map_err(|e| {
+            Error::new(
+                ErrorKind::Lake,
+                format!("cannot widen a {} array to {to}", array.data_type()),
+            )
+            .with_source(e)
+        });
+    }
+    match (array.as_list_opt::<i32>(), to) {
+        (Some(list), DataType::List(element)) => Ok(Arc::new(
+            ListArray::try_new(
+                element.clone(),
+                list.offsets().clone(),
+                retype(list.values(), element.data_type())?,
+                list.nulls().cloned(),
+            )
+            .map_err(|e| Error::new(ErrorKind::Lake, "cannot build a list array").with_source(e))?,
+        )),
+        _ => Err(Error::new(
+            ErrorKind::Lake,
+            format!("cannot use a {} array as {to}", array.data_type()),
+        )),
+    }
+}
+
+/// `max` for infinity, `-max` for -infinity; `None` for a finite value
+/// that is one of them, which the column then cannot hold.
+fn encode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
+    value: &MaybeInfinite<T>,
+    max: T,
+) -> Option<T> {
+    match value {
+        MaybeInfinite::Finite(v) if *v == max || *v == -max => None,
+        MaybeInfinite::Finite(v) => Some(*v),
+        MaybeInfinite::Infinity => Some(max),
+        MaybeInfinite::NegInfinity => Some(-max),
+    }
+}
+
+fn decode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
+    stored: T,
+    max: T,
+) -> MaybeInfinite<T> {
+    if stored == max {
+        MaybeInfinite::Infinity
+    } else if stored == -max {
+        MaybeInfinite::NegInfinity
+    } else {
+        MaybeInfinite::Finite(stored)
+    }
+}
+
+/// The value a stored cell holds, in the variant [`build_array`] turns back
+/// into the same cell (strings come back as text).
+pub fn arrow_value(array: &dyn Array, row: usize) -> Result<Value> {
+    if array.is_null(row) {
+        return Ok(Value::Null);
+    }
+    let value =
+        match array.data_type() {
+            DataType::Boolean => Value::Bool(array.as_boolean().value(row)),
+            DataType::Int32 => Value::Int4(array.as_primitive::<Int32Type>().value(row)),
+            DataType::Int64 => Value::Int8(array.as_primitive::<Int64Type>().value(row)),
+            DataType::Float32 => Value::Float4(array.as_primitive::<Float32Type>().value(row)),
+            DataType::Float64 => Value::Float8(array.as_primitive::<Float64Type>().value(row)),
+            DataType::Decimal128(_, scale) => {
+                Value::Numeric(Numeric::Finite(Decimal128Type::format_decimal(
+                    array.as_primitive::<Decimal128Type>().value(row),
+                    38,
+                    *scale,
+                )))
+            }
+            DataType::Utf8 => Value::Text(array.as_string::<i32>().value(row).to_owned()),
+            DataType::LargeBinary => Value::Bytea(array.as_binary::<i64>().value(row).to_vec()),
+            DataType::Date32 => Value::Date(decode_infinite(
+                array.as_primitive::<Date32Type>().value(row),
+                i32::MAX,
+            )),
+            DataType::Time64(TimeUnit::Microsecond) => {
+                Value::Time(array.as_primitive::<Time64MicrosecondType>().value(row))
+            }
+            DataType::Timestamp(TimeUnit::Microsecond, zone) => {
+                let t = decode_infinite(
+                    array.as_primitive::<TimestampMicrosecondType>().value(row),
+                    i64::MAX,
+                );
+                if zone.is_some() {
+                    Value::TimestampTz(t)
+                } else {
+                    Value::Timestamp(t)
+                }
+            }
+            DataType::FixedSizeBinary(16) => {
+                let bytes = array.as_fixed_size_binary().value(row);
+                Value::Uuid(bytes.try_into().map_err(|_| {
+                    Error::new(ErrorKind::Lake, "a uuid cell does not hold 16 bytes")
+                })?)
+            }
+            DataType::List(_) => {
+                let items = array.as_list::<i32>().value(row);
+                Value::Array(
+                    (0..items.len())
+                        .map(|i| arrow_value(items.as_ref(), i))
+                        .collect::<Result<_>>()?,
+                )
+            }
+            other => {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    format!("no conversion from Arrow type {other}"),
+                ));
+            }
+        };
+    Ok(value)
+}
+
+/// The value of an integer of any width.
+pub(in crate::lake) fn integer_form(v: &Value) -> Option<i64> {
+    match v {
+        Value::Int2(i) => Some(i64::from(*i)),
+        Value::Int4(i) => Some(i64::from(*i)),
+        Value::Int8(i) => Some(*i),
+        _ => None,
+    }
+}
+
+/// The text a string column holds for a value (docs/tables.md), borrowed
+/// where the value holds it.
+pub(in crate::lake) fn text_form(v: &Value) -> Option<Cow<'_, str>> {
+    Some(match v {
+        Value::Text(s)
+        | Value::Json(s)
+        | Value::Jsonb(s)
+        | Value::Inet(s)
+        | Value::Cidr(s)
+        | Value::Enum(s)
+        | Value::Unknown(s) => Cow::Borrowed(s),
+        Value::Numeric(Numeric::Finite(s)) => Cow::Borrowed(s),
+        Value::Numeric(Numeric::NaN) => Cow::Borrowed("NaN"),
+        Value::Numeric(Numeric::Infinity) => Cow::Borrowed("Infinity"),
+        Value::Numeric(Numeric::NegInfinity) => Cow::Borrowed("-Infinity"),
+        Value::Interval(iv) => Cow::Owned(temporal::format_interval(iv)),
+        v @ Value::TimeTz { .. } => Cow::Owned(v.to_json().as_str()?.to_owned()),
+        _ => return None,
+    })
+}
+
+/// The PostgreSQL text of a value whose column's type cannot hold it:
+/// numeric `NaN` (a decimal has none), the time `24:00:00` (Iceberg's
+/// ends at 23:59:59.999999), text kept as itself ([`Value::Unknown`]),
+/// and an array holding such values, written as `array_out` writes it.
+/// `None` for a value of another type than the column's, a bug.
+pub fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
+    match v {
+        Value::Time(t) => Some(Cow::Owned(temporal::format_time(*t))),
+        Value::Array(items) => {
+            let mut out = String::from("{");
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                match item {
+                    Value::Null => out.push_str("NULL"),
+                    // A sub-array of a multi-dimensional one, unquoted.
+                    Value::Array(_) => out.push_str(&verbatim_text(item)?),
+                    item => push_array_element(&mut out, &element_text(item)?),
+                }
+            }
+            out.push('}');
+            Some(Cow::Owned(out))
+        }
+        v => text_form(v),
+    }
+}
+
+/// The text of an array's element: as [`verbatim_text`] gives it, or,
+/// for an element its list could hold (a multi-dimensional array in a
+/// table made when its column was a flat list), its JSON form's text,
+/// which PostgreSQL reads back as the same value.
+fn element_text(v: &Value) -> Option<Cow<'_, str>> {
+    verbatim_text(v).or_else(|| match v.to_json() {
+        serde_json::Value::String(s) => Some(Cow::Owned(s)),
+        serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
+        serde_json::Value::Bool(b) => Some(Cow::Borrowed(if b { "t" } else { "f" })),
+        _ => None,
+    })
+}
+
+/// An element as `array_out` writes it: in double quotes, with `"` and
+/// `\` escaped, when it is empty, reads `NULL`, or holds white space, a
+/// brace, a comma, a quote or a backslash.
+fn push_array_element(out: &mut String, text: &str) {
+    let quote = text.is_empty()
+        || text.eq_ignore_ascii_case("NULL")
+        || text
+            .bytes()
+            .any(|b| matches!(b, b'{' | b'}' | b',' | b'"' | b'\\') || is_space(b));
+    if !quote {
+        out.push_str(text);
+        return;
+    }
+    out.push('"');
+    for c in text.chars() {
+        if matches!(c, '"' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+}
+
+/// The white space `array_out` quotes (`array_isspace`).
+fn is_space(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c')
+}
+
+/// Exact decimal text to an unscaled i128 at `scale`; `None` if it has more
+/// fractional digits than the scale or more digits than the precision.
+fn decimal_to_i128(text: &str, scale: u32, precision: u32) -> Option<i128> {
+    let (negative, digits) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text),
+    };
+    let (whole, frac) = digits.split_once('.').unwrap_or((digits, ""));
+    let frac = frac.trim_end_matches('0');
+    if frac.len() > scale as usize {
+        return None;
+    }
+    let mut unscaled: i128 = 0;
+    for b in whole
+        .bytes()
+        .chain(frac.bytes())
+        .chain(std::iter::repeat_n(b'0', scale as usize - frac.len()))
+    {
+        unscaled = unscaled
+            .checked_mul(10)?
+            .checked_add(i128::from(b.checked_sub(b'0').filter(|d| *d < 10)?))?;
+    }
+    if unscaled >= 10i128.checked_pow(precision)? {
+        return None;
+    }
+    Some(if negative { -unscaled } else { unscaled })
+}
+
+fn value_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Numeric(Numeric::NaN) => "numeric NaN",
+        Value::Numeric(Numeric::Infinity | Numeric::NegInfinity) => "numeric infinity",
+        Value::Date(MaybeInfinite::Infinity | MaybeInfinite::NegInfinity) => "infinite date",
+        Value::Timestamp(MaybeInfinite::Infinity | MaybeInfinite::NegInfinity)
+        | Value::TimestampTz(MaybeInfinite::Infinity | MaybeInfinite::NegInfinity) => {
+            "infinite timestamp"
+        }
+        Value::Time(t) if *t >= MICROS_PER_DAY => "time 24:00:00",
+        Value::Null => "null",
+        Value::Bool(_) => "bool",
+        Value::Int2(_) | Value::Int4(_) | Value::Int8(_) => "integer",
+        Value::Float4(_) | Value::Float8(_) => "float",
+        Value::Numeric(_) => "numeric",
+        Value::Bytea(_) => "bytea",
+        Value::Date(_) => "date",
+        Value::Time(_) | Value::TimeTz { .. } => "time",
+        Value::Timestamp(_) | Value::TimestampTz(_) => "timestamp",
+        Value::Interval(_) => "interval",
+        Value::Uuid(_) => "uuid",
+        Value::Array(_) => "array",
+        Value::Text(_)
+        | Value::Json(_)
+        | Value::Jsonb(_)
+        | Value::Inet(_)
+        | Value::Cidr(_)
+        | Value::Enum(_) => "text",
+        Value::Unknown(_) => "text of an unmodelled type",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{Array, Decimal128Array, ListArray, StringArray};
+
+    use super::*;
+
+    #[test]
+    fn decimals_convert_exactly_or_not_at_all() {
+        assert_eq!(decimal_to_i128("12.30", 2, 12), Some(1230));
+        assert_eq!(decimal_to_i128("-0.5", 2, 12), Some(-50));
+        assert_eq!(decimal_to_i128("7", 3, 12), Some(7000));
+        assert_eq!(decimal_to_i128("1.234", 2, 12), None, "would round");
+        assert_eq!(decimal_to_i128("1000", 0, 3), None, "beyond precision");
+        let max38 = "9".repeat(38);
+        assert_eq!(decimal_to_i128(&max38, 0, 38), Some(10i128.pow(38) - 1));
+    }
+
+    #[test]
+    fn builds_decimal_string_and_list_arrays() {
+        let dec = Field::new("d", DataType::Decimal128(12, 2), true);
+        let values = [Value::Numeric(Numeric::Finite("1.50".into()))];
+        let array = build_array(&dec, &[Some(&values[0]), None]).unwrap();
+        let array = array.as_any().downcast_ref::<Decimal128Array>().unwrap();
+        assert_eq!(array.value(0), 150);
+        assert!(array.is_null(1));
+
+        let text = Field::new("t", DataType::Utf8, true);
+        let nan = Value::Numeric(Numeric::NaN);
+        let array = build_array(&text, &[Some(&nan)]).unwrap();
+        assert_eq!(
+            array
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .value(0),
+            "NaN"
+        );
+
+        let list = Field::new(
+            "l",
+            DataType::List(Arc::new(Field::new("element", DataType::Int32, true))),
+            true,
+        );
+        let arr = Value::Array(vec![Value::Int4(1), Value::Null]);
+        let empty = Value::Array(vec![]);
+        let array = build_array(&list, &[Some(&arr), None, Some(&empty)]).unwrap();
+        let array = array.as_any().downcast_ref::<ListArray>().unwrap();
+        assert_eq!(array.value_length(0), 2);
+        assert!(array.is_null(1));
+        assert_eq!(array.value_length(2), 0);
+    }
+
+    #[test]
+    fn values_a_column_cannot_hold_are_errors_naming_the_column() {
+        let dec = Field::new("amount", DataType::Decimal128(12, 2), true);
+        let nan = Value::Numeric(Numeric::NaN);
+        let err = build_array(&dec, &[Some(&nan)]).unwrap_err();
+        assert!(
+            err.to_string().contains("numeric NaN") && err.to_string().contains("column=amount"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_narrowed_columns_values_widen_into_its_field_and_nothing_else_converts() {
+        use arrow_array::{Float32Array, Int32Array, Int64Array};
+        let column = |name: &str, t: DataType| Arc::new(Field::new(name, t, true));
+        let source = vec![
+            column("b", DataType::Int32),
+            column("f", DataType::Float32),
+            column("d", DataType::Decimal128(10, 4)),
+        ];
+        let arrays: Vec<ArrayRef> = vec![
+            Arc::new(Int32Array::from(vec![Some(7), None])),
+            Arc::new(Float32Array::from(vec![1.5, -2.25])),
+            Arc::new(
+                Decimal128Array::from(vec![12_345, -1])
+                    .with_precision_and_scale(10, 4)
+                    .unwrap(),
+            ),
+        ];
+        let wide = |name: &str, t: DataType| {
+            load_source_column(&Field::new(name, t, true), &source, &arrays, 2).unwrap()
+        };
+        let b = wide("b", DataType::Int64);
+        let b = b.as_any().downcast_ref::<Int64Array>().unwrap();
+        assert_eq!((b.value(0), b.is_null(1)), (7, true));
+        assert_eq!(
+            wide("f", DataType::Float64)
+                .as_primitive::<Float64Type>()
+                .value(1),
+            -2.25
+        );
+        let d = wide("d", DataType::Decimal128(12, 4));
+        assert_eq!(d.as_primitive::<Decimal128Type>().value(0), 12_345);
+        let narrower = Field::new("b", DataType::Int16, true);
+        assert!(load_source_column(&narrower, &source, &arrays, 2).is_err());
+        let rescaled = Field::new("d", DataType::Decimal128(12, 2), true);
+        assert!(load_source_column(&rescaled, &source, &arrays, 2).is_err());
+    }
+
+    /// `_cdc_verbatim` as silver's schema maps it to Arrow.    /// `_cdc_verbatim` as silver's schema maps it to Arrow.
+    fn verbatim_field() -> FieldRef {
+        use crate::cdc::relation::fixtures::{column, relation};
+        use crate::cdc::value::PgType;
+        let rel = relation(vec![column("id", PgType::Int4, -1, true)]);
+        let schema = crate::lake::schema::silver_schema(&rel).unwrap();
+        let arrow = iceberg::arrow::schema_to_arrow_schema(&schema).unwrap();
+        Arc::new(
+            arrow
+                .field_with_name(crate::lake::schema::VERBATIM)
+                .unwrap()
+                .clone(),
+        )
+    }
+
+    #[test]
+    fn values_a_column_cannot_hold_are_kept_verbatim_beside_a_null() {
+        let dec = Field::new("amount", DataType::Decimal128(12, 2), true);
+        let time = Field::new("at", DataType::Time64(TimeUnit::Microsecond), true);
+        let decimals = Field::new(
+            "amounts",
+            DataType::List(Arc::new(Field::new(
+                "element",
+                dec.data_type().clone(),
+                true,
+            ))),
+            true,
+        );
+        let date = Field::new("day", DataType::Date32, true);
+        let finite = |s: &str| Value::Numeric(Numeric::Finite(s.into()));
+        let nan = Value::Numeric(Numeric::NaN);
+        let midnight = Value::Time(MICROS_PER_DAY);
+        let list = Value::Array(vec![finite("1.50"), nan.clone(), Value::Null]);
+        let fine_list = Value::Array(vec![finite("2.00")]);
+        let text = Value::Unknown("[0:1]={1,2}".into());
+        let mut verbatim = Verbatim::default();
+        let amounts = build_array_keeping(
+            &dec,
+            &[Some(&finite("1.25")), Some(&nan), None],
+            &mut verbatim,
+        )
+        .unwrap();
+        let ats =
+            build_array_keeping(&time, &[None, Some(&midnight), None], &mut verbatim).unwrap();
+        let lists = build_array_keeping(
+            &decimals,
+            &[Some(&list), Some(&fine_list), None],
+            &mut verbatim,
+        )
+        .unwrap();
+        let days = build_array_keeping(&date, &[None, None, Some(&text)], &mut verbatim).unwrap();
+        assert_eq!(amounts.null_count(), 2);
+        assert!(amounts.is_valid(0) && ats.is_null(1) && lists.is_null(0) && days.is_null(2));
+        assert!(lists.is_valid(1), "a list that fits is stored as a list");
+        assert_eq!(lists.as_list::<i32>().value(1).len(), 1);
+        assert_eq!(
+            verbatim.entries(0),
+            vec![("amounts".to_owned(), "{1.50,NaN,NULL}".to_owned())]
+        );
+        assert_eq!(
+            verbatim.entries(1),
+            vec![
+                ("amount".to_owned(), "NaN".to_owned()),
+                ("at".to_owned(), "24:00:00".to_owned())
+            ]
+        );
+        assert_eq!(
+            verbatim.entries(2),
+            vec![("day".to_owned(), "[0:1]={1,2}".to_owned())]
+        );
+        let field = verbatim_field();
+        let map = verbatim.array(&field, 4).unwrap();
+        assert_eq!(map.data_type(), field.data_type());
+        assert!(map.is_null(3), "a row that kept nothing has a null map");
+        for row in 0..3 {
+            let mut entries = verbatim_entries(map.as_ref(), row);
+            entries.sort();
+            assert_eq!(entries, verbatim.entries(row));
+        }
+        let read_back = Verbatim::of_column(map.as_ref());
+        for row in 0..4 {
+            assert_eq!(read_back.entries(row), verbatim.entries(row), "row {row}");
+        }
+    }
+
+    #[test]
+    fn verbatim_arrays_quote_elements_as_array_out_does() {
+        let texts = Value::Array(vec![
+            Value::Text("plain".into()),
+            Value::Text("".into()),
+            Value::Text("NULL".into()),
+            Value::Text("a b".into()),
+            Value::Text("{\"x\\".into()),
+            Value::Null,
+        ]);
+        assert_eq!(
+            verbatim_text(&texts).unwrap(),
+            r#"{plain,"","NULL","a b","{\"x\\",NULL}"#
+        );
+        assert_eq!(verbatim_text(&Value::Int4(1)), None);
+    }
+
+    #[test]
+    fn stored_cells_read_back_as_the_values_that_wrote_them() {
+        let list = |t: DataType| DataType::List(Arc::new(Field::new("element", t, true)));
+        let cases: Vec<(DataType, Vec<Value>)> = vec![
+            (DataType::Boolean, vec![Value::Bool(true)]),
+            (DataType::Int32, vec![Value::Int4(i32::MIN)]),
+            (DataType::Int64, vec![Value::Int8(i64::MAX)]),
+            (DataType::Float32, vec![Value::Float4(f32::NAN)]),
+            (DataType::Float64, vec![Value::Float8(f64::NEG_INFINITY)]),
+            (
+                DataType::Decimal128(38, 4),
+                vec![
+                    Value::Numeric(Numeric::Finite("-0.0100".into())),
+                    Value::Numeric(Numeric::Finite(format!("{}.0000", "9".repeat(34)))),
+                ],
+            ),
+            (DataType::Utf8, vec![Value::Text("żółw \u{0}".into())]),
+            (DataType::LargeBinary, vec![Value::Bytea(vec![0, 1, 0])]),
+            (
+                DataType::Date32,
+                vec![
+                    Value::Date(MaybeInfinite::Finite(-719_162)),
+                    Value::Date(MaybeInfinite::Infinity),
+                    Value::Date(MaybeInfinite::NegInfinity),
+                ],
+            ),
+            (
+                DataType::Time64(TimeUnit::Microsecond),
+                vec![Value::Time(86_399_999_999)],
+            ),
+            (
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+                vec![
+                    Value::Timestamp(MaybeInfinite::Finite(-1)),
+                    Value::Timestamp(MaybeInfinite::NegInfinity),
+                ],
+            ),
+            (
+                DataType::Timestamp(TimeUnit::Microsecond, Some("+00:00".into())),
+                vec![Value::TimestampTz(MaybeInfinite::Infinity)],
+            ),
+            (DataType::FixedSizeBinary(16), vec![Value::Uuid([7; 16])]),
+            (
+                list(list(DataType::Utf8)),
+                vec![
+                    Value::Array(vec![]),
+                    Value::Array(vec![Value::Array(vec![
+                        Value::Text("a".into()),
+                        Value::Null,
+                    ])]),
+                ],
+            ),
+        ];
+        for (data_type, values) in cases {
+            let field = Field::new("c", data_type.clone(), true);
+            let mut cells: Vec<Option<&Value>> = values.iter().map(Some).collect();
+            cells.push(None);
+            let array = build_array(&field, &cells).unwrap();
+            for (row, value) in values.iter().enumerate() {
+                let back = arrow_value(array.as_ref(), row).unwrap();
+                match (value, &back) {
+                    (Value::Float4(a), Value::Float4(b)) if a.is_nan() => assert!(b.is_nan()),
+                    _ => assert_eq!(&back, value, "{data_type}"),
+                }
+            }
+            assert_eq!(
+                arrow_value(array.as_ref(), values.len()).unwrap(),
+                Value::Null
+            );
+        }
+    }
+}

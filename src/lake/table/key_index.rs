@@ -1,0 +1,1100 @@
+//! Silver's primary-key index: where every live row is, as (data file,
+//! position), with memory that does not grow with the table.
+//!
+//! The newest entries are in a hash map. When it holds
+//! [`MEMORY_ENTRIES`] entries it is written, in key order, to a sorted run
+//! on local disk (`sorted_run`), and emptied. A lookup asks memory, then
+//! the runs from newest to oldest; the first that knows the key decides. A
+//! key removed while older runs may still hold it gets a `Gone` entry,
+//! which hides them. Runs are merged by tiers: a spill is a run of tier
+//! 0, and [`FANOUT`] runs of one tier, the newest ones, are merged into
+//! one of the next tier, dropping what newer entries hide (and the `Gone`
+//! markers, when the merge reaches the oldest run). So each entry is
+//! rewritten once per tier, a number logarithmic in the index's size,
+//! and a lookup reads at most `FANOUT - 1` runs per tier, most of them
+//! skipped by their key ranges or Bloom filters.
+//!
+//! Bloom filters take ten bits per entry, so the index bounds them: the
+//! newest runs keep theirs while they fit in [`FILTER_SPILLS`] spills'
+//! worth of entries, and an older run that no longer fits loses its own.
+//! That is the oldest and largest run in practice, whose filter only ever
+//! spares a read for a key the index does not hold at all (newer runs
+//! answer for the keys they hold first): an insert. An insert of a key
+//! above every key so far (a sequence, a timestamp) is outside every
+//! run's range and reads nothing; one of a key in the middle (a UUID)
+//! reads one block of each run without a filter whose range holds it.
+//!
+//! Files are numbered; a file's number is reused once no live row is left
+//! in it, so the index does not grow with the files a long run writes. A
+//! run can still name a reused number, but only in entries that newer ones
+//! hide: a file loses its last live row only once every key pointing at it
+//! was removed or moved.
+//!
+//! The runs live in a folder of the state directory (or, for maintenance
+//! outside a run, a temporary one under `TMPDIR`). At a clean end the
+//! index is persisted there ([`KeyIndex::persist`]): memory written to a
+//! run and a manifest naming the runs, the file numbers and what the
+//! index is of (its owner's words: a table, its snapshot, its key). The
+//! next start restores it when the owner says the same words
+//! ([`KeyIndex::restore`]), removing the manifest before it changes
+//! anything, so an index a crash left half-changed is never taken again;
+//! otherwise the folder is emptied ([`KeyIndex::clean`]) and the owner
+//! rebuilds the index from its table.
+
+use std::collections::HashMap;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::blocking::blocking;
+use crate::error::{Error, ErrorKind, Result};
+use crate::lake::table::key::Key;
+use crate::lake::table::sorted_run::{Location, Run, Slot, filter_bytes};
+
+/// Entries held in memory before they go to a run: as many as a hash table
+/// of 2^19 buckets holds without growing (7/8 of them), about 21 MB.
+pub const MEMORY_ENTRIES: usize = (1 << 19) / 8 * 7;
+/// Runs of one tier merged into one of the next.
+const FANOUT: usize = 4;
+/// The Bloom filters of runs holding up to this many spills' worth of
+/// entries, the newest first, stay in memory: every run of the two lowest
+/// tiers (4.6 MB per million entries in memory, 9.2 MB by default).
+const FILTER_SPILLS: usize = 16;
+
+/// A data file being written, as the index numbers it.
+pub struct NewFile(u32);
+
+/// A data file's path and its rows as (position, key).
+pub type FileRows = (Arc<str>, Vec<(usize, Key)>);
+
+pub struct KeyIndex {
+    memory: HashMap<Key, Slot, foldhash::fast::RandomState>,
+    memory_limit: usize,
+    /// Bytes of Bloom filters the runs may keep ([`FILTER_SPILLS`]).
+    filter_budget: usize,
+    block_reads: u64,
+    /// Oldest first, each with its tier; tiers never grow toward the newest.
+    runs: Vec<(Run, u32)>,
+    dir: RunsDir,
+    runs_written: u64,
+    /// Entries written to runs, by spills and merges, and their bytes.
+    entries_written: u64,
+    bytes_written: u64,
+    live: usize,
+    files: Vec<FileSlot>,
+    free: Vec<u32>,
+    buf: Vec<u8>,
+    /// Entries of rows new to an index that was empty (an initial load),
+    /// gathered without hashing and written straight to sorted runs; the
+    /// rest go to memory before anything reads or changes the index.
+    fresh: Vec<(Key, Slot)>,
+}
+
+struct FileSlot {
+    path: Arc<str>,
+    live: u32,
+}
+
+impl Default for KeyIndex {
+    fn default() -> KeyIndex {
+        KeyIndex::with_memory_limit(MEMORY_ENTRIES)
+    }
+}
+
+impl KeyIndex {
+    /// An index that keeps up to `entries` in memory.
+    pub fn with_memory_limit(entries: usize) -> KeyIndex {
+        KeyIndex {
+            memory: HashMap::default(),
+            memory_limit: entries.max(1),
+            filter_budget: filter_bytes(entries.max(1) * FILTER_SPILLS),
+            block_reads: 0,
+            runs: Vec::new(),
+            dir: RunsDir::Temporary(None),
+            runs_written: 0,
+            entries_written: 0,
+            bytes_written: 0,
+            live: 0,
+            files: Vec::new(),
+            free: Vec::new(),
+            buf: Vec::new(),
+            fresh: Vec::new(),
+        }
+    }
+
+    /// Number of live rows.
+    pub fn live_rows(&self) -> usize {
+        self.live
+    }
+
+    /// Adds the live rows of a data file, as (position, key).
+    pub fn add_file(
+        &mut self,
+        path: Arc<str>,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        let too_large = || {
+            Error::new(
+                ErrorKind::Lake,
+                "a data file is too large for the key index",
+            )
+            .with_context("file", &path)
+        };
+        let file = self.slot_for(path.clone())?;
+        for (pos, key) in rows {
+            let pos = u32::try_from(pos).map_err(|_| too_large())?;
+            let old = self.lookup(&key)?;
+            self.files[file as usize].live += 1;
+            match old {
+                Some(old) => self.release(old),
+                None => self.live += 1,
+            }
+            self.put(key, Slot::Live(Location { file, pos }))?;
+        }
+        if self.files[file as usize].live == 0 {
+            self.free_slot(file);
+        }
+        Ok(())
+    }
+
+    /// Moves every live row of the files `from` to the files `to` (path,
+    /// then (position, key) of each row), as a compaction rewrote them: no
+    /// lookups, since each key's old place is known to be in `from`. The
+    /// rows given must be exactly the live rows of `from`.
+    pub fn move_files(&mut self, from: &[&str], to: Vec<FileRows>) -> Result<()> {
+        let mut leaving = 0usize;
+        for (id, slot) in self.files.iter_mut().enumerate() {
+            if slot.live > 0 && from.contains(&&*slot.path) {
+                leaving += slot.live as usize;
+                slot.live = 0;
+                slot.path = Arc::from("");
+                self.free.push(id as u32);
+            }
+        }
+        let arriving: usize = to.iter().map(|(_, rows)| rows.len()).sum();
+        if arriving != leaving {
+            return Err(Error::new(
+                ErrorKind::Lake,
+                "a compaction moved another number of rows than the index holds in its files",
+            )
+            .with_context("moved", arriving)
+            .with_context("held", leaving));
+        }
+        for (path, rows) in to {
+            let file = self.new_file(path)?;
+            self.place_rows(&file, rows)?;
+            self.end_new_file(file);
+        }
+        Ok(())
+    }
+
+    /// Starts a data file being written, whose rows are added as they are
+    /// written ([`Self::add_new_rows`]).
+    pub fn new_file(&mut self, path: Arc<str>) -> Result<NewFile> {
+        Ok(NewFile(self.slot_for(path)?))
+    }
+
+    /// Adds rows of a file being written, as (position, key), whose keys
+    /// the index holds no live row of (an initial load: the source's
+    /// primary key makes them unique, and rows the table held under them
+    /// were removed first), without looking any of them up.
+    pub fn add_new_rows(
+        &mut self,
+        file: &NewFile,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        self.live += self.place_rows(file, rows)?;
+        Ok(())
+    }
+
+    /// Whether the index holds nothing, not even a removed key's marker.
+    pub fn is_empty(&self) -> bool {
+        self.memory.is_empty() && self.runs.is_empty() && self.fresh.is_empty()
+    }
+
+    /// As [`Self::add_new_rows`], for an index that was empty when the
+    /// file's rows began ([`Self::is_empty`]) and gets nothing else until
+    /// they end: the entries skip the hash map and go to sorted runs in
+    /// bulk.
+    pub fn add_fresh_rows(
+        &mut self,
+        file: &NewFile,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<()> {
+        let file = file.0;
+        for (pos, key) in rows {
+            let pos = self.position(file, pos)?;
+            self.files[file as usize].live += 1;
+            self.live += 1;
+            self.fresh.push((key, Slot::Live(Location { file, pos })));
+            if self.fresh.len() >= self.memory_limit {
+                // Written and emptied, its memory kept for the next ones.
+                let mut entries = std::mem::take(&mut self.fresh);
+                self.write_run(&mut entries).map_err(|e| self.io_error(e))?;
+                self.fresh = entries;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes fresh entries to a run, and frees their memory: before any
+    /// read or change. (Moved into memory instead, the hash map would start
+    /// the stream as full as the load's row count happened to leave it.)
+    fn settle(&mut self) -> Result<()> {
+        if self.fresh.capacity() == 0 {
+            return Ok(());
+        }
+        let mut entries = std::mem::take(&mut self.fresh);
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.write_run(&mut entries).map_err(|e| self.io_error(e))
+    }
+
+    fn position(&self, file: u32, pos: usize) -> Result<u32> {
+        u32::try_from(pos).map_err(|_| {
+            Error::new(
+                ErrorKind::Lake,
+                "a data file is too large for the key index",
+            )
+            .with_context("file", &self.files[file as usize].path)
+        })
+    }
+
+    /// Ends a file started with [`Self::new_file`]; one that got no row
+    /// gives its number back.
+    pub fn end_new_file(&mut self, file: NewFile) {
+        if self.files[file.0 as usize].live == 0 {
+            self.free_slot(file.0);
+        }
+    }
+
+    /// Puts each row in the index as it is, without a lookup; the number of
+    /// rows.
+    fn place_rows(
+        &mut self,
+        file: &NewFile,
+        rows: impl IntoIterator<Item = (usize, Key)>,
+    ) -> Result<usize> {
+        let file = file.0;
+        let mut placed = 0;
+        for (pos, key) in rows {
+            let pos = self.position(file, pos)?;
+            self.files[file as usize].live += 1;
+            self.put(key, Slot::Live(Location { file, pos }))?;
+            placed += 1;
+        }
+        Ok(placed)
+    }
+
+    /// The file and position of `key`'s live row.
+    pub fn get(&mut self, key: &[u8]) -> Result<Option<(Arc<str>, i64)>> {
+        Ok(self.lookup(key)?.map(|l| self.place(l)))
+    }
+
+    /// Forgets `key`'s live row; its file and position.
+    pub fn remove(&mut self, key: &[u8]) -> Result<Option<(Arc<str>, i64)>> {
+        let Some(l) = self.lookup(key)? else {
+            return Ok(None);
+        };
+        if self.runs.is_empty() {
+            self.memory.remove(key);
+        } else {
+            self.put(Key::from_slice(key), Slot::Gone)?;
+        }
+        let place = self.place(l);
+        self.live -= 1;
+        self.release(l);
+        Ok(Some(place))
+    }
+
+    /// Puts rows back where they were, as (key, file, position), each key
+    /// not live now: what undoes their removal. A file that lost its last
+    /// live row since gets a number again.
+    pub fn put_back(&mut self, rows: Vec<(Key, Arc<str>, i64)>) -> Result<()> {
+        let mut numbers: HashMap<Arc<str>, u32> = self
+            .files
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.live > 0)
+            .map(|(id, f)| (f.path.clone(), id as u32))
+            .collect();
+        for (key, path, pos) in rows {
+            let file = match numbers.get(&path) {
+                Some(&file) => file,
+                None => {
+                    let file = self.slot_for(path.clone())?;
+                    numbers.insert(path, file);
+                    file
+                }
+            };
+            let pos = self.position(file, usize::try_from(pos).unwrap_or(usize::MAX))?;
+            if self.lookup(&key)?.is_some() {
+                return Err(Error::new(
+                    ErrorKind::Lake,
+                    "a row put back in the key index has a live row already",
+                ));
+            }
+            self.files[file as usize].live += 1;
+            self.live += 1;
+            self.put(key, Slot::Live(Location { file, pos }))?;
+        }
+        Ok(())
+    }
+
+    /// Forgets every live row and lists them with their files and
+    /// positions (the tests' view of the whole index).
+    #[cfg(test)]
+    pub fn clear(&mut self) -> Result<Vec<(Arc<str>, i64)>> {
+        self.settle()?;
+        let mut all = Vec::with_capacity(self.live);
+        for entry in self.merged() {
+            if let (_, Slot::Live(l)) = entry.map_err(|e| self.io_error(e))? {
+                all.push(self.place(l));
+            }
+        }
+        self.memory.clear();
+        self.runs.clear();
+        self.files.clear();
+        self.free.clear();
+        self.live = 0;
+        Ok(all)
+    }
+
+    /// Live rows per data file.
+    pub fn live_per_file(&self) -> HashMap<&str, u32> {
+        self.files
+            .iter()
+            .filter(|f| f.live > 0)
+            .map(|f| (&*f.path, f.live))
+            .collect()
+    }
+
+    /// A file number for `path`: a free one, or a new one.
+    fn slot_for(&mut self, path: Arc<str>) -> Result<u32> {
+        let slot = FileSlot { path, live: 0 };
+        Ok(match self.free.pop() {
+            Some(id) => {
+                self.files[id as usize] = slot;
+                id
+            }
+            None => {
+                let id = u32::try_from(self.files.len()).map_err(|_| {
+                    Error::new(ErrorKind::Lake, "too many data files for the key index")
+                })?;
+                self.files.push(slot);
+                id
+            }
+        })
+    }
+
+    fn place(&self, l: Location) -> (Arc<str>, i64) {
+        (self.files[l.file as usize].path.clone(), l.pos.into())
+    }
+
+    fn lookup(&mut self, key: &[u8]) -> Result<Option<Location>> {
+        self.settle()?;
+        let slot = match self.memory.get(key) {
+            Some(slot) => Some(*slot),
+            None => self.runs_get(key)?,
+        };
+        Ok(match slot {
+            Some(Slot::Live(l)) => Some(l),
+            Some(Slot::Gone) | None => None,
+        })
+    }
+
+    fn runs_get(&mut self, key: &[u8]) -> Result<Option<Slot>> {
+        for (run, _) in self.runs.iter().rev() {
+            if !run.may_hold(key) {
+                continue;
+            }
+            self.block_reads += 1;
+            match run.get(key, &mut self.buf) {
+                Ok(Some(slot)) => return Ok(Some(slot)),
+                Ok(None) => {}
+                Err(e) => return Err(self.io_error(e)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn put(&mut self, key: Key, slot: Slot) -> Result<()> {
+        self.settle()?;
+        self.memory.insert(key, slot);
+        if self.memory.len() >= self.memory_limit {
+            self.spill().map_err(|e| self.io_error(e))?;
+        }
+        Ok(())
+    }
+
+    /// Writes memory to a new run.
+    fn spill(&mut self) -> io::Result<()> {
+        let mut entries: Vec<(Key, Slot)> = self.memory.drain().collect();
+        self.write_run(&mut entries)
+    }
+
+    /// Writes entries newer than every run to a new run of tier 0, then
+    /// merges the newest [`FANOUT`] runs while they are of one tier; off
+    /// the stream task's way ([`blocking`]).
+    /// `entries` is left empty, its memory kept.
+    fn write_run(&mut self, entries: &mut Vec<(Key, Slot)>) -> io::Result<()> {
+        blocking(|| self.write_and_merge(entries))
+    }
+
+    fn write_and_merge(&mut self, entries: &mut Vec<(Key, Slot)>) -> io::Result<()> {
+        // A load in key order (a table written in key order) comes sorted.
+        if !entries.is_sorted_by(|a, b| a.0 <= b.0) {
+            entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        }
+        let path = self.next_path()?;
+        self.entries_written += entries.len() as u64;
+        let filter = self.filter_for(entries.len());
+        let run = Run::write(path, filter, entries.drain(..).map(Ok))?;
+        self.bytes_written += run.bytes();
+        self.runs.push((run, 0));
+        while let Some(tier) = self.full_tier() {
+            let from = self.runs.len() - FANOUT;
+            let path = self.next_path()?;
+            // Nothing looks keys up while they merge: their filters go
+            // first, so theirs and the new one are never held together.
+            for (run, _) in &mut self.runs[from..] {
+                run.drop_filter();
+            }
+            let merging = || self.runs[from..].iter().map(|(run, _)| run);
+            let expected = merging().map(Run::keys).sum();
+            // A `Gone` hides older runs' entries; with none left, nothing.
+            let oldest = from == 0;
+            let mut written = 0u64;
+            let merged = Run::write(
+                path,
+                self.filter_for(expected),
+                merge(merging(), Vec::new())
+                    .filter(|e| !(oldest && matches!(e, Ok((_, Slot::Gone)))))
+                    .inspect(|_| written += 1),
+            )?;
+            self.entries_written += written;
+            self.bytes_written += merged.bytes();
+            self.runs.truncate(from);
+            self.runs.push((merged, tier + 1));
+        }
+        self.fit_filters();
+        Ok(())
+    }
+
+    /// The filter a new run of up to `entries` entries gets: one sized for
+    /// them, unless they alone would not fit (the newest run comes first).
+    fn filter_for(&self, entries: usize) -> Option<usize> {
+        (filter_bytes(entries) <= self.filter_budget).then_some(entries)
+    }
+
+    /// Drops the filters of runs that no longer fit beside newer ones.
+    fn fit_filters(&mut self) {
+        let sizes = self.runs.iter().rev().map(|(run, _)| run.filter_bytes());
+        let kept: Vec<bool> = fitting(self.filter_budget, sizes).collect();
+        for ((run, _), kept) in self.runs.iter_mut().rev().zip(kept) {
+            if !kept {
+                run.drop_filter();
+            }
+        }
+    }
+
+    /// Bytes of Bloom filters in memory.
+    pub fn filter_bytes(&self) -> usize {
+        self.runs.iter().map(|(run, _)| run.filter_bytes()).sum()
+    }
+
+    /// Lookups that read a run's block.
+    pub fn block_reads(&self) -> u64 {
+        self.block_reads
+    }
+
+    /// The tier of the newest [`FANOUT`] runs, when they share one.
+    fn full_tier(&self) -> Option<u32> {
+        let from = self.runs.len().checked_sub(FANOUT)?;
+        let tier = self.runs[from].1;
+        self.runs[from..]
+            .iter()
+            .all(|(_, t)| *t == tier)
+            .then_some(tier)
+    }
+
+    /// Entries written to runs so far, by spills and merges: over the
+    /// entries spilled, how many times each was written.
+    pub fn entries_written(&self) -> u64 {
+        self.entries_written
+    }
+
+    /// Bytes written to runs so far, by spills and merges.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    fn next_path(&mut self) -> io::Result<std::path::PathBuf> {
+        let dir = match &mut self.dir {
+            RunsDir::Temporary(Some(dir)) => dir.path(),
+            RunsDir::Temporary(dir) => dir
+                .insert(
+                    tempfile::Builder::new()
+                        .prefix("wal2iceberg-keys-")
+                        .tempdir()?,
+                )
+                .path(),
+            RunsDir::Kept(dir) => {
+                std::fs::create_dir_all(&*dir)?;
+                dir
+            }
+        };
+        self.runs_written += 1;
+        Ok(dir.join(format!("{:08}.run", self.runs_written)))
+    }
+
+    /// Every entry of memory and the runs, newest winning, in key order.
+    #[cfg(test)]
+    fn merged(&self) -> impl Iterator<Item = io::Result<(Key, Slot)>> + '_ {
+        let mut memory: Vec<(Key, Slot)> =
+            self.memory.iter().map(|(k, s)| (k.clone(), *s)).collect();
+        memory.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        merge(self.runs.iter().map(|(run, _)| run), memory)
+    }
+
+    fn io_error(&self, e: io::Error) -> Error {
+        let dir = match &self.dir {
+            RunsDir::Temporary(dir) => dir.as_ref().map(|d| d.path()),
+            RunsDir::Kept(dir) => Some(dir.as_path()),
+        };
+        Error::new(ErrorKind::Io, "the key index cannot use its local files")
+            .with_context("dir", dir.unwrap_or(Path::new("")).display())
+            .with_source(e)
+    }
+
+    fn release(&mut self, l: Location) {
+        let slot = &mut self.files[l.file as usize];
+        slot.live -= 1;
+        if slot.live == 0 {
+            self.free_slot(l.file);
+        }
+    }
+
+    fn free_slot(&mut self, file: u32) {
+        self.files[file as usize].path = Arc::from("");
+        self.free.push(file);
+    }
+}
+
+/// Where an index writes its runs.
+enum RunsDir {
+    /// A temporary directory under `TMPDIR`, made at the first spill and
+    /// removed with the index.
+    Temporary(Option<tempfile::TempDir>),
+    /// A folder of the state directory, where the index can be persisted.
+    Kept(PathBuf),
+}
+
+/// The file naming a persisted index's parts.
+const MANIFEST: &str = "index.json";
+const MANIFEST_VERSION: u32 = 3;
+
+/// A persisted index, as [`MANIFEST`] records it.
+#[derive(Serialize, Deserialize)]
+struct Manifest {
+    version: u32,
+    /// What the index is of, in its owner's words.
+    of: String,
+    live: usize,
+    runs_written: u64,
+    /// Run file names with their tiers and entries, oldest first.
+    runs: Vec<(String, u32, usize)>,
+    /// Each file number's path and live rows ("" and 0 when free).
+    files: Vec<(String, u32)>,
+    free: Vec<u32>,
+}
+
+impl KeyIndex {
+    /// An empty index whose runs go to `dir`, where it can be persisted.
+    pub fn in_folder(dir: PathBuf, entries: usize) -> KeyIndex {
+        KeyIndex {
+            dir: RunsDir::Kept(dir),
+            ..KeyIndex::with_memory_limit(entries)
+        }
+    }
+
+    /// Writes the index to its folder (memory to a run, then the manifest,
+    /// each synced before the next step) as the index of `of`, and leaves
+    /// its files there. An index in a temporary directory is not kept.
+    pub fn persist(mut self, of: &str) -> Result<()> {
+        let RunsDir::Kept(dir) = &self.dir else {
+            return Ok(());
+        };
+        let dir = dir.clone();
+        self.settle()?;
+        if !self.memory.is_empty() {
+            self.spill().map_err(|e| self.io_error(e))?;
+        }
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            of: of.to_owned(),
+            live: self.live,
+            runs_written: self.runs_written,
+            runs: self
+                .runs
+                .iter()
+                .map(|(run, tier)| {
+                    let name = run.file_name().unwrap_or_default().to_owned();
+                    (name, *tier, run.keys())
+                })
+                .collect(),
+            files: self
+                .files
+                .iter()
+                .map(|f| (f.path.to_string(), f.live))
+                .collect(),
+            free: self.free.clone(),
+        };
+        let written = blocking(|| {
+            std::fs::create_dir_all(&dir)?;
+            for (run, _) in &self.runs {
+                run.sync()?;
+            }
+            let text = serde_json::to_vec(&manifest).map_err(io::Error::other)?;
+            let staged = dir.join(format!("{MANIFEST}.new"));
+            let mut file = std::fs::File::create(&staged)?;
+            file.write_all(&text)?;
+            file.sync_all()?;
+            std::fs::rename(&staged, dir.join(MANIFEST))?;
+            std::fs::File::open(&dir)?.sync_all()
+        });
+        written.map_err(|e| self.io_error(e))?;
+        for (run, _) in &mut self.runs {
+            run.keep();
+        }
+        Ok(())
+    }
+
+    /// The index persisted in `dir` as the index of `of`, if one is and
+    /// reads whole; its manifest is removed first, so that it is taken at
+    /// most once. `None` leaves the folder for [`Self::clean`].
+    pub fn restore(dir: &Path, of: &str, entries: usize) -> Option<KeyIndex> {
+        let text = std::fs::read(dir.join(MANIFEST)).ok()?;
+        let manifest: Manifest = serde_json::from_slice(&text).ok()?;
+        if manifest.version != MANIFEST_VERSION || manifest.of != of {
+            return None;
+        }
+        std::fs::remove_file(dir.join(MANIFEST)).ok()?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).ok()?;
+        let index = KeyIndex::in_folder(dir.to_owned(), entries);
+        let sizes = manifest
+            .runs
+            .iter()
+            .rev()
+            .map(|(_, _, keys)| filter_bytes(*keys));
+        let mut filtered: Vec<bool> = fitting(index.filter_budget, sizes).collect();
+        filtered.reverse();
+        let runs = blocking(|| {
+            (manifest.runs.iter().zip(filtered))
+                .map(|((name, tier, keys), filter)| {
+                    Ok((Run::open(dir.join(name), *keys, filter)?, *tier))
+                })
+                .collect::<io::Result<Vec<_>>>()
+        })
+        .ok()?;
+        Some(KeyIndex {
+            runs,
+            runs_written: manifest.runs_written,
+            live: manifest.live,
+            files: manifest
+                .files
+                .into_iter()
+                .map(|(path, live)| FileSlot {
+                    path: path.into(),
+                    live,
+                })
+                .collect(),
+            free: manifest.free,
+            ..index
+        })
+    }
+
+    /// Empties `dir` of what an earlier index left: a persisted one not
+    /// taken, or the runs of one that ended without persisting.
+    pub fn clean(dir: &Path) -> Result<()> {
+        let cleaned = blocking(|| match std::fs::read_dir(dir) {
+            Ok(mut entries) => entries.try_for_each(|entry| std::fs::remove_file(entry?.path())),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        });
+        cleaned.map_err(|e| {
+            Error::new(ErrorKind::Io, "cannot empty the key index's folder")
+                .with_context("dir", dir.display())
+                .with_source(e)
+        })
+    }
+}
+
+/// Whether each filter of these sizes, the newest run's first, fits in
+/// `budget` beside the newer ones kept.
+fn fitting(budget: usize, sizes: impl Iterator<Item = usize>) -> impl Iterator<Item = bool> {
+    let mut left = budget;
+    sizes.map(move |size| {
+        left.checked_sub(size)
+            .inspect(|rest| left = *rest)
+            .is_some()
+    })
+}
+
+/// One layer's entries, in key order.
+type Layer<'a> = Box<dyn Iterator<Item = io::Result<(Key, Slot)>> + 'a>;
+
+/// Merges `runs` (oldest first) and then `newest`, each in key order, into
+/// one sequence in key order where a key appears once, as its newest
+/// layer says.
+fn merge<'a>(
+    runs: impl IntoIterator<Item = &'a Run>,
+    newest: Vec<(Key, Slot)>,
+) -> impl Iterator<Item = io::Result<(Key, Slot)>> + 'a {
+    let mut layers: Vec<Layer<'a>> = runs
+        .into_iter()
+        .map(|r| Box::new(r.iter()) as Layer)
+        .collect();
+    layers.push(Box::new(newest.into_iter().map(Ok)));
+    let mut heads: Vec<Option<(Key, Slot)>> = vec![None; layers.len()];
+    let mut started = false;
+    std::iter::from_fn(move || {
+        if !started {
+            started = true;
+            for (head, layer) in heads.iter_mut().zip(&mut layers) {
+                match layer.next().transpose() {
+                    Ok(next) => *head = next,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        let smallest = heads.iter().flatten().map(|(k, _)| k).min()?.clone();
+        let mut winner = None;
+        for (head, layer) in heads.iter_mut().zip(&mut layers) {
+            if head.as_ref().is_some_and(|(k, _)| *k == smallest) {
+                winner = head.take();
+                match layer.next().transpose() {
+                    Ok(next) => *head = next,
+                    Err(e) => return Some(Err(e)),
+                }
+            }
+        }
+        winner.map(Ok)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn key(i: i64) -> Key {
+        Key::from_slice(&i.to_le_bytes())
+    }
+
+    #[test]
+    fn the_index_reuses_the_number_of_a_file_without_live_rows() {
+        let mut index = KeyIndex::default();
+        index
+            .add_file("a".into(), [(0, key(1)), (1, key(2))])
+            .unwrap();
+        index.add_file("b".into(), [(0, key(3))]).unwrap();
+        assert_eq!(index.remove(&key(1)).unwrap(), Some(("a".into(), 0)));
+        assert_eq!(index.remove(&key(1)).unwrap(), None);
+        assert_eq!(index.remove(&key(2)).unwrap(), Some(("a".into(), 1)));
+        // A rewritten key moves; its old file keeps its other rows.
+        index
+            .add_file("c".into(), [(5, key(4)), (6, key(3))])
+            .unwrap();
+        assert_eq!(index.files.len(), 2, "c took a's number");
+        assert_eq!(index.get(&key(3)).unwrap(), Some(("c".into(), 6)));
+        assert_eq!(index.get(&key(4)).unwrap(), Some(("c".into(), 5)));
+        assert_eq!(index.files[1].live, 0, "b lost its only row to c");
+        index.add_file("empty".into(), []).unwrap();
+        assert_eq!(index.files.len(), 2, "a file without rows keeps no number");
+        let mut all = index.clear().unwrap();
+        all.sort();
+        assert_eq!(all, [("c".into(), 5), ("c".into(), 6)]);
+        assert_eq!(index.live_rows(), 0);
+    }
+
+    #[test]
+    fn a_file_being_written_takes_its_rows_run_by_run_across_spills() {
+        let mut index = KeyIndex::with_memory_limit(3);
+        let file = index.new_file("load".into()).unwrap();
+        index
+            .add_new_rows(&file, (0..).zip([key(7), key(8)]))
+            .unwrap();
+        index
+            .add_new_rows(&file, (2..).zip([key(9), key(10), key(11)]))
+            .unwrap();
+        index.end_new_file(file);
+        assert_eq!(index.live_rows(), 5);
+        assert_eq!(index.get(&key(7)).unwrap(), Some(("load".into(), 0)));
+        assert_eq!(index.get(&key(11)).unwrap(), Some(("load".into(), 4)));
+        assert_eq!(index.live_per_file().get("load"), Some(&5));
+        let empty = index.new_file("empty".into()).unwrap();
+        index.end_new_file(empty);
+        let next = index.new_file("next".into()).unwrap();
+        assert_eq!(index.files.len(), 2, "next took the number empty gave back");
+        index.end_new_file(next);
+    }
+
+    #[test]
+    fn fresh_rows_of_a_load_go_to_runs_in_bulk_and_read_back_as_any_other() {
+        let mut index = KeyIndex::with_memory_limit(2);
+        assert!(index.is_empty());
+        let file = index.new_file("load".into()).unwrap();
+        index
+            .add_fresh_rows(&file, (0..).zip([key(5), key(1), key(4)]))
+            .unwrap();
+        index
+            .add_fresh_rows(&file, (3..).zip([key(3), key(2)]))
+            .unwrap();
+        index.end_new_file(file);
+        assert_eq!(index.runs.len(), 2, "two full runs, one entry left over");
+        assert_eq!(index.live_rows(), 5);
+        for (pos, k) in [5, 1, 4, 3, 2].into_iter().enumerate() {
+            assert_eq!(
+                index.get(&key(k)).unwrap(),
+                Some(("load".into(), pos as i64))
+            );
+        }
+        assert_eq!(index.runs.len(), 3, "the entry left over: a run of its own");
+        assert!(index.memory.is_empty() && index.fresh.capacity() == 0);
+        assert_eq!(index.remove(&key(4)).unwrap(), Some(("load".into(), 2)));
+        assert_eq!(index.get(&key(4)).unwrap(), None);
+        index.add_file("next".into(), [(0, key(5))]).unwrap();
+        assert_eq!(index.get(&key(5)).unwrap(), Some(("next".into(), 0)));
+        assert_eq!(index.live_rows(), 4);
+        let mut all = index.clear().unwrap();
+        all.sort();
+        assert_eq!(
+            all,
+            [
+                ("load".into(), 1),
+                ("load".into(), 3),
+                ("load".into(), 4),
+                ("next".into(), 0)
+            ]
+        );
+    }
+
+    #[test]
+    fn moved_files_take_their_live_rows_and_only_those() {
+        // a holds 1 (2 was removed), b holds 3; most of it in runs.
+        let two_files = || {
+            let mut index = KeyIndex::with_memory_limit(2);
+            index
+                .add_file("a".into(), [(0, key(1)), (1, key(2))])
+                .unwrap();
+            index.add_file("b".into(), [(0, key(3))]).unwrap();
+            index.remove(&key(2)).unwrap();
+            assert!(!index.runs.is_empty(), "the rows went to runs");
+            index
+        };
+        let wrong = two_files().move_files(&["a", "b"], vec![("c".into(), vec![(0, key(1))])]);
+        assert!(wrong.is_err(), "b's row is missing from the move");
+        let mut index = two_files();
+        index
+            .move_files(
+                &["a", "b"],
+                vec![("c".into(), vec![(0, key(1)), (1, key(3))])],
+            )
+            .unwrap();
+        assert_eq!(index.get(&key(1)).unwrap(), Some(("c".into(), 0)));
+        assert_eq!(index.get(&key(3)).unwrap(), Some(("c".into(), 1)));
+        assert_eq!(index.get(&key(2)).unwrap(), None);
+        assert_eq!(index.live_rows(), 2);
+        assert_eq!(index.live_per_file(), HashMap::from([("c", 2)]));
+    }
+
+    #[test]
+    fn each_entry_is_written_a_logarithmic_number_of_times() {
+        // 4^5 spills of 4 new keys each: five tiers of merges above the
+        // spills. Merging every run at each fifth spill, as the index once
+        // did, writes each entry about 4^5 / 10 times.
+        let (limit, spills) = (4, 4usize.pow(5));
+        let mut index = KeyIndex::with_memory_limit(limit);
+        let keys = (limit * spills) as i64;
+        for k in 0..keys {
+            index
+                .add_file(format!("f{k}").into(), [(0, key(k))])
+                .unwrap();
+        }
+        let per_entry = index.entries_written() as f64 / keys as f64;
+        assert!(
+            per_entry <= 6.0,
+            "each entry written {per_entry} times: once by its spill, once per tier"
+        );
+        assert_eq!(index.runs.len(), 1, "{} runs", index.runs.len());
+        assert_eq!(index.get(&key(17)).unwrap(), Some(("f17".into(), 0)));
+    }
+
+    #[test]
+    fn filters_stay_within_their_budget_and_a_key_above_every_run_reads_nothing() {
+        // 4^3 spills of 4 even keys each merge into one run of 256 entries,
+        // too many for the filters of 16 spills' worth.
+        let big_endian = |i: u64| Key::from_slice(&i.to_be_bytes());
+        let mut index = KeyIndex::with_memory_limit(4);
+        for k in 0..256 {
+            index
+                .add_file(format!("f{k}").into(), [(0, big_endian(2 * k))])
+                .unwrap();
+        }
+        assert_eq!(index.runs.len(), 1);
+        assert_eq!(index.filter_bytes(), 0, "the large run has no filter");
+        for k in 0..256 {
+            let found = index.get(&big_endian(2 * k)).unwrap();
+            assert_eq!(found, Some((format!("f{k}").into(), 0)));
+        }
+        let reads = index.block_reads();
+        assert_eq!(index.get(&big_endian(513)).unwrap(), None);
+        assert_eq!(index.block_reads(), reads, "above the range: no read");
+        assert_eq!(index.get(&big_endian(3)).unwrap(), None);
+        assert_eq!(index.block_reads(), reads + 1, "in the range: one read");
+
+        // Newer, smaller runs keep theirs, within the budget.
+        for k in 0..60 {
+            index
+                .add_file(format!("g{k}").into(), [(0, big_endian(2 * k + 1))])
+                .unwrap();
+        }
+        assert!(index.runs.len() > 2, "{} runs", index.runs.len());
+        assert!(index.filter_bytes() > 0);
+        assert!(index.filter_bytes() <= index.filter_budget);
+        let reads = index.block_reads();
+        assert_eq!(
+            index.get(&big_endian(2 * 100)).unwrap(),
+            Some(("f100".into(), 0))
+        );
+        assert_eq!(
+            index.block_reads() - reads,
+            1,
+            "newer runs end below the key: only the oldest read"
+        );
+    }
+
+    #[test]
+    fn a_persisted_index_is_restored_once_and_only_as_what_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = dir.path().join("keys");
+        let mut index = KeyIndex::in_folder(folder.clone(), 4);
+        for k in 0..50 {
+            index
+                .add_file(format!("f{k}").into(), [(0, key(k))])
+                .unwrap();
+        }
+        index.remove(&key(7)).unwrap();
+        index.persist("t/1").unwrap();
+        assert!(folder.join(MANIFEST).exists());
+
+        assert!(
+            KeyIndex::restore(&folder, "t/2", 4).is_none(),
+            "another snapshot"
+        );
+        let mut restored = KeyIndex::restore(&folder, "t/1", 4).expect("restored");
+        assert!(!folder.join(MANIFEST).exists(), "taken once");
+        assert_eq!(restored.live_rows(), 49);
+        assert_eq!(restored.get(&key(7)).unwrap(), None);
+        assert_eq!(restored.get(&key(8)).unwrap(), Some(("f8".into(), 0)));
+        restored
+            .add_file("g".into(), [(1, key(8)), (2, key(99))])
+            .unwrap();
+        assert_eq!(restored.get(&key(8)).unwrap(), Some(("g".into(), 1)));
+        assert_eq!(restored.live_rows(), 50);
+        drop(restored);
+        assert!(
+            KeyIndex::restore(&folder, "t/1", 4).is_none(),
+            "the manifest is gone"
+        );
+
+        // A torn run: not restored, and the folder is emptied.
+        let mut index = KeyIndex::in_folder(folder.clone(), 2);
+        for k in 0..9 {
+            index
+                .add_file(format!("f{k}").into(), [(0, key(k))])
+                .unwrap();
+        }
+        index.persist("t/3").unwrap();
+        let run = std::fs::read_dir(&folder)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "run"))
+            .unwrap();
+        let bytes = std::fs::read(&run).unwrap();
+        std::fs::write(&run, &bytes[..bytes.len() - 3]).unwrap();
+        assert!(KeyIndex::restore(&folder, "t/3", 2).is_none());
+        KeyIndex::clean(&folder).unwrap();
+        assert_eq!(std::fs::read_dir(&folder).unwrap().count(), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        AddFile(Vec<u8>),
+        Remove(u8),
+        Get(u8),
+        Clear,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => proptest::collection::vec(0u8..40, 0..12).prop_map(Step::AddFile),
+            6 => (0u8..40).prop_map(Step::Remove),
+            3 => (0u8..40).prop_map(Step::Get),
+            1 => Just(Step::Clear),
+        ]
+    }
+
+    proptest! {
+        /// With a memory of a few entries, so runs are written and merged
+        /// all the time, the index answers as a plain map does.
+        #[test]
+        fn the_index_answers_as_a_map_however_it_spills(
+            limit in 1usize..6,
+            steps in proptest::collection::vec(step(), 1..120),
+        ) {
+            let mut index = KeyIndex::with_memory_limit(limit);
+            let mut model: HashMap<u8, (Arc<str>, i64)> = HashMap::new();
+            for (n, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::AddFile(keys) => {
+                        let path: Arc<str> = format!("f{n}").into();
+                        index.add_file(path.clone(), keys.iter().map(|&k| {
+                            (usize::from(k) + 100, Key::from_slice(&[k]))
+                        })).unwrap();
+                        for k in keys {
+                            model.insert(k, (path.clone(), i64::from(k) + 100));
+                        }
+                    }
+                    Step::Remove(k) => {
+                        prop_assert_eq!(index.remove(&[k]).unwrap(), model.remove(&k));
+                    }
+                    Step::Get(k) => {
+                        prop_assert_eq!(index.get(&[k]).unwrap(), model.get(&k).cloned());
+                    }
+                    Step::Clear => {
+                        let mut all = index.clear().unwrap();
+                        all.sort();
+                        let mut expected: Vec<_> = model.drain().map(|(_, v)| v).collect();
+                        expected.sort();
+                        prop_assert_eq!(all, expected);
+                    }
+                }
+                prop_assert_eq!(index.live_rows(), model.len());
+                for tier in index.runs.iter().map(|(_, t)| *t) {
+                    let of_tier = index.runs.iter().filter(|(_, t)| *t == tier).count();
+                    prop_assert!(of_tier < FANOUT, "tier {} has {} runs", tier, of_tier);
+                }
+                prop_assert!(index.runs.is_sorted_by(|a, b| a.1 >= b.1));
+                prop_assert!(index.filter_bytes() <= index.filter_budget);
+                let live_in_files: u32 = index.files.iter().map(|f| f.live).sum();
+                prop_assert_eq!(live_in_files as usize, model.len());
+            }
+        }
+    }
+}
