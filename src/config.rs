@@ -11,11 +11,6 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::apply::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
-use crate::apply::{
-    DEFAULT_FLUSH_INTERVAL, DEFAULT_LOAD_CONNECTIONS, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_BATCH_ROWS, DEFAULT_STORAGE_RETRY_DEADLINE,
-};
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{CatalogChoice, LakeLocation, namespace};
@@ -23,6 +18,19 @@ use crate::lake::maintenance::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::maintenance::expire::{DEFAULT_RETENTION, Retention};
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
+
+/// Flush a batch at least this often while changes arrive.
+pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+/// Flush once a batch holds this many changes (at the next transaction end).
+pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
+/// Flush once a batch holds about this many bytes of values.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
+/// Connections reading the initial load, when there are that many tables.
+pub const DEFAULT_LOAD_CONNECTIONS: usize = 2;
+/// Transient storage faults are retried this long with no commit landing.
+pub const DEFAULT_STORAGE_RETRY_DEADLINE: Duration = Duration::from_secs(300);
+/// Warn when the slot keeps more WAL than this on the source's disk.
+pub const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
 
 /// One layer of raw values, as written in a file, the environment or
 /// flags: the settings' one definition, which clap reads as flags and

@@ -407,22 +407,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
         Command::Run { settings: args } => {
             let settings = settings(args)?;
             let options = RunOptions {
-                namespace: settings.namespace.clone(),
-                table_names: settings.table_names.clone(),
-                flush_interval: settings.flush_interval,
-                max_batch_rows: settings.max_batch_rows,
-                max_batch_bytes: settings.max_batch_bytes,
-                atomic_commits: settings.atomic_commits,
-                compact_after_files: settings.compact_after_files,
-                load_connections: settings.load_connections,
-                retention: settings.retention,
-                exit_when_idle: settings.exit_when_idle,
-                heartbeat_interval: settings.heartbeat_interval,
-                retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
-                storage_retry_deadline: settings.storage_retry_deadline,
-                state_dir: settings.state_dir.clone(),
                 shutdown: Shutdown::on_signals()?,
-                ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
+                ..RunOptions::from_settings(&settings, capture_options(&settings).await?)
             };
             let summary =
                 wal2iceberg::ops::run::run(&settings.source, &options, settings.metrics_addr)
@@ -434,11 +420,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(args)?;
             // What `run` checks, on the tables it would take: those the
             // lake holds from the slot too, under their Iceberg names.
-            let run_options = RunOptions {
-                namespace: settings.namespace.clone(),
-                table_names: settings.table_names.clone(),
-                ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
-            };
+            let run_options =
+                RunOptions::from_settings(&settings, capture_options(&settings).await?);
             let settled = wal2iceberg::apply::settle(&settings.source, &run_options).await?;
             let failures = capture::check(&settings.source, &settled.capture).await?;
             if failures.is_empty() {
@@ -609,11 +592,7 @@ async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let wait = wal2iceberg::config::parse_duration("wait", &wait)
                 .map_err(|e| Error::new(ErrorKind::Config, format!("--wait: {e}")))?;
             let settings = settings(args)?;
-            let options = RunOptions {
-                namespace: settings.namespace.clone(),
-                table_names: settings.table_names.clone(),
-                ..RunOptions::new(capture_options(&settings).await?, settings.lake.clone())
-            };
+            let options = RunOptions::from_settings(&settings, capture_options(&settings).await?);
             let report = wal2iceberg::ops::verify::verify(&settings.source, &options, wait).await?;
             out!("{}", report.to_text());
             Ok(if report.equal() {

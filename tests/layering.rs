@@ -1,8 +1,8 @@
 //! The module graph of `src/`, read from its `use` paths: no module
 //! depends on itself through others, the wire (`pg`) depends on nothing
 //! above it, the shared words (`model`) on nothing, the lake not on the
-//! wire, and nothing but the commands (`ops`) and the binary depends on
-//! the commands (docs/architecture.md).
+//! wire, the settings not on the pipeline, and nothing but the commands
+//! (`ops`) and the binary depends on the commands (docs/architecture.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -159,6 +159,14 @@ fn no_module_depends_on_itself_the_wire_on_nothing_above_it_and_none_on_the_comm
         assert!(
             ["model", "error"].contains(&top.as_str()),
             "{module} (the shared words) depends on {top}"
+        );
+    }
+    // The settings sit below the pipeline they configure: each default
+    // lives beside its setting, and the pipeline reads it from there.
+    for (module, top) in tops("config") {
+        assert!(
+            !["apply", "ops"].contains(&top.as_str()),
+            "{module} (the settings) depends on {top}"
         );
     }
     // The lake knows Iceberg, not the wire it was fed from.

@@ -23,8 +23,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use self::monitor::DEFAULT_RETAINED_WAL_WARN_BYTES;
 use crate::cdc::capture::CaptureOptions;
+use crate::config::{
+    DEFAULT_FLUSH_INTERVAL, DEFAULT_LOAD_CONNECTIONS, DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BATCH_ROWS, DEFAULT_RETAINED_WAL_WARN_BYTES, DEFAULT_STORAGE_RETRY_DEADLINE,
+    Settings,
+};
 use crate::lake::catalog::LakeLocation;
 use crate::lake::maintenance::compaction::DEFAULT_AFTER_FILES;
 use crate::lake::maintenance::expire::{DEFAULT_RETENTION, Retention};
@@ -55,16 +59,6 @@ pub use naming::iceberg_name;
 pub(crate) use pipeline::{Pipeline, StreamEnd};
 pub use run::{Settled, run, settle};
 
-/// Flush a batch at least this often while changes arrive.
-pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// Flush once a batch holds this many changes (at the next transaction end).
-pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
-/// Flush once a batch holds about this many bytes of values.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
-/// Connections reading the initial load, when there are that many tables.
-pub const DEFAULT_LOAD_CONNECTIONS: usize = 2;
-/// Transient storage faults are retried this long with no commit landing.
-pub const DEFAULT_STORAGE_RETRY_DEADLINE: Duration = Duration::from_secs(300);
 /// Snapshots are expired at least this often, in silver commits.
 pub const EXPIRE_EVERY_COMMITS: usize = 100;
 
@@ -137,6 +131,31 @@ impl RunOptions {
             storage_retry_deadline: DEFAULT_STORAGE_RETRY_DEADLINE,
             monitor_interval: monitor::DEFAULT_INTERVAL,
             load_connections: DEFAULT_LOAD_CONNECTIONS,
+            shutdown: Shutdown::default(),
+        }
+    }
+
+    /// What `settings` say, for `capture`; stopped only through
+    /// [`Shutdown`]'s default unless the caller sets one.
+    pub fn from_settings(settings: &Settings, capture: CaptureOptions) -> RunOptions {
+        RunOptions {
+            capture,
+            lake: settings.lake.clone(),
+            state_dir: settings.state_dir.clone(),
+            namespace: settings.namespace.clone(),
+            table_names: settings.table_names.clone(),
+            flush_interval: settings.flush_interval,
+            max_batch_rows: settings.max_batch_rows,
+            max_batch_bytes: settings.max_batch_bytes,
+            atomic_commits: settings.atomic_commits,
+            compact_after_files: settings.compact_after_files,
+            retention: settings.retention,
+            exit_when_idle: settings.exit_when_idle,
+            heartbeat_interval: settings.heartbeat_interval,
+            retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
+            storage_retry_deadline: settings.storage_retry_deadline,
+            monitor_interval: monitor::DEFAULT_INTERVAL,
+            load_connections: settings.load_connections,
             shutdown: Shutdown::default(),
         }
     }

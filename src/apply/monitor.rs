@@ -19,9 +19,6 @@ use crate::pg::source::SourceClient;
 /// How often the slot is looked at by default.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
-/// Warn when the slot keeps more WAL than this on the source's disk.
-pub const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
-
 #[derive(Debug, Clone)]
 pub struct MonitorOptions {
     pub slot: String,
