@@ -30,11 +30,18 @@ impl TableSink {
     /// Whether the open batch gives bronze, and silver, a snapshot: what
     /// it staged, or a table not yet loaded, whose empty load marks it
     /// loaded.
-    fn wants_commit(&self) -> (bool, bool) {
-        let bronze = self.bronze_dirty || self.bronze_at.is_none();
-        let silver = self.silver.is_some() && (self.silver_dirty || self.silver_at.is_none());
-        (bronze, silver)
+    fn wants_commit(&self) -> Wanted {
+        Wanted {
+            bronze: self.bronze_dirty || self.bronze_at.is_none(),
+            silver: self.silver.is_some() && (self.silver_dirty || self.silver_at.is_none()),
+        }
     }
+}
+
+/// Which of a source table's two tables the open batch gives a snapshot.
+struct Wanted {
+    bronze: bool,
+    silver: bool,
 }
 
 impl Pipeline<'_> {
@@ -63,7 +70,7 @@ impl Pipeline<'_> {
         let recorded = self
             .sinks
             .iter()
-            .any(|(table, sink)| !resynced.contains(table) && sink.wants_commit().0);
+            .any(|(table, sink)| !resynced.contains(table) && sink.wants_commit().bronze);
         let written = if self.atomic_commits {
             self.commit_together(position, &resynced).await?
         } else {
@@ -76,7 +83,7 @@ impl Pipeline<'_> {
             if resynced.contains(table) {
                 continue;
             }
-            let (bronze, silver) = sink.wants_commit();
+            let Wanted { bronze, silver } = sink.wants_commit();
             let mut compacted = false;
             if bronze {
                 sink.bronze_at = Some(position);
@@ -150,7 +157,7 @@ impl Pipeline<'_> {
             .iter_mut()
             .filter(|(table, _)| !resynced.contains(*table));
         let prepared = prepared.map(|(table, sink)| async move {
-            let (bronze, silver) = sink.wants_commit();
+            let Wanted { bronze, silver } = sink.wants_commit();
             let TableSink {
                 bronze: bronze_table,
                 silver: silver_table,
@@ -213,7 +220,7 @@ impl Pipeline<'_> {
             if resynced.contains(table) {
                 continue;
             }
-            let (bronze, silver) = sink.wants_commit();
+            let Wanted { bronze, silver } = sink.wants_commit();
             let mut written = Written::default();
             if bronze {
                 let evolved = sink.bronze.schema_staged();

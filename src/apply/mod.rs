@@ -10,10 +10,11 @@
 //! says which Iceberg tables a source table lands in, `table_set` which
 //! tables a lake replicates from its slot, `resync` the requests for a
 //! table's reload that a run takes up (`rewrite` makes one for DDL that
-//! rewrote a table's rows), `mark` records positions of the slot no
-//! table's snapshot does, `keep` what outlives a connection (silver's
-//! key indexes), and `monitor` watches the slot's lag and retained WAL
-//! while a run streams.
+//! rewrote a table's rows), `slot_marks` records positions of the slot no
+//! table's snapshot does, `index_persistence` keeps what outlives a
+//! connection (silver's key indexes), `load_beside_stream` loads tables
+//! while the others stream, `monitor` watches the slot's lag and retained
+//! WAL while a run streams, and `run` is the front door that drives them.
 //!
 //! Exactly once: every snapshot records the highest source commit LSN it
 //! fully contains. At start each table's recorded LSN is read back, and a
@@ -36,12 +37,11 @@ use crate::model::Lsn;
 use crate::model::TableName;
 use crate::shutdown::Shutdown;
 
-mod beside;
 mod flush;
 mod housekeeping;
-mod keep;
+mod index_persistence;
 mod load;
-mod mark;
+mod load_beside_stream;
 pub mod monitor;
 pub mod naming;
 mod pipeline;
@@ -51,6 +51,7 @@ mod rewrite;
 mod run;
 mod sink;
 pub mod slot_adoption;
+mod slot_marks;
 pub mod table_set;
 mod tally;
 

@@ -68,9 +68,9 @@ pub(crate) struct Pipeline<'r> {
     /// abandoned for the resync, whose start fills it from bronze's
     /// history as it streams the change again.
     pub(super) replay_after_resync: bool,
-    /// The tables loading beside the stream (`apply::beside`).
+    /// The tables loading beside the stream (`apply::load_beside_stream`).
     pub(super) beside: Option<Beside>,
-    /// When this run last recorded a mark (`apply::mark`).
+    /// When this run last recorded a mark (`apply::slot_marks`).
     pub(super) marked: Option<Instant>,
     /// The lake's writer lock, checked before each batch's commit; none
     /// for a load beside the stream, whose run checks it.

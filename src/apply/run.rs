@@ -63,7 +63,8 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         let attempt = Box::pin(run_once(
             config,
             options,
-            (&mut started, &mut writer),
+            &mut started,
+            &mut writer,
             &mut total,
         ));
         let ended = match &storage {
@@ -300,7 +301,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     let mut tables = options.capture.tables.clone();
     let mut chosen = options.table_names.clone();
     let recorded_of = async |slot: &str| {
-        table_set::held(
+        table_set::replicated_tables(
             config,
             &options.lake,
             &namespace,
@@ -322,9 +323,9 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     )
     .await?;
     let table_set::Recorded {
-        held,
+        replicated: held,
         elsewhere,
-        reach,
+        recorded_position,
     } = recorded;
     // A table whose history came from another slot cannot go on from
     // this one: between the two slots' positions lies a gap.
@@ -374,7 +375,7 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
         tables.retain(|t| t != old);
         chosen.remove(old);
     }
-    let held_tables: Vec<TableName> = held.iter().map(|h| h.table.clone()).collect();
+    let claimed = !held.is_empty();
     let history = held
         .iter()
         .filter(|h| h.history)
@@ -397,15 +398,14 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
     let names = names(&tables, &chosen)?;
     let mut capture = options.capture.clone();
     capture.to_lake = true;
-    capture.claimed = !held_tables.is_empty();
+    capture.claimed = claimed;
     capture.history = history;
-    capture.reach = reach;
+    capture.recorded_position = recorded_position;
     capture.tables = tables;
     Ok(Settled {
         namespace,
         names,
         capture,
-        held: held_tables,
         adoption,
     })
 }
@@ -417,8 +417,6 @@ pub struct Settled {
     pub names: HashMap<TableName, String>,
     /// The capture's options for the tables.
     pub capture: CaptureOptions,
-    /// The tables the lake holds from the slot.
-    pub held: Vec<TableName>,
     /// The lake's history from another slot, which this one takes up.
     pub adoption: Option<Adoption>,
 }
@@ -429,7 +427,8 @@ pub struct Settled {
 async fn run_once(
     config: &PgConfig,
     options: &RunOptions,
-    (started, writer): (&mut bool, &mut Option<WriterLock>),
+    started: &mut bool,
+    writer: &mut Option<WriterLock>,
     total: &mut RunReport,
 ) -> Result<StreamEnd> {
     let Settled {

@@ -54,7 +54,7 @@ pub async fn consider(
     };
     let old = source::slot_info(&client, &from).await?;
     let from_recorded = from_slot(&from).await?;
-    let end = history_end(old.as_ref(), from_recorded.reach);
+    let end = history_end(old.as_ref(), from_recorded.recorded_position);
     judge(config, slot, &new, &from, old.as_ref(), end)?;
     tracing::info!(
         slot,
@@ -65,7 +65,7 @@ pub async fn consider(
          lake holds from slot {from:?}, so what it sends again adds nothing"
     );
     let adopted = Recorded {
-        reach: end,
+        recorded_position: end,
         ..from_recorded
     };
     let adoption = Adoption {
@@ -79,7 +79,7 @@ pub async fn consider(
 /// `tables` from, when the lake records none from the run's own and that
 /// slot was not released (`teardown`).
 fn candidate(recorded: &Recorded, tables: &[TableName]) -> Option<String> {
-    if !recorded.held.is_empty() {
+    if !recorded.replicated.is_empty() {
         return None;
     }
     let mut slots = recorded

@@ -51,7 +51,7 @@ pub fn mark(bronze: &Table) -> Option<Lsn> {
 
 /// How far `bronze` records its slot's stream: its snapshots' position or
 /// its mark, whichever is further.
-pub fn reach(bronze: &Table) -> Result<Option<Lsn>> {
+pub fn recorded_position(bronze: &Table) -> Result<Option<Lsn>> {
     let position = Position::of(bronze)?.map(|p| p.end_lsn);
     Ok(position.max(mark(bronze)))
 }
@@ -68,7 +68,7 @@ pub fn source_properties(table: &TableName, oid: u32, slot: &str) -> [(&'static 
 
 /// A source table of the set.
 #[derive(Debug)]
-pub struct Held {
+pub struct ReplicatedTable {
     /// Its name at the source now.
     pub table: TableName,
     /// Its Iceberg name (bronze's without `_changes`).
@@ -81,10 +81,10 @@ pub struct Held {
     pub history: bool,
 }
 
-impl Held {
+impl ReplicatedTable {
     /// A table under the name its bronze recorded.
-    fn same(table: TableName, iceberg: String, history: bool) -> Held {
-        Held {
+    fn unrenamed(table: TableName, iceberg: String, history: bool) -> ReplicatedTable {
+        ReplicatedTable {
             table,
             iceberg,
             old_names: Vec::new(),
@@ -97,16 +97,16 @@ impl Held {
 #[derive(Debug, Default)]
 pub struct Recorded {
     /// The tables it holds from the slot.
-    pub held: Vec<Held>,
+    pub replicated: Vec<ReplicatedTable>,
     /// Source tables whose bronze holds history from another slot (one
     /// `teardown` dropped reads `<slot> (dropped)`), by their recorded
     /// name: their history cannot go on from this one.
     pub elsewhere: Vec<(String, String)>,
-    /// The furthest position of the slot its tables record ([`reach`]),
+    /// The furthest position of the slot its tables record ([`recorded_position`]),
     /// when one of them records a [`MARK`]: the slot never stands past
     /// it. A lake whose tables record no mark yet (made before marks
     /// were) gives none.
-    pub reach: Option<Lsn>,
+    pub recorded_position: Option<Lsn>,
 }
 
 /// The former names `properties` record ([`SOURCE_FORMER_NAMES`]).
@@ -221,7 +221,7 @@ pub async fn record_source(
 const RELEASED: &str = " (dropped)";
 
 /// The slot `bronze` records it is replicated from, unless released.
-pub fn recorded_slot(bronze: &Table) -> Option<String> {
+pub fn source_slot(bronze: &Table) -> Option<String> {
     let slot = bronze.metadata().properties().get(SOURCE_SLOT)?;
     (!is_released(slot)).then(|| slot.clone())
 }
@@ -232,7 +232,11 @@ pub fn is_released(recorded: &str) -> bool {
 }
 
 /// Whether a bronze table in `namespace` records `slot`.
-pub async fn records_slot(lake: &Lake, namespace: &NamespaceIdent, slot: &str) -> Result<bool> {
+pub async fn namespace_replicates_slot(
+    lake: &Lake,
+    namespace: &NamespaceIdent,
+    slot: &str,
+) -> Result<bool> {
     Ok(!recording(lake, namespace, slot).await?.is_empty())
 }
 
@@ -248,29 +252,29 @@ pub(super) async fn recording(
             continue;
         }
         let bronze = lake.catalog_table(&ident).await?;
-        if recorded_slot(&bronze).as_deref() == Some(slot) {
+        if source_slot(&bronze).as_deref() == Some(slot) {
             found.push(bronze);
         }
     }
     Ok(found)
 }
 
-/// Hands the reach of `bronze`, about to be dropped, to another bronze
+/// Hands the recorded position of `bronze`, about to be dropped, to another bronze
 /// table in `namespace` of its slot, as its mark, unless one reaches as
 /// far: what the lake records of the slot must not fall behind where the
 /// slot stands ([`MARK`]).
-pub async fn hand_over_reach(
+pub async fn pass_on_recorded_position(
     lake: &Lake,
     namespace: &NamespaceIdent,
     bronze: &Table,
 ) -> Result<()> {
-    let (Some(slot), Some(reached)) = (recorded_slot(bronze), reach(bronze)?) else {
+    let (Some(slot), Some(reached)) = (source_slot(bronze), recorded_position(bronze)?) else {
         return Ok(());
     };
     let mut others = recording(lake, namespace, &slot).await?;
     others.retain(|other| other.identifier() != bronze.identifier());
     for other in &others {
-        if reach(other)? >= Some(reached) {
+        if recorded_position(other)? >= Some(reached) {
             return Ok(());
         }
     }
@@ -283,13 +287,13 @@ pub async fn hand_over_reach(
 
 /// Whether the lake at `location`, if there is one, records `slot` in
 /// `namespace`: its changes are the lake's to consume.
-pub async fn lake_records_slot(
+pub async fn lake_replicates_slot(
     location: &LakeLocation,
     namespace: &NamespaceIdent,
     slot: &str,
 ) -> Result<bool> {
     match with_namespace(location, namespace).await? {
-        Some(lake) => records_slot(&lake, namespace, slot).await,
+        Some(lake) => namespace_replicates_slot(&lake, namespace, slot).await,
         None => Ok(false),
     }
 }
@@ -337,7 +341,7 @@ pub async fn release_slot(
 /// one whose name now belongs to another table (dropped and created
 /// again) is refused before anything changes, since its Iceberg tables
 /// hold the old one's rows.
-pub async fn held(
+pub async fn replicated_tables(
     config: &PgConfig,
     location: &LakeLocation,
     namespace: &NamespaceIdent,
@@ -389,15 +393,15 @@ pub async fn held(
             _ => unrecorded.push((name.to_owned(), history)),
         }
     }
-    found.reach = reached.filter(|_| marked);
+    found.recorded_position = reached.filter(|_| marked);
     if recorded.is_empty() && unrecorded.is_empty() {
         return Ok(found);
     }
     let client = SourceClient::connect(config).await?;
-    let held = &mut found.held;
+    let held = &mut found.replicated;
     for (table, oid, iceberg, former, history) in recorded {
         let Some(oid) = oid else {
-            held.push(Held::same(table, iceberg, history));
+            held.push(ReplicatedTable::unrenamed(table, iceberg, history));
             continue;
         };
         let mut old_names = Vec::new();
@@ -415,7 +419,7 @@ pub async fn held(
                         old_names.push((old, taken));
                     }
                 }
-                held.push(Held {
+                held.push(ReplicatedTable {
                     table: now,
                     iceberg,
                     old_names,
@@ -431,7 +435,7 @@ pub async fn held(
                 .with_context("recorded_oid", oid));
             }
             // Dropped: the preflight names it.
-            None => held.push(Held::same(table, iceberg, history)),
+            None => held.push(ReplicatedTable::unrenamed(table, iceberg, history)),
         }
     }
     if !unrecorded.is_empty() {
@@ -441,7 +445,7 @@ pub async fn held(
                 .cloned()
                 .unwrap_or_else(|| iceberg_name(&table));
             if let Some((_, history)) = unrecorded.iter().find(|(n, _)| *n == name) {
-                held.push(Held::same(table, name, *history));
+                held.push(ReplicatedTable::unrenamed(table, name, *history));
             }
         }
     }

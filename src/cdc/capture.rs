@@ -52,7 +52,7 @@ pub struct CaptureOptions {
     /// positions and marks, docs/tables.md), when it records marks: with
     /// `to_lake`, an existing slot confirmed past it confirmed changes the
     /// lake never got, and is refused.
-    pub reach: Option<Lsn>,
+    pub recorded_position: Option<Lsn>,
     /// The lake claimed `slot` for a slot this start makes: finding it
     /// made meanwhile is a race another run won.
     pub new_slot: bool,
@@ -79,7 +79,7 @@ impl CaptureOptions {
             held_tables: None,
             claimed: false,
             history: Vec::new(),
-            reach: None,
+            recorded_position: None,
             new_slot: false,
             to_lake: false,
             manage_publication: true,
@@ -257,9 +257,10 @@ fn slot_failure(
     // Judged only while no consumer streams from the slot: a run of this
     // lake that streams records and confirms while the two are read, one
     // after the other (and the slot in use stops the start anyway).
-    if let (Some(confirmed), Some(reach)) =
-        (exists.and_then(|i| i.confirmed_flush_lsn), options.reach)
-        && options.claimed
+    if let (Some(confirmed), Some(reach)) = (
+        exists.and_then(|i| i.confirmed_flush_lsn),
+        options.recorded_position,
+    ) && options.claimed
         && !exists.is_some_and(|i| i.streamed)
         && confirmed > reach
     {
@@ -566,7 +567,8 @@ mod tests {
     #[test]
     fn a_slot_past_the_lake_is_judged_only_while_nothing_streams_from_it() {
         let mut options = CaptureOptions::new(Vec::new());
-        (options.to_lake, options.claimed, options.reach) = (true, true, Some(Lsn(100)));
+        (options.to_lake, options.claimed, options.recorded_position) =
+            (true, true, Some(Lsn(100)));
         let check = |info| slot_failure(&options, Some(&info)).map(|f| f.check);
         assert_eq!(check(slot(200, false)), Some("slot_past_lake"));
         assert_eq!(check(slot(100, false)), None);

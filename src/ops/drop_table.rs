@@ -86,14 +86,14 @@ pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result
     for ident in [format!("{name}_changes"), name.clone()] {
         let ident = iceberg::TableIdent::new(options.namespace.clone(), ident);
         if let Some(table) = lake.table_if_exists(&ident).await? {
-            slot = slot.or_else(|| table_set::recorded_slot(&table));
-            table_set::hand_over_reach(&lake, &options.namespace, &table).await?;
+            slot = slot.or_else(|| table_set::source_slot(&table));
+            table_set::pass_on_recorded_position(&lake, &options.namespace, &table).await?;
             lake.drop_with_files(&ident).await?;
             report.dropped.push(ident.to_string());
         }
     }
     if let Some(slot) = slot
-        && !table_set::records_slot(&lake, &options.namespace, &slot).await?
+        && !table_set::namespace_replicates_slot(&lake, &options.namespace, &slot).await?
     {
         report.slot_left = Some(slot);
     }

@@ -76,7 +76,7 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
         }
         TailSlot::Consume => {
             if let Some((lake, namespace)) = &options.lake
-                && table_set::lake_records_slot(lake, namespace, &capture_options.slot).await?
+                && table_set::lake_replicates_slot(lake, namespace, &capture_options.slot).await?
             {
                 return Err(Error::new(
                     ErrorKind::Slot,

@@ -88,7 +88,7 @@ pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<Te
     if slot.is_some()
         && options.drop_tables.is_none()
         && !options.force
-        && table_set::lake_records_slot(&options.lake, &options.namespace, &options.slot).await?
+        && table_set::lake_replicates_slot(&options.lake, &options.namespace, &options.slot).await?
         && let Some(held) = unconfirmed(&client, &options.slot, &options.publication).await?
     {
         return Err(Error::new(

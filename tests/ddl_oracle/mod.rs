@@ -163,7 +163,7 @@ struct Scenario {
     /// The audit seq before each change of the replica identity, and
     /// whether it became FULL.
     identities: Vec<(i64, bool)>,
-    /// Held by the writer for each of its transactions, and by the
+    /// ReplicatedTable by the writer for each of its transactions, and by the
     /// scenario for each ALTER and while a run idles out.
     gate: Arc<RwLock<()>>,
 }
