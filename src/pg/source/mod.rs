@@ -1,0 +1,169 @@
+//! The ordinary (non-replication) connection: preflight checks,
+//! publication management, catalog look-ups and the snapshot COPY.
+//!
+//! Every check here reads the catalog only. The one change made to the
+//! source is creating a publication or adding a table to it, and only for
+//! tables whose UPDATE and DELETE keep working once published (a primary
+//! key, or a replica identity of FULL or USING INDEX).
+//!
+//! `preflight` checks, `install` puts the helper triggers in place,
+//! `publication` manages the publication, `catalog` looks tables and
+//! types up, `snapshot` reads a table in an exported snapshot.
+
+use std::fmt;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls};
+
+use super::config::PgConfig;
+use crate::error::{Error, ErrorKind, Result, postgres};
+use crate::model::Lsn;
+
+mod catalog;
+mod install;
+mod preflight;
+mod publication;
+mod snapshot;
+
+pub use catalog::{
+    CatalogColumn, CatalogTable, CatalogType, ColumnFacts, column_facts, describe_table,
+    describe_type, primary_key, table_exists, table_of_oid, table_oid,
+};
+pub use install::{
+    COLUMN_NUMBERS, DdlTrigger, PARTITION_ROWS_MIGRATION, PARTITION_ROWS_SQL,
+    PARTITION_ROWS_TRIGGER, REWRITES, ensure_ddl_triggers, ensure_partition_rows, installing,
+};
+pub use preflight::{SLOT_HELD_BY_RUN, check_table, preflight};
+pub use publication::{CREATED_BY_MARK, ensure_publication, published_tables, unpublished};
+pub use snapshot::{begin_snapshot, copy_out, lock_unchanged_since_snapshot, next_copy_chunk};
+
+/// An ordinary connection; its background task ends when this is dropped.
+pub struct SourceClient {
+    client: Client,
+    task: JoinHandle<()>,
+}
+
+impl Drop for SourceClient {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::ops::Deref for SourceClient {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl SourceClient {
+    pub async fn connect(config: &PgConfig) -> Result<SourceClient> {
+        let pg = config.to_tokio_postgres();
+        let context = |e: tokio_postgres::Error| {
+            let code = e.as_db_error().map(|d| d.code().code().to_owned());
+            let err = postgres(e, "cannot connect to the source database")
+                .with_context("host", &config.host)
+                .with_context("port", config.port)
+                .with_context("dbname", &config.dbname);
+            let tls = err.to_string().contains("TLS");
+            match code.as_deref() {
+                None if tls => Error::new(
+                    ErrorKind::Tls,
+                    "TLS could not be set up as sslmode requires",
+                )
+                .with_context("sslmode", format!("{:?}", config.sslmode))
+                .with_source(err),
+                Some("28P01" | "28000") => Error::new(
+                    ErrorKind::Authentication,
+                    "the server rejected the login: check the user, the password and pg_hba.conf",
+                )
+                .with_context("user", &config.user)
+                .with_source(err),
+                _ => err,
+            }
+        };
+        let (client, task) = match super::tls::client_config(config)? {
+            Some(tls) => {
+                let connector = tokio_postgres_rustls::MakeRustlsConnect::new((*tls).clone());
+                let (client, connection) = pg.connect(connector).await.map_err(context)?;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+            _ => {
+                let (client, connection) = pg.connect(NoTls).await.map_err(context)?;
+                (client, tokio::spawn(async move { drop(connection.await) }))
+            }
+        };
+        Ok(SourceClient { client, task })
+    }
+}
+
+/// One failed preflight check: what is wrong and how to fix it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckFailure {
+    /// A stable short name, e.g. `wal_level`.
+    pub check: &'static str,
+    pub problem: String,
+    pub fix: String,
+}
+
+impl fmt::Display for CheckFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "[{}] {}\n    fix: {}",
+            self.check, self.problem, self.fix
+        )
+    }
+}
+
+/// What the slot looks like in `pg_replication_slots`.
+#[derive(Debug, Clone)]
+pub struct SlotInfo {
+    pub plugin: Option<String>,
+    pub database: Option<String>,
+    pub active_pid: Option<i32>,
+    /// Whether the process holding it is a walsender: a consumer streams
+    /// from it. Any other holder is a backend whose SQL function reads it
+    /// for a moment (`pg_logical_slot_peek_changes`, as `verify` does).
+    pub streamed: bool,
+    pub confirmed_flush_lsn: Option<Lsn>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub wal_status: Option<String>,
+}
+
+pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, database::text, active_pid, confirmed_flush_lsn::text, \
+                    wal_status, COALESCE((SELECT backend_type = 'walsender' \
+                                          FROM pg_stat_activity WHERE pid = active_pid), false) \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
+    Ok(row.map(|r| SlotInfo {
+        plugin: r.get(0),
+        database: r.get(1),
+        active_pid: r.get(2),
+        confirmed_flush_lsn: r.get::<_, Option<String>>(3).and_then(|s| s.parse().ok()),
+        wal_status: r.get(4),
+        streamed: r.get(5),
+    }))
+}
+
+/// The server's `wal_level`, when it is not `logical`.
+pub async fn wal_level(client: &Client) -> Result<Option<CheckFailure>> {
+    let level: String = client
+        .query_one("SHOW wal_level", &[])
+        .await
+        .map_err(|e| postgres(e, "cannot read wal_level"))?
+        .get(0);
+    Ok((level != "logical").then(|| CheckFailure {
+        check: "wal_level",
+        problem: format!("wal_level is {level:?}; logical replication needs \"logical\""),
+        fix: "as a superuser: ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL \
+              (a reload does not change it)"
+            .to_owned(),
+    }))
+}
