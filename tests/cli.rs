@@ -574,8 +574,11 @@ async fn sigterm_during_a_run_stops_cleanly_and_a_restart_loses_and_repeats_noth
         .spawn()
         .expect("start wal2iceberg run");
 
-    // Streaming once the slot is active.
-    db.wait_until_active(&slot).await;
+    // Streaming, the initial load committed. The slot is active while it
+    // is made too: writes then can fall inside the slot's snapshot, and a
+    // stop during that load leaves the restart to read the table again,
+    // every row a read (`r`) and none an insert.
+    db.wait_until_streaming(&slot).await;
 
     // Transactions of 2,000 rows keep batches and transactions in flight.
     let db = &db;

@@ -878,7 +878,7 @@ async fn a_terminated_walsender_is_reconnected_and_nothing_is_lost_or_repeated()
         }
     };
     // Streaming (the load done) before the first change.
-    db.wait_until_active(&slot).await;
+    db.wait_until_streaming(&slot).await;
     for round in 2..5 {
         db.exec(&format!("INSERT INTO customers VALUES ({round}, 'pro')"))
             .await;
