@@ -1,7 +1,8 @@
 //! The module graph of `src/`, read from its `use` paths: no module
 //! depends on itself through others, the wire (`pg`) depends on nothing
 //! above it, the shared words (`model`) on nothing, the lake not on the
-//! wire, the settings not on the pipeline, and nothing but the commands
+//! wire, the pipeline on it only through `cdc`, the settings not on the
+//! pipeline, and nothing but the commands
 //! (`ops`) and the binary depends on the commands (docs/architecture.md).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -172,5 +173,16 @@ fn no_module_depends_on_itself_the_wire_on_nothing_above_it_and_none_on_the_comm
     // The lake knows Iceberg, not the wire it was fed from.
     for (module, top) in tops("lake") {
         assert_ne!(top, "pg", "{module} (the lake) depends on the wire");
+    }
+    // The pipeline reaches the source through the capture and the source
+    // interface (`cdc::source`); of the wire it names only the
+    // connection settings it hands them.
+    for (module, targets) in edges.iter().filter(|(m, _)| m.starts_with("apply")) {
+        for target in targets.iter().filter(|t| t.starts_with("pg")) {
+            assert_eq!(
+                target, "pg::config",
+                "{module} (the pipeline) reaches the wire ({target}), not through cdc::source"
+            );
+        }
     }
 }

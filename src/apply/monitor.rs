@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::error::{Result, postgres};
+use crate::cdc::source::Source;
+use crate::error::Result;
 use crate::metrics::metrics;
 use crate::pg::config::PgConfig;
-use crate::pg::source::SourceClient;
 
 /// How often the slot is looked at by default.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
@@ -37,57 +37,41 @@ impl Drop for Monitor {
 }
 
 pub async fn start(config: &PgConfig, options: MonitorOptions) -> Result<Monitor> {
-    let client = SourceClient::connect(config).await?;
-    Ok(Monitor(tokio::spawn(watch(client, options))))
+    let source = Source::connect(config).await?;
+    Ok(Monitor(tokio::spawn(watch(source, options))))
 }
 
-async fn watch(client: SourceClient, options: MonitorOptions) {
+async fn watch(source: Source, options: MonitorOptions) {
     let mut ticker = tokio::time::interval(options.interval);
     let mut next_heartbeat = options.heartbeat.map(|d| tokio::time::Instant::now() + d);
     let mut over = false;
     loop {
         ticker.tick().await;
-        if let Err(err) = look(&client, &options, &mut over).await {
+        if let Err(err) = look(&source, &options, &mut over).await {
             tracing::warn!(error = %err, "cannot read the slot's state; trying again");
         }
         if let (Some(at), Some(every)) = (next_heartbeat, options.heartbeat)
             && tokio::time::Instant::now() >= at
         {
             next_heartbeat = Some(at + every);
-            if let Err(err) = client
-                .batch_execute("SELECT pg_logical_emit_message(false, 'wal2iceberg', 'heartbeat')")
-                .await
-            {
-                tracing::warn!(error = %postgres(err, "heartbeat failed"), "heartbeat failed");
+            if let Err(err) = source.heartbeat().await {
+                tracing::warn!(error = %err, "heartbeat failed");
             }
         }
     }
 }
 
-async fn look(client: &SourceClient, options: &MonitorOptions, over: &mut bool) -> Result<()> {
-    let row = client
-        .query_opt(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, \
-             pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::int8, wal_status, \
-             safe_wal_size, pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::int8 \
-             FROM pg_replication_slots WHERE slot_name = $1",
-            &[&options.slot],
-        )
-        .await
-        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
-    let Some(row) = row else {
+async fn look(source: &Source, options: &MonitorOptions, over: &mut bool) -> Result<()> {
+    let Some(health) = source.slot_health(&options.slot).await? else {
         tracing::error!(slot = %options.slot, "the replication slot is gone");
         return Ok(());
     };
-    let retained: Option<i64> = row.get(0);
-    let lag: Option<i64> = row.get(1);
-    let wal_status: Option<String> = row.get(2);
-    let safe_wal_size: Option<i64> = row.get(3);
-    let wal_end: i64 = row.get(4);
+    let retained = health.retained_bytes;
+    let safe_wal_size = health.safe_wal_size;
     let m = metrics();
-    m.source_wal_end(wal_end as u64);
+    m.source_wal_end(health.wal_end);
     m.retained_wal_bytes.set(retained.unwrap_or(0));
-    m.replication_lag_bytes.set(lag.unwrap_or(0));
+    m.replication_lag_bytes.set(health.lag_bytes.unwrap_or(0));
     let now_over = retained.is_some_and(|r| r as u64 > options.retained_wal_warn_bytes);
     m.retained_wal_over_threshold.set(i64::from(now_over));
     if now_over && !*over {
@@ -99,7 +83,7 @@ async fn look(client: &SourceClient, options: &MonitorOptions, over: &mut bool) 
         );
     }
     *over = now_over;
-    match wal_status.as_deref() {
+    match health.wal_status.as_deref() {
         Some("unreserved") => tracing::warn!(
             slot = %options.slot,
             safe_wal_size,

@@ -20,6 +20,7 @@ use super::{Pipeline, StreamEnd};
 use super::{RunOptions, RunReport};
 use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
 use crate::cdc::snapshot::SnapshotLoad;
+use crate::cdc::source::{Source, slot_in_use};
 use crate::error::{Error, ErrorKind, Result, StorageFault};
 use crate::failpoint;
 use crate::lake::catalog::{Lake, namespace};
@@ -27,8 +28,6 @@ use crate::lake::lock::WriterLock;
 use crate::metrics::metrics;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::replication::SLOT_IN_USE;
-use crate::pg::source::{self, SourceClient};
 
 /// The longest wait between reconnects.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -141,8 +140,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
             // a restart's moments are): the start waits for it and goes
             // again. A consumer streaming from it ends the run.
             Err(err)
-                if err.sqlstate() == Some(SLOT_IN_USE)
-                    && !slot_streamed(config, &options.capture.slot).await =>
+                if slot_in_use(&err) && !slot_streamed(config, &options.capture.slot).await =>
             {
                 if options.shutdown.is_requested() {
                     return Ok(total);
@@ -254,12 +252,12 @@ const SLOT_RELEASE_WAIT: Duration = Duration::from_secs(60);
 /// and the next start's preflight would find the slot in use. Errors are
 /// left to that preflight.
 async fn wait_for_slot_release(config: &PgConfig, slot: &str) {
-    let Ok(client) = SourceClient::connect(config).await else {
+    let Ok(source) = Source::connect(config).await else {
         return;
     };
     let give_up = Instant::now() + SLOT_RELEASE_WAIT;
     let mut told = false;
-    while let Ok(Some(info)) = source::slot_info(&client, slot).await {
+    while let Ok(Some(info)) = source.slot(slot).await {
         let Some(pid) = info.active_pid else {
             return;
         };
@@ -282,10 +280,10 @@ async fn wait_for_slot_release(config: &PgConfig, slot: &str) {
 /// false when that cannot be told, so that the start goes again and
 /// meets what stands in its way anew.
 async fn slot_streamed(config: &PgConfig, slot: &str) -> bool {
-    let Ok(client) = SourceClient::connect(config).await else {
+    let Ok(source) = Source::connect(config).await else {
         return false;
     };
-    matches!(source::slot_info(&client, slot).await, Ok(Some(info)) if info.streamed)
+    matches!(source.slot(slot).await, Ok(Some(info)) if info.streamed)
 }
 
 /// The tables a run takes, settled before anything is created: those

@@ -17,12 +17,11 @@
 use iceberg::NamespaceIdent;
 
 use super::table_set::{self, Recorded};
+use crate::cdc::source::Source;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
-use crate::model::Lsn;
-use crate::model::TableName;
+use crate::model::{Lsn, SlotInfo, TableName};
 use crate::pg::config::PgConfig;
-use crate::pg::source::{self, SlotInfo, SourceClient};
 
 /// The lake follows slot `to` from here, where its tables recorded `from`.
 #[derive(Debug, Clone)]
@@ -46,13 +45,13 @@ pub async fn consider(
     let Some(from) = candidate(&recorded, tables) else {
         return Ok((recorded, None));
     };
-    let client = SourceClient::connect(config).await?;
-    let Some(new) = source::slot_info(&client, slot).await? else {
+    let source = Source::connect(config).await?;
+    let Some(new) = source.slot(slot).await? else {
         // No slot to take up: a new one would leave a gap, which the
         // table set refuses as it always did.
         return Ok((recorded, None));
     };
-    let old = source::slot_info(&client, &from).await?;
+    let old = source.slot(&from).await?;
     let from_recorded = from_slot(&from).await?;
     let end = history_end(old.as_ref(), from_recorded.recorded_position);
     judge(config, slot, &new, &from, old.as_ref(), end)?;

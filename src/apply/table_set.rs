@@ -12,13 +12,13 @@ use iceberg::table::Table;
 use iceberg::{NamespaceIdent, TableIdent};
 
 use crate::apply::naming::iceberg_name;
+use crate::cdc::source::Source;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
 use crate::lake::files::writer::Position;
 use crate::model::Lsn;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::source::{self, SourceClient};
 
 /// Bronze's properties naming the source table and the slot it is
 /// replicated from.
@@ -397,7 +397,7 @@ pub async fn replicated_tables(
     if recorded.is_empty() && unrecorded.is_empty() {
         return Ok(found);
     }
-    let client = SourceClient::connect(config).await?;
+    let source = Source::connect(config).await?;
     let held = &mut found.replicated;
     for (table, oid, iceberg, former, history) in recorded {
         let Some(oid) = oid else {
@@ -405,7 +405,7 @@ pub async fn replicated_tables(
             continue;
         };
         let mut old_names = Vec::new();
-        match source::table_of_oid(&client, oid).await? {
+        match source.table_of_oid(oid).await? {
             Some(now) => {
                 if now != table {
                     tracing::warn!(
@@ -415,7 +415,7 @@ pub async fn replicated_tables(
                 }
                 for old in former.into_iter().chain(Some(table)) {
                     if old != now && !old_names.iter().any(|(o, _)| *o == old) {
-                        let taken = source::table_exists(&client, &old).await?;
+                        let taken = source.table_exists(&old).await?;
                         old_names.push((old, taken));
                     }
                 }
@@ -426,7 +426,7 @@ pub async fn replicated_tables(
                     history,
                 });
             }
-            None if source::table_exists(&client, &table).await? => {
+            None if source.table_exists(&table).await? => {
                 return Err(Error::new(
                     ErrorKind::Preflight,
                     "the source table was dropped and created again since the lake loaded it: its Iceberg tables hold the old table's rows; drop them (`wal2iceberg drop-table --table <table>`) and run again to load the new one",
@@ -439,7 +439,7 @@ pub async fn replicated_tables(
         }
     }
     if !unrecorded.is_empty() {
-        for table in source::published_tables(&client, publication).await? {
+        for table in source.published_tables(publication).await? {
             let name = table_names
                 .get(&table)
                 .cloned()

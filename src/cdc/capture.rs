@@ -9,8 +9,7 @@ use super::relation::{Catalog, RelationInfo};
 use super::snapshot::SnapshotLoad;
 use super::stream::ChangeStream;
 use crate::error::{Error, ErrorKind, Result};
-use crate::model::Lsn;
-use crate::model::TableName;
+use crate::model::{Lsn, SlotInfo, TableName};
 use crate::pg::config::PgConfig;
 use crate::pg::conn::ReplicationConnection;
 use crate::pg::replication::{CreatedSlot, StartOptions};
@@ -246,10 +245,7 @@ pub async fn check(config: &PgConfig, options: &CaptureOptions) -> Result<Vec<Ch
 /// there and another's (its confirmations would lose the other consumer's
 /// changes), or confirmed past what the lake records (changes the lake
 /// never got).
-fn slot_failure(
-    options: &CaptureOptions,
-    exists: Option<&source::SlotInfo>,
-) -> Option<CheckFailure> {
+fn slot_failure(options: &CaptureOptions, exists: Option<&SlotInfo>) -> Option<CheckFailure> {
     if !options.to_lake {
         return None;
     }
@@ -553,8 +549,8 @@ async fn start_stream(
 mod tests {
     use super::*;
 
-    fn slot(confirmed: u64, streamed: bool) -> source::SlotInfo {
-        source::SlotInfo {
+    fn slot(confirmed: u64, streamed: bool) -> SlotInfo {
+        SlotInfo {
             plugin: Some("pgoutput".into()),
             database: Some("db".into()),
             active_pid: streamed.then_some(4242),

@@ -8,6 +8,7 @@
 //! - `snapshot`: the initial load from the slot's exported snapshot.
 //! - `stream`: the running change stream and its confirmation rules.
 //! - `capture`: preflight, publication and slot, then load or resume.
+//! - `source`: what the pipeline asks of the source outside the stream.
 
 pub mod assembler;
 pub mod capture;
@@ -15,6 +16,7 @@ pub mod event;
 pub mod partition_rows;
 pub mod relation;
 pub mod snapshot;
+pub mod source;
 pub mod stream;
 pub mod temporal;
 pub mod value;

@@ -17,7 +17,7 @@ use tokio_postgres::{Client, NoTls};
 
 use super::config::PgConfig;
 use crate::error::{Error, ErrorKind, Result, postgres};
-use crate::model::Lsn;
+use crate::model::SlotInfo;
 
 mod catalog;
 mod install;
@@ -114,21 +114,6 @@ impl fmt::Display for CheckFailure {
             self.check, self.problem, self.fix
         )
     }
-}
-
-/// What the slot looks like in `pg_replication_slots`.
-#[derive(Debug, Clone)]
-pub struct SlotInfo {
-    pub plugin: Option<String>,
-    pub database: Option<String>,
-    pub active_pid: Option<i32>,
-    /// Whether the process holding it is a walsender: a consumer streams
-    /// from it. Any other holder is a backend whose SQL function reads it
-    /// for a moment (`pg_logical_slot_peek_changes`, as `verify` does).
-    pub streamed: bool,
-    pub confirmed_flush_lsn: Option<Lsn>,
-    /// `reserved`, `extended`, `unreserved` or `lost`.
-    pub wal_status: Option<String>,
 }
 
 pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
