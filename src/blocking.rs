@@ -13,7 +13,7 @@ fn may_block_in_place() -> bool {
 }
 
 /// Runs `f`, which blocks.
-pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match may_block_in_place() {
         true => tokio::task::block_in_place(f),
         false => f(),
@@ -22,7 +22,7 @@ pub fn blocking<R>(f: impl FnOnce() -> R) -> R {
 
 /// Awaits `work`, whose polls block (CPU-bound encoding, local file
 /// writes), as [`blocking`] runs a closure.
-pub async fn blocking_await<F: Future>(work: F) -> F::Output {
+pub(crate) async fn blocking_await<F: Future>(work: F) -> F::Output {
     match may_block_in_place() {
         true => tokio::task::block_in_place(|| Handle::current().block_on(work)),
         false => work.await,

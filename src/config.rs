@@ -20,17 +20,17 @@ use crate::model::TableName;
 use crate::pg::config::PgConfig;
 
 /// Flush a batch at least this often while changes arrive.
-pub const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 /// Flush once a batch holds this many changes (at the next transaction end).
-pub const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
+pub(crate) const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
 /// Flush once a batch holds about this many bytes of values.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
+pub(crate) const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
 /// Connections reading the initial load, when there are that many tables.
-pub const DEFAULT_LOAD_CONNECTIONS: usize = 2;
+pub(crate) const DEFAULT_LOAD_CONNECTIONS: usize = 2;
 /// Transient storage faults are retried this long with no commit landing.
-pub const DEFAULT_STORAGE_RETRY_DEADLINE: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_STORAGE_RETRY_DEADLINE: Duration = Duration::from_secs(300);
 /// Warn when the slot keeps more WAL than this on the source's disk.
-pub const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
+pub(crate) const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
 
 /// One layer of raw values, as written in a file, the environment or
 /// flags: the settings' one definition, which clap reads as flags and
@@ -42,41 +42,41 @@ pub struct Raw {
     /// Source connection: a postgres:// URL or key=value string; PG*
     /// environment variables and ~/.pgpass fill what it leaves out.
     #[arg(long)]
-    pub source: Option<String>,
+    pub(crate) source: Option<String>,
     /// Tables to capture, comma-separated: public.customers,public.orders.
     #[arg(long, value_delimiter = ',')]
     pub tables: Option<Vec<String>>,
     /// Replication slot name [default: wal2iceberg; for tail, a temporary
     /// slot of its own].
     #[arg(long)]
-    pub slot: Option<String>,
+    pub(crate) slot: Option<String>,
     /// Publication name; created for the tables when missing [default: wal2iceberg].
     #[arg(long)]
-    pub publication: Option<String>,
+    pub(crate) publication: Option<String>,
     /// Folder of the embedded lake: catalog.db and warehouse/ [default: ./lake].
     #[arg(long)]
-    pub lake: Option<PathBuf>,
+    pub(crate) lake: Option<PathBuf>,
     /// The SQL catalog's SQLite file [default: <lake>/catalog.db]; in a
     /// file, a [catalog] table of pyiceberg's keys instead.
     #[arg(long, value_name = "FILE", value_parser = CatalogSetting::file)]
-    pub catalog: Option<CatalogSetting>,
+    pub(crate) catalog: Option<CatalogSetting>,
     /// The catalog type: sql, rest or glue [default: from the URI, else sql].
     #[arg(long, value_name = "TYPE")]
-    pub catalog_type: Option<String>,
+    pub(crate) catalog_type: Option<String>,
     /// The catalog's URI: for sql, sqlite:FILE or
     /// postgresql://user@host/db (a password in it, in PGPASSWORD or in
     /// ~/.pgpass, is never shown); for rest, http(s)://host:port.
     #[arg(long, value_name = "URI")]
-    pub catalog_uri: Option<String>,
+    pub(crate) catalog_uri: Option<String>,
     /// The SQL catalog's name, which engines sharing its database open it
     /// by (pyiceberg's SqlCatalog(name), a JDBC catalog's name) [default: local].
     #[arg(long, value_name = "NAME")]
-    pub catalog_name: Option<String>,
+    pub(crate) catalog_name: Option<String>,
     /// The warehouse: a folder, s3://bucket/prefix or gs://bucket/prefix
     /// [default: <lake>/warehouse];
     /// for a REST catalog, the warehouse asked of it.
     #[arg(long, value_name = "FOLDER|URI")]
-    pub warehouse: Option<String>,
+    pub(crate) warehouse: Option<String>,
     /// A catalog property, key=value, repeated: s3.endpoint,
     /// s3.access-key-id, s3.secret-access-key, s3.region,
     /// s3.path-style-access (the AWS_* variables fill what they leave out);
@@ -84,72 +84,72 @@ pub struct Raw {
     /// for a REST catalog token, credential, oauth2-server-uri, scope,
     /// prefix, header.<name>.
     #[arg(long, value_name = "KEY=VALUE")]
-    pub catalog_property: Option<Vec<String>>,
+    pub(crate) catalog_property: Option<Vec<String>>,
     /// Iceberg namespace [default: the source database's name].
     #[arg(long)]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// Local folder for what a run keeps between starts: the silver key
     /// indexes [default: <lake>/state].
     #[arg(long, value_name = "FOLDER")]
-    pub state_dir: Option<PathBuf>,
+    pub(crate) state_dir: Option<PathBuf>,
     /// Iceberg names for source tables (a file or variable only).
     #[arg(skip)]
-    pub table_names: Option<BTreeMap<String, String>>,
+    pub(crate) table_names: Option<BTreeMap<String, String>>,
     /// Commit a batch at least this often (500ms, 1s, 2m) [default: 1s].
     #[arg(long, value_name = "DURATION")]
-    pub flush_interval: Option<String>,
+    pub(crate) flush_interval: Option<String>,
     /// Commit once a batch holds this many changes [default: 100000].
     #[arg(long)]
-    pub max_batch_rows: Option<i64>,
+    pub(crate) max_batch_rows: Option<i64>,
     /// Commit once a batch holds about this many bytes [default: 134217728].
     #[arg(long)]
-    pub max_batch_bytes: Option<i64>,
+    pub(crate) max_batch_bytes: Option<i64>,
     /// Commit every table of a batch in one catalog commit, so readers see
     /// a source transaction in all its tables at once [default: true].
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub atomic_commits: Option<bool>,
+    pub(crate) atomic_commits: Option<bool>,
     /// Compact silver once this many commits wrote files since its last
     /// compaction, and bronze every this many commits; fully once the
     /// stream is quiet; 0 never [default: 16].
     #[arg(long, value_name = "FILES")]
-    pub compact_after_files: Option<i64>,
+    pub(crate) compact_after_files: Option<i64>,
     /// Connections reading the initial load's tables in parallel, all in
     /// the slot's snapshot [default: 2].
     #[arg(long, value_name = "N")]
-    pub load_connections: Option<i64>,
+    pub(crate) load_connections: Option<i64>,
     /// Expire snapshots older than this (2h, 7d), keeping the newest
     /// --retain-snapshots however old [default: 1h].
     #[arg(long, value_name = "DURATION")]
-    pub snapshot_retention: Option<String>,
+    pub(crate) snapshot_retention: Option<String>,
     /// Snapshots kept by the automatic expiry however old [default: 10].
     #[arg(long, value_name = "N")]
-    pub retain_snapshots: Option<i64>,
+    pub(crate) retain_snapshots: Option<i64>,
     /// Drain, commit, confirm and exit 0 once no change came for this long.
     #[arg(long, value_name = "DURATION")]
-    pub exit_when_idle: Option<String>,
+    pub(crate) exit_when_idle: Option<String>,
     /// Serve Prometheus /metrics and /healthz here (127.0.0.1:9187).
     #[arg(long, value_name = "ADDR")]
-    pub metrics_addr: Option<String>,
+    pub(crate) metrics_addr: Option<String>,
     /// Log lines as text or json [default: text].
     #[arg(long)]
-    pub log_format: Option<String>,
+    pub(crate) log_format: Option<String>,
     /// pgoutput protocol version, 1 or 2 [default: 2].
     #[arg(long)]
-    pub proto_version: Option<i64>,
+    pub(crate) proto_version: Option<i64>,
     /// Stream large transactions before they commit (protocol 2).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    pub streaming: Option<bool>,
+    pub(crate) streaming: Option<bool>,
     /// Emit a logical message this often so the slot advances on servers
     /// where other databases make the WAL (30s) [default: off].
     #[arg(long, value_name = "DURATION")]
-    pub heartbeat_interval: Option<String>,
+    pub(crate) heartbeat_interval: Option<String>,
     /// Warn when the slot retains more WAL than this [default: 1073741824].
     #[arg(long, value_name = "BYTES")]
-    pub retained_wal_warn_bytes: Option<i64>,
+    pub(crate) retained_wal_warn_bytes: Option<i64>,
     /// Retry an object store that times out, resets or answers 5xx or
     /// SlowDown for this long with no commit landing, then exit [default: 5m].
     #[arg(long, value_name = "DURATION")]
-    pub storage_retry_deadline: Option<String>,
+    pub(crate) storage_retry_deadline: Option<String>,
 }
 
 /// `catalog`: the SQL catalog's SQLite file (`--catalog FILE`, `catalog =
@@ -159,7 +159,7 @@ pub struct Raw {
 /// `catalog_property`) win over the table's.
 #[derive(Clone, PartialEq, Deserialize, Serialize)]
 #[serde(untagged)]
-pub enum CatalogSetting {
+pub(crate) enum CatalogSetting {
     File(PathBuf),
     Table(BTreeMap<String, String>),
 }
@@ -256,28 +256,28 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// Iceberg names chosen for source tables, instead of the default.
     pub table_names: BTreeMap<TableName, String>,
-    pub flush_interval: Duration,
-    pub max_batch_rows: usize,
-    pub max_batch_bytes: usize,
+    pub(crate) flush_interval: Duration,
+    pub(crate) max_batch_rows: usize,
+    pub(crate) max_batch_bytes: usize,
     /// Every table of a batch in one catalog commit.
-    pub atomic_commits: bool,
+    pub(crate) atomic_commits: bool,
     /// Compact silver once this many data files were committed since its
     /// last compaction, or it holds this many delete files, and bronze
     /// every this many commits; 0 never.
-    pub compact_after_files: usize,
+    pub(crate) compact_after_files: usize,
     /// Connections reading the initial load's tables in parallel.
-    pub load_connections: usize,
+    pub(crate) load_connections: usize,
     /// Which snapshots the automatic expiry keeps.
-    pub retention: Retention,
+    pub(crate) retention: Retention,
     pub exit_when_idle: Option<Duration>,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
-    pub proto_version: u32,
-    pub streaming: bool,
-    pub heartbeat_interval: Option<Duration>,
-    pub retained_wal_warn_bytes: u64,
+    pub(crate) proto_version: u32,
+    pub(crate) streaming: bool,
+    pub(crate) heartbeat_interval: Option<Duration>,
+    pub(crate) retained_wal_warn_bytes: u64,
     /// How long transient storage faults are retried with no commit.
-    pub storage_retry_deadline: Duration,
+    pub(crate) storage_retry_deadline: Duration,
 }
 
 impl Settings {

@@ -7,7 +7,7 @@ use std::fmt;
 
 mod storage_fault;
 
-pub use storage_fault::StorageFault;
+pub(crate) use storage_fault::StorageFault;
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -66,7 +66,7 @@ impl Error {
     }
 
     /// Adds a `key=value` pair naming where the error happened.
-    pub fn with_context(mut self, key: &'static str, value: impl fmt::Display) -> Error {
+    pub(crate) fn with_context(mut self, key: &'static str, value: impl fmt::Display) -> Error {
         self.context.push((key, value.to_string()));
         self
     }
@@ -77,7 +77,7 @@ impl Error {
     }
 
     /// Records the SQLSTATE of the server error this one reports.
-    pub fn with_sqlstate(mut self, code: impl Into<String>) -> Error {
+    pub(crate) fn with_sqlstate(mut self, code: impl Into<String>) -> Error {
         self.sqlstate = Some(code.into());
         self
     }
@@ -87,7 +87,7 @@ impl Error {
     }
 
     /// The SQLSTATE of a server error anywhere in the source chain.
-    pub fn sqlstate(&self) -> Option<&str> {
+    pub(crate) fn sqlstate(&self) -> Option<&str> {
         if let Some(code) = &self.sqlstate {
             return Some(code);
         }
@@ -116,7 +116,7 @@ impl Error {
     /// store's error, or a local file system's that a person must act on.
     /// A PostgreSQL error's causes are the connection's, and a
     /// configuration's or a TLS setup's files are not the lake's.
-    pub fn storage_fault(&self) -> Option<StorageFault> {
+    pub(crate) fn storage_fault(&self) -> Option<StorageFault> {
         let about_files = |kind| matches!(kind, ErrorKind::Lake | ErrorKind::Io);
         if !about_files(self.kind) {
             return None;
@@ -138,7 +138,7 @@ impl Error {
     /// True for failures that a reconnect may cure: lost connections, the
     /// server shutting down or starting up, too many connections or no free
     /// replication slot right now, local I/O. Everything else needs a person.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         match self.kind {
             ErrorKind::Connection | ErrorKind::Io => true,
             // No free replication slot for a load's temporary one: an
@@ -256,7 +256,7 @@ impl From<std::io::Error> for Error {
 /// when the connection is gone or could not be made: a closed connection,
 /// or any socket failure, a refused connect included), with the
 /// statement's purpose as message.
-pub fn postgres(err: tokio_postgres::Error, doing: &str) -> Error {
+pub(crate) fn postgres(err: tokio_postgres::Error, doing: &str) -> Error {
     let socket_failed = std::error::Error::source(&err).is_some_and(|e| e.is::<std::io::Error>());
     let kind = if err.is_closed() || socket_failed {
         ErrorKind::Connection

@@ -20,7 +20,7 @@ pub const STALL_VARIABLE: &str = "WAL2ICEBERG_STALL";
 
 /// A point reached: aborts when it is the armed one's `n`th time.
 #[cfg(feature = "failpoints")]
-pub fn hit(name: &str) {
+pub(crate) fn hit(name: &str) {
     use std::sync::OnceLock;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,11 +48,11 @@ pub fn hit(name: &str) {
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub fn hit(_name: &str) {}
+pub(crate) fn hit(_name: &str) {}
 
 /// A point that waits when [`STALL_VARIABLE`] names it.
 #[cfg(feature = "failpoints")]
-pub async fn stall(name: &str) {
+pub(crate) async fn stall(name: &str) {
     use std::sync::OnceLock;
     use std::time::Duration;
 
@@ -80,4 +80,4 @@ pub async fn stall(name: &str) {
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-pub async fn stall(_name: &str) {}
+pub(crate) async fn stall(_name: &str) {}

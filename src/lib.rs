@@ -22,13 +22,13 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
-pub mod blocking;
+pub(crate) mod blocking;
 pub mod cdc;
 pub mod config;
 pub mod error;
 pub mod failpoint;
 pub mod lake;
-pub mod metrics;
+pub(crate) mod metrics;
 pub mod model;
 pub mod ops;
 pub mod pg;

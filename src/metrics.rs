@@ -62,33 +62,33 @@ struct TableLabel {
 /// A gauge with no labels that has no sample until it is first set.
 type Optional = Family<Vec<(String, String)>, Seconds>;
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
-    pub replication_lag_bytes: Gauge,
-    pub retained_wal_bytes: Gauge,
+    pub(crate) replication_lag_bytes: Gauge,
+    pub(crate) retained_wal_bytes: Gauge,
     /// 1 while the retained WAL is above the warning threshold.
-    pub retained_wal_over_threshold: Gauge,
+    pub(crate) retained_wal_over_threshold: Gauge,
     /// Source commit time (µs since the epoch) of the last transaction
     /// committed to the lake, as far as this process knows (the lake's
     /// positions at start); 0 before any.
-    pub last_source_commit_micros: AtomicI64,
+    pub(crate) last_source_commit_micros: AtomicI64,
     /// Source commit time of the oldest transaction received and not yet
     /// visible in the lake; 0 when there is none.
-    pub oldest_pending_commit_micros: AtomicI64,
+    pub(crate) oldest_pending_commit_micros: AtomicI64,
     /// How far the server has read the source's WAL for the stream.
     stream_read_lsn: AtomicU64,
     catch_up: Mutex<catch_up::CatchUp>,
     seconds_behind: Optional,
     last_source_commit_age: Optional,
-    pub received_bytes: Counter,
-    pub iceberg_commits: Counter,
-    pub iceberg_commit_retries: Counter,
-    pub initial_load_rows: Counter,
-    pub initial_load_bytes: Counter,
+    pub(crate) received_bytes: Counter,
+    pub(crate) iceberg_commits: Counter,
+    pub(crate) iceberg_commit_retries: Counter,
+    pub(crate) initial_load_rows: Counter,
+    pub(crate) initial_load_bytes: Counter,
     commit_duration: Histogram,
     commit_to_visible: Histogram,
-    pub compactions: Counter,
-    pub snapshots_expired: Counter,
+    pub(crate) compactions: Counter,
+    pub(crate) snapshots_expired: Counter,
     last_compaction: Seconds,
     last_expiry: Seconds,
     changes: Family<TableOp, Counter>,
@@ -100,7 +100,7 @@ pub struct Metrics {
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 /// This process's metrics.
-pub fn metrics() -> &'static Metrics {
+pub(crate) fn metrics() -> &'static Metrics {
     &METRICS
 }
 
@@ -261,7 +261,7 @@ impl Metrics {
         m
     }
 
-    pub fn add_changes(&self, table: &str, op: &'static str, n: u64) {
+    pub(crate) fn add_changes(&self, table: &str, op: &'static str, n: u64) {
         let labels = TableOp {
             table: table.to_owned(),
             op,
@@ -270,7 +270,7 @@ impl Metrics {
     }
 
     /// The live data and delete files of a source table's silver table.
-    pub fn set_silver_files(&self, table: &str, data: usize, deletes: usize) {
+    pub(crate) fn set_silver_files(&self, table: &str, data: usize, deletes: usize) {
         for (content, n) in [("data", data), ("delete", deletes)] {
             let labels = TableContent {
                 table: table.to_owned(),
@@ -282,7 +282,13 @@ impl Metrics {
         }
     }
 
-    pub fn set_lake_table(&self, table: &str, data_files: u64, delete_files: u64, bytes: u64) {
+    pub(crate) fn set_lake_table(
+        &self,
+        table: &str,
+        data_files: u64,
+        delete_files: u64,
+        bytes: u64,
+    ) {
         for (content, n) in [("data", data_files), ("delete", delete_files)] {
             let labels = TableContent {
                 table: table.to_owned(),
@@ -300,39 +306,39 @@ impl Metrics {
             .set(gauge_value(bytes));
     }
 
-    pub fn observe_commit_duration(&self, took: Duration) {
+    pub(crate) fn observe_commit_duration(&self, took: Duration) {
         self.commit_duration.observe(took.as_secs_f64());
     }
 
-    pub fn observe_commit_to_visible(&self, took: Duration) {
+    pub(crate) fn observe_commit_to_visible(&self, took: Duration) {
         self.commit_to_visible.observe(took.as_secs_f64());
     }
 
     /// A compaction committed now.
-    pub fn compacted(&self) {
+    pub(crate) fn compacted(&self) {
         self.compactions.inc();
         self.last_compaction.set(now_micros() as f64 / 1e6);
     }
 
     /// The server has read the source's WAL up to `lsn` for the stream.
-    pub fn stream_read(&self, lsn: u64) {
+    pub(crate) fn stream_read(&self, lsn: u64) {
         self.stream_read_lsn.fetch_max(lsn, Ordering::Relaxed);
     }
 
     /// The source's WAL ended at `lsn` just now.
-    pub fn source_wal_end(&self, lsn: u64) {
+    pub(crate) fn source_wal_end(&self, lsn: u64) {
         let mut catch_up = self.catch_up.lock().unwrap_or_else(|p| p.into_inner());
         catch_up.read(self.stream_read_lsn.load(Ordering::Relaxed));
         catch_up.looked(lsn, now_micros());
     }
 
     /// The automatic expiry ran now.
-    pub fn expired(&self) {
+    pub(crate) fn expired(&self) {
         self.last_expiry.set(now_micros() as f64 / 1e6);
     }
 
     /// The OpenMetrics text of every metric, the ages computed now.
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let age = |micros: i64| (now_micros() - micros).max(0) as f64 / 1e6;
         let pending = self.oldest_pending_commit_micros.load(Ordering::Relaxed);
         let behind = if pending == 0 {
@@ -365,7 +371,7 @@ fn gauge_value(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
-pub fn now_micros() -> i64 {
+pub(crate) fn now_micros() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_micros() as i64)
@@ -385,7 +391,7 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `/metrics` and `/healthz` on `addr` until the process ends.
-pub async fn serve(addr: SocketAddr) -> Result<SocketAddr> {
+pub(crate) async fn serve(addr: SocketAddr) -> Result<SocketAddr> {
     let listener = TcpListener::bind(addr).await.map_err(|e| {
         Error::new(ErrorKind::Config, "cannot listen for metrics")
             .with_context("address", addr)

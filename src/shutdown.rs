@@ -31,7 +31,7 @@ impl Shutdown {
         self.0.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_requested(&self) -> bool {
+    pub(crate) fn is_requested(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
 }

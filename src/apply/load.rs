@@ -226,7 +226,7 @@ impl Pipeline<'_> {
 /// as the tables map them, and the values those cannot hold. Text reaches
 /// string columns, and a `numeric` its decimal column, without a
 /// [`Value`] between.
-pub(crate) fn load_columns(
+pub fn load_columns(
     fields: &[FieldRef],
     rows: &LoadRows,
     lsn: Lsn,

@@ -42,26 +42,26 @@ mod housekeeping;
 mod index_persistence;
 mod load;
 mod load_beside_stream;
-pub mod monitor;
-pub mod naming;
+pub(crate) mod monitor;
+pub(crate) mod naming;
 mod pipeline;
 mod policy;
 pub mod resync;
 mod rewrite;
 mod run;
 mod sink;
-pub mod slot_adoption;
+pub(crate) mod slot_adoption;
 mod slot_marks;
 pub mod table_set;
 mod tally;
 
-pub(crate) use load::load_columns;
+pub use load::load_columns;
 pub use naming::iceberg_name;
-pub(crate) use pipeline::{Pipeline, StreamEnd};
+pub use pipeline::{Pipeline, StreamEnd};
 pub use run::{Settled, run, settle};
 
 /// Snapshots are expired at least this often, in silver commits.
-pub const EXPIRE_EVERY_COMMITS: usize = 100;
+pub(crate) const EXPIRE_EVERY_COMMITS: usize = 100;
 
 pub struct RunOptions {
     pub capture: CaptureOptions,

@@ -17,18 +17,18 @@ use crate::metrics::metrics;
 use crate::pg::config::PgConfig;
 
 /// How often the slot is looked at by default.
-pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
-pub struct MonitorOptions {
-    pub slot: String,
-    pub interval: Duration,
-    pub heartbeat: Option<Duration>,
-    pub retained_wal_warn_bytes: u64,
+pub(crate) struct MonitorOptions {
+    pub(crate) slot: String,
+    pub(crate) interval: Duration,
+    pub(crate) heartbeat: Option<Duration>,
+    pub(crate) retained_wal_warn_bytes: u64,
 }
 
 /// Aborts the monitor when dropped.
-pub struct Monitor(JoinHandle<()>);
+pub(crate) struct Monitor(JoinHandle<()>);
 
 impl Drop for Monitor {
     fn drop(&mut self) {
@@ -36,7 +36,7 @@ impl Drop for Monitor {
     }
 }
 
-pub async fn start(config: &PgConfig, options: MonitorOptions) -> Result<Monitor> {
+pub(crate) async fn start(config: &PgConfig, options: MonitorOptions) -> Result<Monitor> {
     let source = Source::connect(config).await?;
     Ok(Monitor(tokio::spawn(watch(source, options))))
 }

@@ -21,7 +21,7 @@ pub fn iceberg_name(table: &TableName) -> String {
 /// The folder of the state directory where a silver table's key index is
 /// kept between runs: `<state_dir>/<namespace>/<table>`; the namespace's
 /// when `silver` is `None`.
-pub fn state_folder(
+pub(crate) fn state_folder(
     state_dir: &std::path::Path,
     namespace: &iceberg::NamespaceIdent,
     silver: Option<&str>,
@@ -34,7 +34,7 @@ pub fn state_folder(
 }
 
 /// Removes a state folder of [`state_folder`] and all in it, if it exists.
-pub fn remove_state_folder(folder: &std::path::Path) -> Result<()> {
+pub(crate) fn remove_state_folder(folder: &std::path::Path) -> Result<()> {
     match std::fs::remove_dir_all(folder) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -45,7 +45,7 @@ pub fn remove_state_folder(folder: &std::path::Path) -> Result<()> {
 }
 
 /// Bronze and silver of `table`, named as `names` (from `names`) says.
-pub fn idents(
+pub(crate) fn idents(
     namespace: &iceberg::NamespaceIdent,
     names: &HashMap<TableName, String>,
     table: &TableName,

@@ -31,7 +31,7 @@ use crate::metrics::metrics;
 use crate::model::Lsn;
 use crate::model::TableName;
 
-pub(crate) struct Pipeline<'r> {
+pub struct Pipeline<'r> {
     pub(super) lake: Lake,
     pub(super) namespace: iceberg::NamespaceIdent,
     /// Iceberg name of each source table.
@@ -96,7 +96,7 @@ pub(super) struct Beside {
 
 /// How a stream ended: for good, or to start over for a resync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum StreamEnd {
+pub enum StreamEnd {
     Done,
     Resync,
 }

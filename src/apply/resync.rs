@@ -29,17 +29,17 @@ use crate::lake::files::writer::ancestors;
 use crate::lake::schema::{HISTORY_ONLY, KEYED, RETIRED, history_only};
 
 /// Bronze's properties: the latest request, and the latest one done.
-pub const REQUESTED: &str = "wal2iceberg.resync-requested";
-pub const DONE: &str = "wal2iceberg.resync-done";
+pub(crate) const REQUESTED: &str = "wal2iceberg.resync-requested";
+pub(crate) const DONE: &str = "wal2iceberg.resync-done";
 /// The snapshot summary property of bronze's commit of a reload's rows.
-pub const RESYNCED: &str = "wal2iceberg.resynced";
+pub(crate) const RESYNCED: &str = "wal2iceberg.resynced";
 
 /// How often a streaming run looks for requests.
 pub const POLL: Duration = Duration::from_secs(5);
 
 /// The request pending on `bronze`: one not done yet; none for a table
 /// without silver, which no request can reload.
-pub fn pending(bronze: &Table) -> Option<String> {
+pub(crate) fn pending(bronze: &Table) -> Option<String> {
     if history_only(bronze) {
         return None;
     }
@@ -50,7 +50,7 @@ pub fn pending(bronze: &Table) -> Option<String> {
 
 /// Whether bronze's commit of request `id`'s rows landed: a crash came
 /// before it was recorded done.
-pub fn committed(bronze: &Table, id: &str) -> bool {
+pub(crate) fn committed(bronze: &Table, id: &str) -> bool {
     ancestors(bronze).any(|s| {
         s.summary()
             .additional_properties
@@ -61,7 +61,7 @@ pub fn committed(bronze: &Table, id: &str) -> bool {
 }
 
 /// Records a new request on the bronze table `ident`; its id.
-pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
+pub(crate) async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
     let id = uuid::Uuid::new_v4().to_string();
     lake.update_properties(ident, &[(REQUESTED, id.clone())])
         .await?;
@@ -71,7 +71,7 @@ pub async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
 /// Records on the bronze table `ident` of a table without a primary key
 /// until now that it has one, and a request that loads its new silver
 /// table in the same commit; the request's id. Bronze keeps its history.
-pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
+pub(crate) async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
     let id = uuid::Uuid::new_v4().to_string();
     let keyed = (HISTORY_ONLY.0, KEYED.to_owned());
     lake.update_properties(ident, &[keyed, (REQUESTED, id.clone())])
@@ -83,7 +83,7 @@ pub async fn request_silver(lake: &Lake, ident: &TableIdent) -> Result<String> {
 /// primary key any more: the table is its history only again, and the
 /// next start drops its silver; a request pending is done, as there is no
 /// silver left to reload.
-pub async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
+pub(crate) async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
     let mut values = vec![(HISTORY_ONLY.0, RETIRED.to_owned())];
     values.extend(pending(&lake.catalog_table(ident).await?).map(|id| (DONE, id)));
     lake.update_properties(ident, &values).await
@@ -91,13 +91,13 @@ pub async fn retire_silver(lake: &Lake, ident: &TableIdent) -> Result<()> {
 
 /// Records on the bronze table `ident` that the silver table it retired
 /// is gone.
-pub async fn silver_dropped(lake: &Lake, ident: &TableIdent) -> Result<()> {
+pub(crate) async fn silver_dropped(lake: &Lake, ident: &TableIdent) -> Result<()> {
     lake.update_properties(ident, &[(HISTORY_ONLY.0, HISTORY_ONLY.1.to_owned())])
         .await
 }
 
 /// Records request `id` done on the bronze table `ident`.
-pub async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
+pub(crate) async fn mark_done(lake: &Lake, ident: &TableIdent, id: &str) -> Result<()> {
     lake.update_properties(ident, &[(DONE, id.to_owned())])
         .await
 }

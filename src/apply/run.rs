@@ -410,13 +410,13 @@ pub async fn settle(config: &PgConfig, options: &RunOptions) -> Result<Settled> 
 
 /// What [`settle`] settled.
 pub struct Settled {
-    pub namespace: NamespaceIdent,
+    pub(crate) namespace: NamespaceIdent,
     /// The Iceberg name of each table.
-    pub names: HashMap<TableName, String>,
+    pub(crate) names: HashMap<TableName, String>,
     /// The capture's options for the tables.
     pub capture: CaptureOptions,
     /// The lake's history from another slot, which this one takes up.
-    pub adoption: Option<Adoption>,
+    pub(crate) adoption: Option<Adoption>,
 }
 
 /// One connection's worth of the pipeline; `started` is set once the

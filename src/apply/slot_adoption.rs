@@ -25,9 +25,9 @@ use crate::pg::config::PgConfig;
 
 /// The lake follows slot `to` from here, where its tables recorded `from`.
 #[derive(Debug, Clone)]
-pub struct Adoption {
-    pub from: String,
-    pub to: String,
+pub(crate) struct Adoption {
+    pub(crate) from: String,
+    pub(crate) to: String,
 }
 
 /// What the lake records of `slot`, or of the one slot it records
@@ -35,7 +35,7 @@ pub struct Adoption {
 /// lake that holds tables from `slot` already, or whose `tables` hold no
 /// history from another live slot, is left as `recorded` says; a slot that
 /// may not take the history up is refused here, before anything changes.
-pub async fn consider(
+pub(crate) async fn consider(
     config: &PgConfig,
     recorded: Recorded,
     tables: &[TableName],
@@ -161,7 +161,11 @@ fn judge(
 /// Records `adoption` in the lake: each bronze table in `namespace` that
 /// records the old slot records the new one. Done once the capture's
 /// checks passed, before any table is written.
-pub async fn record(lake: &Lake, namespace: &NamespaceIdent, adoption: &Adoption) -> Result<()> {
+pub(crate) async fn record(
+    lake: &Lake,
+    namespace: &NamespaceIdent,
+    adoption: &Adoption,
+) -> Result<()> {
     let Adoption { from, to } = adoption;
     for bronze in table_set::recording(lake, namespace, from).await? {
         lake.set_properties(&bronze, &[(table_set::SOURCE_SLOT, to.clone())])

@@ -22,13 +22,13 @@ use crate::pg::config::PgConfig;
 
 /// Bronze's properties naming the source table and the slot it is
 /// replicated from.
-pub const SOURCE_TABLE: &str = "wal2iceberg.source-table";
+pub(crate) const SOURCE_TABLE: &str = "wal2iceberg.source-table";
 pub const SOURCE_SLOT: &str = "wal2iceberg.slot";
 /// The source table's OID (`pg_class.oid`), which a rename keeps.
-pub const SOURCE_OID: &str = "wal2iceberg.source-oid";
+pub(crate) const SOURCE_OID: &str = "wal2iceberg.source-oid";
 /// The names the source table had before [`SOURCE_TABLE`]'s, a JSON
 /// array: `--tables` may still name it by any of them.
-pub const SOURCE_FORMER_NAMES: &str = "wal2iceberg.source-former-names";
+pub(crate) const SOURCE_FORMER_NAMES: &str = "wal2iceberg.source-former-names";
 
 /// Bronze's property recording a position of the slot the table holds
 /// every change before, where no snapshot of its records it: the stream
@@ -36,7 +36,7 @@ pub const SOURCE_FORMER_NAMES: &str = "wal2iceberg.source-former-names";
 /// other tables). A run records it before it confirms the slot past its
 /// tables' snapshots, so the slot never stands past what the lake records
 /// and a start tells its slot from another of the same name.
-pub const MARK: &str = "wal2iceberg.mark-lsn";
+pub(crate) const MARK: &str = "wal2iceberg.mark-lsn";
 
 /// The position [`MARK`] records on `bronze`, if any.
 pub fn mark(bronze: &Table) -> Option<Lsn> {
@@ -51,14 +51,18 @@ pub fn mark(bronze: &Table) -> Option<Lsn> {
 
 /// How far `bronze` records its slot's stream: its snapshots' position or
 /// its mark, whichever is further.
-pub fn recorded_position(bronze: &Table) -> Result<Option<Lsn>> {
+pub(crate) fn recorded_position(bronze: &Table) -> Result<Option<Lsn>> {
     let position = Position::of(bronze)?.map(|p| p.end_lsn);
     Ok(position.max(mark(bronze)))
 }
 
 /// What a bronze table of the source table `table` (of OID `oid`)
 /// replicated from `slot` records.
-pub fn source_properties(table: &TableName, oid: u32, slot: &str) -> [(&'static str, String); 3] {
+pub(crate) fn source_properties(
+    table: &TableName,
+    oid: u32,
+    slot: &str,
+) -> [(&'static str, String); 3] {
     [
         (SOURCE_TABLE, table.to_string()),
         (SOURCE_OID, oid.to_string()),
@@ -68,17 +72,17 @@ pub fn source_properties(table: &TableName, oid: u32, slot: &str) -> [(&'static 
 
 /// A source table of the set.
 #[derive(Debug)]
-pub struct ReplicatedTable {
+pub(crate) struct ReplicatedTable {
     /// Its name at the source now.
-    pub table: TableName,
+    pub(crate) table: TableName,
     /// Its Iceberg name (bronze's without `_changes`).
-    pub iceberg: String,
+    pub(crate) iceberg: String,
     /// The names it had before, each with whether a table of that name
     /// exists at the source now.
-    pub old_names: Vec<(TableName, bool)>,
+    pub(crate) old_names: Vec<(TableName, bool)>,
     /// Whether its bronze holds history (a position) from the slot, not
     /// only the claim a run makes before it creates the slot.
-    pub history: bool,
+    pub(crate) history: bool,
 }
 
 impl ReplicatedTable {
@@ -95,18 +99,18 @@ impl ReplicatedTable {
 
 /// What the lake's bronze tables say of a slot.
 #[derive(Debug, Default)]
-pub struct Recorded {
+pub(crate) struct Recorded {
     /// The tables it holds from the slot.
-    pub replicated: Vec<ReplicatedTable>,
+    pub(crate) replicated: Vec<ReplicatedTable>,
     /// Source tables whose bronze holds history from another slot (one
     /// `teardown` dropped reads `<slot> (dropped)`), by their recorded
     /// name: their history cannot go on from this one.
-    pub elsewhere: Vec<(String, String)>,
+    pub(crate) elsewhere: Vec<(String, String)>,
     /// The furthest position of the slot its tables record ([`recorded_position`]),
     /// when one of them records a [`MARK`]: the slot never stands past
     /// it. A lake whose tables record no mark yet (made before marks
     /// were) gives none.
-    pub recorded_position: Option<Lsn>,
+    pub(crate) recorded_position: Option<Lsn>,
 }
 
 /// The former names `properties` record ([`SOURCE_FORMER_NAMES`]).
@@ -125,7 +129,7 @@ fn former_names(properties: &std::collections::HashMap<String, String>) -> Vec<T
 /// `oid`, the bronze recording that OID is its (a table renamed since the
 /// last run), and one recording its name with another OID is not (the
 /// name passed to another table since).
-pub async fn recorded_name(
+pub(crate) async fn recorded_name(
     lake: &Lake,
     namespace: &NamespaceIdent,
     table: &TableName,
@@ -161,7 +165,7 @@ pub async fn recorded_name(
 
 /// Records `table`, its `oid` and `slot` on `bronze` if it does not say
 /// them yet (a table made before they were recorded, or renamed since).
-pub async fn record_source(
+pub(crate) async fn record_source(
     lake: &Lake,
     bronze: &Table,
     table: &TableName,
@@ -221,18 +225,18 @@ pub async fn record_source(
 const RELEASED: &str = " (dropped)";
 
 /// The slot `bronze` records it is replicated from, unless released.
-pub fn source_slot(bronze: &Table) -> Option<String> {
+pub(crate) fn source_slot(bronze: &Table) -> Option<String> {
     let slot = bronze.metadata().properties().get(SOURCE_SLOT)?;
     (!is_released(slot)).then(|| slot.clone())
 }
 
 /// Whether `recorded`, a slot a bronze table records, was released.
-pub fn is_released(recorded: &str) -> bool {
+pub(crate) fn is_released(recorded: &str) -> bool {
     recorded.ends_with(RELEASED)
 }
 
 /// Whether a bronze table in `namespace` records `slot`.
-pub async fn namespace_replicates_slot(
+pub(crate) async fn namespace_replicates_slot(
     lake: &Lake,
     namespace: &NamespaceIdent,
     slot: &str,
@@ -263,7 +267,7 @@ pub(super) async fn recording(
 /// table in `namespace` of its slot, as its mark, unless one reaches as
 /// far: what the lake records of the slot must not fall behind where the
 /// slot stands ([`MARK`]).
-pub async fn pass_on_recorded_position(
+pub(crate) async fn pass_on_recorded_position(
     lake: &Lake,
     namespace: &NamespaceIdent,
     bronze: &Table,
@@ -287,7 +291,7 @@ pub async fn pass_on_recorded_position(
 
 /// Whether the lake at `location`, if there is one, records `slot` in
 /// `namespace`: its changes are the lake's to consume.
-pub async fn lake_replicates_slot(
+pub(crate) async fn lake_replicates_slot(
     location: &LakeLocation,
     namespace: &NamespaceIdent,
     slot: &str,
@@ -315,7 +319,7 @@ async fn with_namespace(
 /// bronze table in `namespace` recording it records it dropped instead,
 /// so a slot made later under that name is not taken for theirs
 /// (docs/tables.md, The table set). The bronze tables released.
-pub async fn release_slot(
+pub(crate) async fn release_slot(
     location: &LakeLocation,
     namespace: &NamespaceIdent,
     slot: &str,
@@ -341,7 +345,7 @@ pub async fn release_slot(
 /// one whose name now belongs to another table (dropped and created
 /// again) is refused before anything changes, since its Iceberg tables
 /// hold the old one's rows.
-pub async fn replicated_tables(
+pub(crate) async fn replicated_tables(
     config: &PgConfig,
     location: &LakeLocation,
     namespace: &NamespaceIdent,

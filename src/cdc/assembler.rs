@@ -108,7 +108,7 @@ enum Moving {
     Deleted(Change),
 }
 
-pub struct Assembler<D = Catalog> {
+pub(crate) struct Assembler<D = Catalog> {
     /// Changes of other tables (a publication can hold more) are dropped.
     tables: HashSet<TableName>,
     /// The captured tables by OID, as first named: a table renamed at the
@@ -134,12 +134,15 @@ pub struct Assembler<D = Catalog> {
 impl<D: Describe> Assembler<D> {
     /// Knows the captured tables' OIDs from the start, so that one renamed
     /// before the stream first describes it is still captured.
-    pub fn with_oids(mut self, oids: impl IntoIterator<Item = (u32, TableName)>) -> Assembler<D> {
+    pub(crate) fn with_oids(
+        mut self,
+        oids: impl IntoIterator<Item = (u32, TableName)>,
+    ) -> Assembler<D> {
         self.captured.extend(oids);
         self
     }
 
-    pub fn new(catalog: D, tables: &[TableName]) -> Assembler<D> {
+    pub(crate) fn new(catalog: D, tables: &[TableName]) -> Assembler<D> {
         Assembler {
             tables: tables.iter().cloned().collect(),
             captured: HashMap::new(),
@@ -159,7 +162,7 @@ impl<D: Describe> Assembler<D> {
 
     /// True between transactions, with nothing spooled or pending: a
     /// keepalive's position may then be confirmed.
-    pub fn is_idle(&self) -> bool {
+    pub(crate) fn is_idle(&self) -> bool {
         self.open.is_none()
             && self.moving.is_none()
             && !self.in_streamed_transaction()
@@ -169,12 +172,12 @@ impl<D: Describe> Assembler<D> {
 
     /// True from the first Stream Start of a transaction to its Stream
     /// Commit or Abort: its changes are arriving, only not as events yet.
-    pub fn in_streamed_transaction(&self) -> bool {
+    pub(crate) fn in_streamed_transaction(&self) -> bool {
         !self.spools.is_empty()
     }
 
     /// Takes one XLogData payload.
-    pub async fn push(&mut self, wal_start: Lsn, payload: Bytes) -> Result<()> {
+    pub(crate) async fn push(&mut self, wal_start: Lsn, payload: Bytes) -> Result<()> {
         let message = self
             .decoder
             .decode(payload.clone())
@@ -272,7 +275,7 @@ impl<D: Describe> Assembler<D> {
     }
 
     /// The next event, if one is ready; `None` means: push more.
-    pub async fn next_event(&mut self) -> Result<Option<Event>> {
+    pub(crate) async fn next_event(&mut self) -> Result<Option<Event>> {
         loop {
             if let Some(event) = self.ready.pop_front() {
                 return Ok(Some(event));
@@ -547,7 +550,7 @@ impl<D: Describe> Assembler<D> {
             Some(Moving::Marked(row)) if row.table() == change.relation.name => {
                 if change.op == Op::Delete
                     && let Some(before) = &change.before
-                    && row.is_row(&change.relation, before, change.lsn)
+                    && row.same_row(&change.relation, before, change.lsn)
                 {
                     self.moving = Some(Moving::Deleted(change));
                     return;

@@ -16,8 +16,8 @@ use crate::pg::replication::{CreatedSlot, StartOptions};
 use crate::pg::source::{self, CheckFailure, SourceClient};
 
 /// Default names; one slot and one publication per wal2iceberg pipeline.
-pub const DEFAULT_SLOT: &str = "wal2iceberg";
-pub const DEFAULT_PUBLICATION: &str = "wal2iceberg";
+pub(crate) const DEFAULT_SLOT: &str = "wal2iceberg";
+pub(crate) const DEFAULT_PUBLICATION: &str = "wal2iceberg";
 
 #[derive(Debug, Clone)]
 pub struct CaptureOptions {
@@ -29,7 +29,7 @@ pub struct CaptureOptions {
     /// Stream large transactions before they commit (needs version 2).
     pub streaming: bool,
     /// Also deliver logical decoding messages.
-    pub messages: bool,
+    pub(crate) messages: bool,
     /// Create the slot as TEMPORARY (dropped when the connection closes).
     pub temporary_slot: bool,
     /// The tables the consumer already holds a complete copy of, or `None`
@@ -37,24 +37,24 @@ pub struct CaptureOptions {
     /// while any table is held (its copy would miss the changes between
     /// the old slot and the new one), and on an existing slot the tables
     /// not held are loaded from a temporary slot's snapshot.
-    pub held_tables: Option<Vec<TableName>>,
+    pub(crate) held_tables: Option<Vec<TableName>>,
     /// Whether the lake records tables from `slot` (its bronze tables name
     /// their slot): with `to_lake`, an existing slot it does not is
     /// another's, and refused before anything changes (docs/tables.md,
     /// The table set).
-    pub claimed: bool,
+    pub(crate) claimed: bool,
     /// The tables the lake holds history of from `slot`: with `to_lake`,
     /// a slot that is gone under them is refused (a new one would start
     /// after a gap).
-    pub history: Vec<TableName>,
+    pub(crate) history: Vec<TableName>,
     /// The furthest position of `slot` the lake records (its tables'
     /// positions and marks, docs/tables.md), when it records marks: with
     /// `to_lake`, an existing slot confirmed past it confirmed changes the
     /// lake never got, and is refused.
-    pub recorded_position: Option<Lsn>,
+    pub(crate) recorded_position: Option<Lsn>,
     /// The lake claimed `slot` for a slot this start makes: finding it
     /// made meanwhile is a race another run won.
-    pub new_slot: bool,
+    pub(crate) new_slot: bool,
     /// Every table must have a primary key and no column named like the
     /// lake's own (`_cdc_*`): silver keeps rows in step by key. `run` and
     /// `check` need this; `tail` does not.
@@ -62,7 +62,7 @@ pub struct CaptureOptions {
     /// Create the publication, add the tables to it, and install the
     /// partition triggers, as needed (`run`); without, the publication
     /// must publish the tables already (`tail`, which changes nothing).
-    pub manage_publication: bool,
+    pub(crate) manage_publication: bool,
 }
 
 impl CaptureOptions {
@@ -85,7 +85,7 @@ impl CaptureOptions {
         }
     }
 
-    pub fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let config_error = |m: String| Err(Error::new(ErrorKind::Config, m));
         if self.tables.is_empty() {
             return config_error("no tables given: name at least one schema.table".into());
@@ -147,7 +147,7 @@ impl PendingStream {
     /// ready for them (slow work, like rebuilding an index) before the
     /// stream starts: a started stream must be read within the server's
     /// `wal_sender_timeout`, an idle replication connection need not.
-    pub async fn describe_tables(&mut self) -> Result<Vec<RelationInfo>> {
+    pub(crate) async fn describe_tables(&mut self) -> Result<Vec<RelationInfo>> {
         describe_in(&mut self.catalog, &self.tables).await
     }
 
@@ -155,7 +155,7 @@ impl PendingStream {
     /// been read to its end: this ends the exported snapshot.
     /// Where the stream starts: the slot's confirmed position, or a new
     /// slot's consistent point.
-    pub fn start_lsn(&self) -> Lsn {
+    pub(crate) fn start_lsn(&self) -> Lsn {
         self.start.start_lsn
     }
 
@@ -165,7 +165,7 @@ impl PendingStream {
 }
 
 /// `tables` as the catalog describes them now.
-pub async fn describe(config: &PgConfig, tables: &[TableName]) -> Result<Vec<RelationInfo>> {
+pub(crate) async fn describe(config: &PgConfig, tables: &[TableName]) -> Result<Vec<RelationInfo>> {
     let client = Arc::new(SourceClient::connect(config).await?);
     describe_in(&mut Catalog::new(client), tables).await
 }
@@ -181,7 +181,7 @@ async fn describe_in(catalog: &mut Catalog, tables: &[TableName]) -> Result<Vec<
 }
 
 /// Whether replication slot `slot` exists.
-pub async fn slot_exists(config: &PgConfig, slot: &str) -> Result<bool> {
+pub(crate) async fn slot_exists(config: &PgConfig, slot: &str) -> Result<bool> {
     let client = SourceClient::connect(config).await?;
     Ok(source::slot_info(&client, slot).await?.is_some())
 }
@@ -213,7 +213,7 @@ pub async fn resolve_tables(config: &PgConfig, options: &mut CaptureOptions) -> 
 }
 
 /// Preflight failures as one error listing each problem and its fix.
-pub fn preflight_error(failures: &[CheckFailure]) -> Error {
+pub(crate) fn preflight_error(failures: &[CheckFailure]) -> Error {
     let list = failures
         .iter()
         .map(|f| format!("\n  {f}"))
@@ -457,7 +457,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
 
 /// SQLSTATE of CREATE_REPLICATION_SLOT for a slot that exists, which
 /// [`open`] gives too when a slot it was to make exists.
-pub const DUPLICATE_OBJECT: &str = "42710";
+pub(crate) const DUPLICATE_OBJECT: &str = "42710";
 
 /// The slot a lake claimed was made by another run first.
 fn lost_race(slot: &str) -> Error {
@@ -475,7 +475,7 @@ fn lost_race(slot: &str) -> Error {
 /// `tables` as they are now, read in the snapshot a new temporary slot
 /// (named after `slot`) exports; the slot goes when the load ends. Its
 /// consistent point is the position the read shows.
-pub async fn read_now(
+pub(crate) async fn read_now(
     config: &PgConfig,
     catalog: &Catalog,
     slot: &str,
@@ -495,7 +495,7 @@ fn load_slot_name(slot: &str) -> String {
 }
 
 /// `prefix` and a unique suffix, a valid slot name if `prefix` is.
-pub fn temporary_slot_name(prefix: &str) -> String {
+pub(crate) fn temporary_slot_name(prefix: &str) -> String {
     format!(
         "{prefix}_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]

@@ -48,18 +48,18 @@ impl Op {
 /// Finds one column by name in the relations of a sequence of changes,
 /// scanning a relation's columns only when it is not the previous change's
 /// (a batch's changes nearly always share one).
-pub struct ColumnFinder<'a> {
+pub(crate) struct ColumnFinder<'a> {
     name: &'a str,
     last: Option<(*const RelationInfo, Option<usize>)>,
 }
 
 impl<'a> ColumnFinder<'a> {
-    pub fn new(name: &'a str) -> ColumnFinder<'a> {
+    pub(crate) fn new(name: &'a str) -> ColumnFinder<'a> {
         ColumnFinder { name, last: None }
     }
 
     /// The column's position in `change`'s relation, if it has the column.
-    pub fn position(&mut self, change: &Change) -> Option<usize> {
+    pub(crate) fn position(&mut self, change: &Change) -> Option<usize> {
         let relation = Arc::as_ptr(&change.relation);
         match self.last {
             Some((last, at)) if last == relation => at,
@@ -132,14 +132,14 @@ impl Change {
     }
 
     /// The position of column `name` in the change's relation.
-    pub fn column(&self, name: &str) -> Option<usize> {
+    pub(crate) fn column(&self, name: &str) -> Option<usize> {
         self.relation.columns.iter().position(|c| c.name == name)
     }
 
     /// The position of `column`, of a later definition of the relation,
     /// in the change's: by attribute number where both know it, so that a
     /// column renamed since is found.
-    pub fn column_like(&self, column: &ColumnInfo) -> Option<usize> {
+    pub(crate) fn column_like(&self, column: &ColumnInfo) -> Option<usize> {
         let columns = &self.relation.columns;
         match column.attnum {
             Some(n) if columns.iter().all(|c| c.attnum.is_some()) => {
@@ -152,7 +152,7 @@ impl Change {
     /// Replaces the after image's unchanged TOAST values with the before
     /// image's, when that is complete (REPLICA IDENTITY FULL, which the
     /// server sends detoasted); any other stays unchanged.
-    pub fn fill_unchanged_from_before_image(&mut self) {
+    pub(crate) fn fill_unchanged_from_before_image(&mut self) {
         let (Some(after), Some(before)) = (self.after.as_mut(), self.before.as_ref()) else {
             return;
         };
@@ -167,7 +167,7 @@ impl Change {
     }
 
     /// Whether the after image holds an unchanged TOAST value not filled.
-    pub fn has_unchanged_toast(&self) -> bool {
+    pub(crate) fn has_unchanged_toast(&self) -> bool {
         self.after
             .iter()
             .flatten()
@@ -176,7 +176,7 @@ impl Change {
 
     /// The error for an unchanged TOAST value whose current value is not
     /// known: never write a placeholder or a guess in its place.
-    pub fn unfilled(&self, column: &str) -> Error {
+    pub(crate) fn unfilled(&self, column: &str) -> Error {
         Error::new(
             ErrorKind::Decode,
             "an unchanged TOAST value has no known current value to fill it with",
@@ -226,7 +226,7 @@ pub enum Event {
 impl Event {
     /// The captured table the event is of: none for transaction
     /// boundaries and messages.
-    pub fn table(&self) -> Option<&TableName> {
+    pub(crate) fn table(&self) -> Option<&TableName> {
         match self {
             Event::Change(change) => Some(&change.relation.name),
             Event::Rewritten { table, .. } => Some(table),

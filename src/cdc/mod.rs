@@ -13,10 +13,10 @@
 pub mod assembler;
 pub mod capture;
 pub mod event;
-pub mod partition_rows;
+pub(crate) mod partition_rows;
 pub mod relation;
-pub mod snapshot;
-pub mod source;
+pub(crate) mod snapshot;
+pub(crate) mod source;
 pub mod stream;
 pub mod temporal;
 pub mod value;

@@ -25,24 +25,24 @@ use crate::model::Lsn;
 use crate::model::TableName;
 
 /// The prefixes of the triggers' messages.
-pub const ATTACHED: &str = "wal2iceberg.attached_row";
-pub const TRUNCATED: &str = "wal2iceberg.truncated_row";
+pub(crate) const ATTACHED: &str = "wal2iceberg.attached_row";
+pub(crate) const TRUNCATED: &str = "wal2iceberg.truncated_row";
 
 /// The key of a row an update of a partition key column is about to move:
 /// when the server then sends its delete and, next, an insert, they are
 /// one update ([`crate::cdc::assembler`]).
-pub const MOVING: &str = "wal2iceberg.moving_row";
+pub(crate) const MOVING: &str = "wal2iceberg.moving_row";
 
 /// Written after each trigger's messages, which keeps the changes that
 /// follow after them (migrations/004): it carries nothing.
-pub const FENCE: &str = "wal2iceberg.fence";
+pub(crate) const FENCE: &str = "wal2iceberg.fence";
 
 /// A trigger that failed, which let the user's command go through: the
 /// lake misses rows it should have sent.
-pub const FAILED: &str = "wal2iceberg.partition_rows_failed";
+pub(crate) const FAILED: &str = "wal2iceberg.partition_rows_failed";
 
 /// Logs a [`FAILED`] message as the error it reports; the run goes on.
-pub fn log_failure(content: &[u8], lsn: Lsn) {
+pub(crate) fn log_failure(content: &[u8], lsn: Lsn) {
     #[derive(Deserialize)]
     struct Failure {
         table: String,
@@ -65,7 +65,7 @@ pub fn log_failure(content: &[u8], lsn: Lsn) {
 }
 
 /// The change a message with `prefix` stands for, if it is one of ours.
-pub fn op_of(prefix: &str) -> Option<Op> {
+pub(crate) fn op_of(prefix: &str) -> Option<Op> {
     match prefix {
         ATTACHED => Some(Op::Read),
         TRUNCATED => Some(Op::Delete),
@@ -75,14 +75,14 @@ pub fn op_of(prefix: &str) -> Option<Op> {
 
 /// One row, as its message carries it.
 #[derive(Debug, Deserialize)]
-pub struct PartitionRow {
+pub(crate) struct PartitionRow {
     schema: String,
     table: String,
     row: HashMap<String, Option<String>>,
 }
 
 impl PartitionRow {
-    pub fn parse(prefix: &str, content: &[u8], lsn: Lsn) -> Result<PartitionRow> {
+    pub(crate) fn parse(prefix: &str, content: &[u8], lsn: Lsn) -> Result<PartitionRow> {
         serde_json::from_slice(content).map_err(|e| {
             Error::new(
                 ErrorKind::Protocol,
@@ -94,7 +94,7 @@ impl PartitionRow {
     }
 
     /// The partitioned table the row is one of.
-    pub fn table(&self) -> TableName {
+    pub(crate) fn table(&self) -> TableName {
         TableName {
             schema: self.schema.clone(),
             name: self.table.clone(),
@@ -105,7 +105,7 @@ impl PartitionRow {
     /// lacks (added after the attach) is null, as it is for the table's
     /// other rows then; a column the relation lacks (dropped since) is
     /// ignored.
-    pub fn decode(mut self, relation: &RelationInfo, lsn: Lsn) -> Result<Vec<Datum>> {
+    pub(crate) fn decode(mut self, relation: &RelationInfo, lsn: Lsn) -> Result<Vec<Datum>> {
         relation
             .columns
             .iter()
@@ -118,7 +118,7 @@ impl PartitionRow {
 
     /// Whether `before`, a delete's before image of `relation`, is this
     /// row: each value the message holds is the same there.
-    pub fn is_row(self, relation: &RelationInfo, before: &BeforeImage, lsn: Lsn) -> bool {
+    pub(crate) fn same_row(self, relation: &RelationInfo, before: &BeforeImage, lsn: Lsn) -> bool {
         let Ok(marked) = self.decode_key(relation, lsn) else {
             return false;
         };
@@ -131,7 +131,7 @@ impl PartitionRow {
 
     /// A truncated row's before image: its key, or the whole row for a
     /// table without one.
-    pub fn decode_key(mut self, relation: &RelationInfo, lsn: Lsn) -> Result<BeforeImage> {
+    pub(crate) fn decode_key(mut self, relation: &RelationInfo, lsn: Lsn) -> Result<BeforeImage> {
         let whole = relation
             .columns
             .iter()

@@ -52,7 +52,7 @@ pub struct RelationInfo {
 
 /// The table a Relation message names; pgoutput sends an empty namespace
 /// for pg_catalog.
-pub fn message_table(rel: &pgoutput::Relation) -> TableName {
+pub(crate) fn message_table(rel: &pgoutput::Relation) -> TableName {
     TableName {
         schema: match rel.namespace.as_str() {
             "" => "pg_catalog".to_owned(),
@@ -64,7 +64,7 @@ pub fn message_table(rel: &pgoutput::Relation) -> TableName {
 
 /// How a tuple is to be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TupleRole {
+pub(crate) enum TupleRole {
     /// A new tuple, or a complete old one.
     Complete,
     /// A key-only old tuple: non-key columns arrive as `n` but were not sent.
@@ -109,7 +109,7 @@ impl RelationInfo {
     }
 
     /// Decodes a pgoutput tuple into a row of this relation.
-    pub fn decode_tuple(
+    pub(crate) fn decode_tuple(
         &self,
         values: Vec<TupleValue>,
         role: TupleRole,
@@ -158,7 +158,7 @@ impl RelationInfo {
     /// which the lake stores verbatim (docs/values.md), with a warning the
     /// first time a column has one; only a key column, which must decode,
     /// is an error.
-    pub fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<Value> {
+    pub(crate) fn parse_text(&self, column: &ColumnInfo, text: &str, lsn: Lsn) -> Result<Value> {
         match column.pg_type.parse(text) {
             Ok(value) => Ok(value),
             Err(e) if column.is_primary_key => Err(self.value_error(column, lsn, e)),
@@ -171,7 +171,7 @@ impl RelationInfo {
 
     /// A field of `column` as the initial load's COPY sends it, `wire`;
     /// text decodes as [`Self::parse_text`] decodes it.
-    pub fn decode_field(
+    pub(crate) fn decode_field(
         &self,
         column: &ColumnInfo,
         wire: Wire,
@@ -187,7 +187,7 @@ impl RelationInfo {
     }
 
     /// A value of `column` that did not decode, with its context.
-    pub fn value_error(&self, column: &ColumnInfo, lsn: Lsn, e: ValueError) -> Error {
+    pub(crate) fn value_error(&self, column: &ColumnInfo, lsn: Lsn, e: ValueError) -> Error {
         self.decode_error(column, lsn, "cannot decode a value")
             .with_source(e)
     }
@@ -218,7 +218,7 @@ fn warn_kept_as_text(table: &TableName, column: &str, lsn: Lsn, error: &ValueErr
 }
 
 /// Resolves types and keys through the source's catalog, caching types.
-pub struct Catalog {
+pub(crate) struct Catalog {
     client: Arc<SourceClient>,
     types: HashMap<u32, PgType>,
     /// Each table's columns and their numbers as the last DDL the stream
@@ -229,13 +229,13 @@ pub struct Catalog {
 /// The prefix of the message migration 005's event trigger writes after
 /// each ALTER TABLE: `{"schema", "table", "columns": [[name, attnum,
 /// has_default], ...]}`, the columns in the order pgoutput sends them.
-pub const COLUMNS: &str = "wal2iceberg.columns";
+pub(crate) const COLUMNS: &str = "wal2iceberg.columns";
 
 /// A column as a [`COLUMNS`] message gives it: `[name, attnum,
 /// has_default, type_oid, type_modifier]`, `has_default` as
 /// [`ColumnFacts::has_default`]; the type since migration 006.
 #[derive(Debug, Clone, serde::Deserialize)]
-pub struct NotedColumn {
+pub(crate) struct NotedColumn {
     name: String,
     attnum: i16,
     has_default: bool,
@@ -247,7 +247,7 @@ pub struct NotedColumn {
 
 /// A table's name, OID (since migration 006) and columns as a [`COLUMNS`]
 /// message gives them.
-pub fn parse_columns(content: &[u8]) -> Result<(TableName, Option<u32>, Vec<NotedColumn>)> {
+pub(crate) fn parse_columns(content: &[u8]) -> Result<(TableName, Option<u32>, Vec<NotedColumn>)> {
     #[derive(serde::Deserialize)]
     struct Noted {
         schema: String,
@@ -269,7 +269,7 @@ pub fn parse_columns(content: &[u8]) -> Result<(TableName, Option<u32>, Vec<Note
 /// The prefix of the message migration 006's event trigger writes before
 /// DDL rewrites a table's rows: `{"tables": [[schema, name], ...],
 /// "reason": n}`, the table and its partition ancestors.
-pub const REWRITE: &str = "wal2iceberg.rewrite";
+pub(crate) const REWRITE: &str = "wal2iceberg.rewrite";
 
 /// The reason bit of a rewrite that keeps every value: a new access
 /// method (`AT_REWRITE_ACCESS_METHOD`).
@@ -277,7 +277,7 @@ const REWRITE_ACCESS_METHOD: i32 = 8;
 
 /// The tables a [`REWRITE`] message names, with their OIDs, whose values
 /// the rewrite may have changed: any but a new access method alone.
-pub fn parse_rewrite(content: &[u8]) -> Result<Vec<(TableName, u32)>> {
+pub(crate) fn parse_rewrite(content: &[u8]) -> Result<Vec<(TableName, u32)>> {
     #[derive(serde::Deserialize)]
     struct Rewrite {
         tables: Vec<(String, String, u32)>,
@@ -301,7 +301,7 @@ pub fn parse_rewrite(content: &[u8]) -> Result<Vec<(TableName, u32)>> {
 /// identity, and the identity's kind, from `base`, the table as the stream
 /// last described it, if it did. `None` when the message has no types
 /// (migration 005 without 006).
-pub fn relation_at_ddl(
+pub(crate) fn relation_at_ddl(
     base: Option<&RelationInfo>,
     oid: u32,
     table: &TableName,
@@ -340,7 +340,7 @@ const MAX_TYPE_DEPTH: usize = 16;
 const MAX_ARRAY_DIMENSIONS: i32 = 6;
 
 impl Catalog {
-    pub fn new(client: Arc<SourceClient>) -> Catalog {
+    pub(crate) fn new(client: Arc<SourceClient>) -> Catalog {
         Catalog {
             client,
             types: HashMap::new(),
@@ -348,13 +348,13 @@ impl Catalog {
         }
     }
 
-    pub fn client(&self) -> &Arc<SourceClient> {
+    pub(crate) fn client(&self) -> &Arc<SourceClient> {
         &self.client
     }
 
     /// The decoding of a type: built-ins directly; domains as their base
     /// type, enums as labels, arrays by element; anything else as text.
-    pub async fn resolve_type(&mut self, oid: u32) -> Result<PgType> {
+    pub(crate) async fn resolve_type(&mut self, oid: u32) -> Result<PgType> {
         self.resolve_type_at(oid, 0).await
     }
 
@@ -398,7 +398,10 @@ impl Catalog {
     }
 
     /// The relation a pgoutput Relation message describes.
-    pub async fn relation_from_message(&mut self, rel: pgoutput::Relation) -> Result<RelationInfo> {
+    pub(crate) async fn relation_from_message(
+        &mut self,
+        rel: pgoutput::Relation,
+    ) -> Result<RelationInfo> {
         // Under the default replica identity the message's key columns
         // are the primary key's at the message's place in the stream; the
         // catalog, read now, may already hold a later key (a replay after
@@ -465,7 +468,10 @@ impl Catalog {
     }
 
     /// The relation as the catalog describes it now (for the initial load).
-    pub async fn relation_from_table(&mut self, table: &CatalogTable) -> Result<RelationInfo> {
+    pub(crate) async fn relation_from_table(
+        &mut self,
+        table: &CatalogTable,
+    ) -> Result<RelationInfo> {
         let mut columns = Vec::with_capacity(table.columns.len());
         for c in &table.columns {
             columns.push(ColumnInfo {
@@ -491,7 +497,7 @@ impl Catalog {
 
 /// Completes what a Relation message says into a relation: in a run, the
 /// source's [`Catalog`].
-pub trait Describe {
+pub(crate) trait Describe {
     fn describe(
         &mut self,
         rel: pgoutput::Relation,
@@ -542,7 +548,7 @@ fn flagged_key(rel: &pgoutput::Relation) -> Vec<String> {
 /// columns as the primary key. For the assembler's property test and fuzz
 /// target.
 #[cfg(any(test, feature = "fuzzing"))]
-pub struct MessageOnly;
+pub(crate) struct MessageOnly;
 
 #[cfg(any(test, feature = "fuzzing"))]
 impl Describe for MessageOnly {
@@ -566,25 +572,25 @@ impl Describe for MessageOnly {
 
 /// Relations by OID, as last described by the server.
 #[derive(Default)]
-pub struct RelationCache {
+pub(crate) struct RelationCache {
     by_oid: HashMap<u32, Arc<RelationInfo>>,
 }
 
 impl RelationCache {
-    pub fn insert(&mut self, relation: RelationInfo) -> Arc<RelationInfo> {
+    pub(crate) fn insert(&mut self, relation: RelationInfo) -> Arc<RelationInfo> {
         let relation = Arc::new(relation);
         self.by_oid.insert(relation.oid, relation.clone());
         relation
     }
 
     /// The relation the stream last described under `name`.
-    pub fn named(&self, name: &TableName) -> Option<Arc<RelationInfo>> {
+    pub(crate) fn named(&self, name: &TableName) -> Option<Arc<RelationInfo>> {
         self.by_oid.values().find(|r| &r.name == name).cloned()
     }
 
     /// The relation for a change; the server always describes a relation
     /// before its first change, so a miss is a protocol error.
-    pub fn get(&self, oid: u32, lsn: Lsn) -> Result<Arc<RelationInfo>> {
+    pub(crate) fn get(&self, oid: u32, lsn: Lsn) -> Result<Arc<RelationInfo>> {
         self.by_oid.get(&oid).cloned().ok_or_else(|| {
             Error::new(
                 ErrorKind::Protocol,
@@ -603,7 +609,7 @@ pub(crate) mod fixtures {
     use crate::cdc::value::PgType;
     use crate::model::TableName;
 
-    pub fn column(
+    pub(crate) fn column(
         name: &str,
         pg_type: PgType,
         type_modifier: i32,
@@ -622,12 +628,12 @@ pub(crate) mod fixtures {
     }
 
     /// The type modifier of numeric(precision, scale).
-    pub fn typmod(precision: i32, scale: i32) -> i32 {
+    pub(crate) fn typmod(precision: i32, scale: i32) -> i32 {
         ((precision << 16) | (scale & 0x7ff)) + 4
     }
 
     /// `public.customers` with these columns.
-    pub fn relation(columns: Vec<ColumnInfo>) -> RelationInfo {
+    pub(crate) fn relation(columns: Vec<ColumnInfo>) -> RelationInfo {
         RelationInfo {
             oid: 1,
             name: TableName::parse("public.customers").unwrap(),

@@ -63,10 +63,10 @@ struct TableCopy {
 /// `wires` names.
 pub struct LoadRows {
     pub relation: Arc<RelationInfo>,
-    pub wires: Arc<[Wire]>,
+    pub(crate) wires: Arc<[Wire]>,
     pub rows: CopyRows,
     /// The `seq` of the first row: the load numbers its rows from 0.
-    pub first_seq: u64,
+    pub(crate) first_seq: u64,
     /// Rows of the table read so far, these included.
     pub table_rows: u64,
     /// The table's row estimate, when it was ever analyzed or vacuumed.
@@ -266,7 +266,7 @@ pub struct SnapshotLoad {
 
 impl SnapshotLoad {
     /// Opens the exported snapshot on `client` (a connection of its own).
-    pub async fn begin(
+    pub(crate) async fn begin(
         client: SourceClient,
         catalog: Catalog,
         snapshot_name: &str,
@@ -301,7 +301,7 @@ impl SnapshotLoad {
 
     /// Locks every table still to be read now rather than just before its
     /// COPY, for a caller that keeps the snapshot open a while first.
-    pub async fn lock_tables(&self) -> Result<()> {
+    pub(crate) async fn lock_tables(&self) -> Result<()> {
         let pending: Vec<TableName> = self.plan.pending().iter().cloned().collect();
         source::lock_unchanged_since_snapshot(&self.reader.client, &pending).await
     }
@@ -313,17 +313,17 @@ impl SnapshotLoad {
 
     /// The relations of the tables read so far: all of them, empty ones
     /// included, once the load has ended.
-    pub fn relations(&self) -> &[Arc<RelationInfo>] {
+    pub(crate) fn relations(&self) -> &[Arc<RelationInfo>] {
         &self.reader.relations
     }
 
     /// Every table the load reads.
-    pub fn tables(&self) -> &[TableName] {
+    pub(crate) fn tables(&self) -> &[TableName] {
         &self.tables
     }
 
     /// The load's transaction: xid 0, committed at the consistent point.
-    pub fn tx(&self) -> TxInfo {
+    pub(crate) fn tx(&self) -> TxInfo {
         self.tx
     }
 

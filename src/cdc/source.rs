@@ -11,41 +11,41 @@ use crate::pg::replication::SLOT_IN_USE;
 use crate::pg::source::{self, SourceClient};
 
 /// An ordinary connection to the source.
-pub struct Source(SourceClient);
+pub(crate) struct Source(SourceClient);
 
 /// How much WAL a slot keeps and how far its consumer is behind, read
 /// together from `pg_replication_slots`.
 #[derive(Debug, Clone)]
-pub struct SlotHealth {
+pub(crate) struct SlotHealth {
     /// WAL kept from the slot's `restart_lsn` to the end written.
-    pub retained_bytes: Option<i64>,
+    pub(crate) retained_bytes: Option<i64>,
     /// WAL inserted past the slot's `confirmed_flush_lsn`.
-    pub lag_bytes: Option<i64>,
+    pub(crate) lag_bytes: Option<i64>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
-    pub wal_status: Option<String>,
+    pub(crate) wal_status: Option<String>,
     /// WAL that can still be written before the slot is at risk.
-    pub safe_wal_size: Option<i64>,
+    pub(crate) safe_wal_size: Option<i64>,
     /// The server's WAL end, flushed.
-    pub wal_end: u64,
+    pub(crate) wal_end: u64,
 }
 
 /// Whether `err` is the server's refusal of a slot another process holds.
-pub fn slot_in_use(err: &Error) -> bool {
+pub(crate) fn slot_in_use(err: &Error) -> bool {
     err.sqlstate() == Some(SLOT_IN_USE)
 }
 
 impl Source {
-    pub async fn connect(config: &PgConfig) -> Result<Source> {
+    pub(crate) async fn connect(config: &PgConfig) -> Result<Source> {
         SourceClient::connect(config).await.map(Source)
     }
 
     /// `slot` as `pg_replication_slots` shows it, if it exists.
-    pub async fn slot(&self, slot: &str) -> Result<Option<SlotInfo>> {
+    pub(crate) async fn slot(&self, slot: &str) -> Result<Option<SlotInfo>> {
         source::slot_info(&self.0, slot).await
     }
 
     /// What `slot` keeps and lags, if it exists.
-    pub async fn slot_health(&self, slot: &str) -> Result<Option<SlotHealth>> {
+    pub(crate) async fn slot_health(&self, slot: &str) -> Result<Option<SlotHealth>> {
         let row = self
             .0
             .query_opt(
@@ -69,7 +69,7 @@ impl Source {
 
     /// Writes a logical message into the WAL, so that a slot on a server
     /// where only other databases write has something to confirm.
-    pub async fn heartbeat(&self) -> Result<()> {
+    pub(crate) async fn heartbeat(&self) -> Result<()> {
         self.0
             .batch_execute("SELECT pg_logical_emit_message(false, 'wal2iceberg', 'heartbeat')")
             .await
@@ -77,16 +77,16 @@ impl Source {
     }
 
     /// The table of `oid` now, under whatever name it has.
-    pub async fn table_of_oid(&self, oid: u32) -> Result<Option<TableName>> {
+    pub(crate) async fn table_of_oid(&self, oid: u32) -> Result<Option<TableName>> {
         source::table_of_oid(&self.0, oid).await
     }
 
-    pub async fn table_exists(&self, table: &TableName) -> Result<bool> {
+    pub(crate) async fn table_exists(&self, table: &TableName) -> Result<bool> {
         source::table_exists(&self.0, table).await
     }
 
     /// The tables `publication` publishes.
-    pub async fn published_tables(&self, publication: &str) -> Result<Vec<TableName>> {
+    pub(crate) async fn published_tables(&self, publication: &str) -> Result<Vec<TableName>> {
         source::published_tables(&self.0, publication).await
     }
 }

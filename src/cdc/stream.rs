@@ -85,7 +85,7 @@ impl ChangeStream {
     /// Whether the server has read past where the source's WAL ended when
     /// the stream began: every transaction committed before the run
     /// started has been delivered.
-    pub fn caught_up(&self) -> bool {
+    pub(crate) fn caught_up(&self) -> bool {
         self.server_read >= self.source_end
     }
 
@@ -147,13 +147,13 @@ impl ChangeStream {
 
     /// Reads the slot without consuming it: keepalives are not confirmed
     /// either (the caller confirms nothing).
-    pub fn never_confirm(&mut self) {
+    pub(crate) fn never_confirm(&mut self) {
         self.reading_only = true;
     }
 
     /// Confirms nothing past where the slot stands now, for the rest of
     /// the stream: what comes after is to be read again.
-    pub fn hold(&mut self) {
+    pub(crate) fn hold(&mut self) {
         self.ceiling = Some(self.replication.confirmed());
     }
 
@@ -175,7 +175,7 @@ impl ChangeStream {
     /// From now on the caller records the positions it holds: the slot is
     /// confirmed up to `lsn`, which it recorded, and past it only as far
     /// as later calls say.
-    pub async fn record(&mut self, lsn: Lsn) -> Result<()> {
+    pub(crate) async fn record(&mut self, lsn: Lsn) -> Result<()> {
         self.recorded = Some(self.recorded.map_or(lsn, |r| r.max(lsn)));
         self.asked &= self.unrecorded().is_some();
         self.confirm(lsn).await
@@ -184,14 +184,14 @@ impl ChangeStream {
     /// Whether the server asked for a reply while [`Self::unrecorded`]
     /// waits: it waits for the caller to record it (a fast shutdown
     /// does), so that is due now.
-    pub fn reply_asked(&self) -> bool {
+    pub(crate) fn reply_asked(&self) -> bool {
         self.asked && self.unrecorded().is_some()
     }
 
     /// The durable position the slot waits at because the caller has not
     /// recorded it (a batch with nothing for its tables, or a keepalive
     /// while nothing was pending); none when nothing waits for that.
-    pub fn unrecorded(&self) -> Option<Lsn> {
+    pub(crate) fn unrecorded(&self) -> Option<Lsn> {
         let recorded = self.recorded?;
         let durable = self
             .ceiling
@@ -207,7 +207,7 @@ impl ChangeStream {
     /// Whether a streamed transaction is open: the server is sending its
     /// changes in chunks, which become events only at its Stream Commit.
     /// A consumer waiting for the stream to go quiet must wait for it too.
-    pub fn in_streamed_transaction(&self) -> bool {
+    pub(crate) fn in_streamed_transaction(&self) -> bool {
         self.assembler.in_streamed_transaction()
     }
 

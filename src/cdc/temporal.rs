@@ -11,10 +11,10 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-pub const MICROS_PER_SECOND: i64 = 1_000_000;
-pub const MICROS_PER_DAY: i64 = 86_400 * MICROS_PER_SECOND;
+pub(crate) const MICROS_PER_SECOND: i64 = 1_000_000;
+pub(crate) const MICROS_PER_DAY: i64 = 86_400 * MICROS_PER_SECOND;
 /// Days from 1970-01-01 to 2000-01-01, the PostgreSQL epoch.
-pub const PG_EPOCH_DAYS: i64 = 10_957;
+pub(crate) const PG_EPOCH_DAYS: i64 = 10_957;
 
 /// A value that may also be one of PostgreSQL's infinities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -29,14 +29,14 @@ pub enum MaybeInfinite<T> {
 /// (across a daylight-saving change).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Interval {
-    pub months: i32,
-    pub days: i32,
-    pub micros: i64,
+    pub(crate) months: i32,
+    pub(crate) days: i32,
+    pub(crate) micros: i64,
 }
 
 /// Converts microseconds since the PostgreSQL epoch (2000-01-01 UTC), the
 /// unit of every timestamp in the replication protocol, to Unix microseconds.
-pub fn pg_micros_to_unix(pg: i64) -> i64 {
+pub(crate) fn pg_micros_to_unix(pg: i64) -> i64 {
     pg.saturating_add(PG_EPOCH_DAYS * MICROS_PER_DAY)
 }
 
@@ -53,7 +53,7 @@ pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
 }
 
 /// The inverse of [`days_from_civil`].
-pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z - era * 146_097;
@@ -67,7 +67,7 @@ pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
 }
 
 /// Parses a `date`: days since 1970-01-01.
-pub fn parse_date(s: &str) -> Option<MaybeInfinite<i32>> {
+pub(crate) fn parse_date(s: &str) -> Option<MaybeInfinite<i32>> {
     if let Some(inf) = parse_infinity(s) {
         return Some(inf);
     }
@@ -78,7 +78,7 @@ pub fn parse_date(s: &str) -> Option<MaybeInfinite<i32>> {
 
 /// Parses a `timestamp` (no zone) or `timestamptz` (UTC offset applied):
 /// microseconds since 1970-01-01 00:00:00 UTC.
-pub fn parse_timestamp(s: &str, with_zone: bool) -> Option<MaybeInfinite<i64>> {
+pub(crate) fn parse_timestamp(s: &str, with_zone: bool) -> Option<MaybeInfinite<i64>> {
     if let Some(inf) = parse_infinity(s) {
         return Some(inf);
     }
@@ -100,14 +100,14 @@ pub fn parse_timestamp(s: &str, with_zone: bool) -> Option<MaybeInfinite<i64>> {
 /// Whether a finite timestamp is one of the numbers the lake stores the
 /// infinities as (`i64::MAX` microseconds is `294247-01-10
 /// 04:00:54.775807`), so that it must be kept as its text instead.
-pub fn is_sentinel(t: &MaybeInfinite<i64>) -> bool {
+pub(crate) fn is_sentinel(t: &MaybeInfinite<i64>) -> bool {
     matches!(t, MaybeInfinite::Finite(m) if *m == i64::MAX || *m == -i64::MAX)
 }
 
 /// Whether `s` has a timestamp's form: for text [`parse_timestamp`]
 /// rejected, that it lies past what microseconds since 1970 hold
 /// (PostgreSQL's go to the year 294276).
-pub fn is_well_formed_timestamp(s: &str, with_zone: bool) -> bool {
+pub(crate) fn is_well_formed_timestamp(s: &str, with_zone: bool) -> bool {
     let (body, bc) = strip_bc(s);
     let Some((date, time)) = body.split_once(' ') else {
         return false;
@@ -124,19 +124,19 @@ pub fn is_well_formed_timestamp(s: &str, with_zone: bool) -> bool {
 }
 
 /// Parses a `time`: microseconds since midnight (24:00:00 is allowed).
-pub fn parse_time(s: &str) -> Option<i64> {
+pub(crate) fn parse_time(s: &str) -> Option<i64> {
     parse_time_of_day(s)
 }
 
 /// Parses a `timetz`: microseconds since midnight and the UTC offset in
 /// seconds east of Greenwich.
-pub fn parse_timetz(s: &str) -> Option<(i64, i32)> {
+pub(crate) fn parse_timetz(s: &str) -> Option<(i64, i32)> {
     let (time, offset) = split_offset(s)?;
     Some((parse_time_of_day(time)?, offset))
 }
 
 /// Parses an interval in `IntervalStyle=iso_8601`, e.g. `P-1Y2M3DT4H-5M6.5S`.
-pub fn parse_interval(s: &str) -> Option<Interval> {
+pub(crate) fn parse_interval(s: &str) -> Option<Interval> {
     let mut rest = s.strip_prefix('P')?;
     let (mut months, mut days, mut micros) = (0i64, 0i64, 0i64);
     let mut in_time = false;
@@ -186,7 +186,7 @@ pub fn parse_interval(s: &str) -> Option<Interval> {
 }
 
 /// `2026-11-29`, with ` BC` for years before 1 and 5-digit years as needed.
-pub fn format_date(days: i64) -> String {
+pub(crate) fn format_date(days: i64) -> String {
     let (year, month, day) = civil_from_days(days);
     let mut out = String::new();
     let _ = write!(out, "{:04}-{month:02}-{day:02}", display_year(year));
@@ -197,7 +197,7 @@ pub fn format_date(days: i64) -> String {
 }
 
 /// `19:51:00.123456`, trailing fractional zeros dropped.
-pub fn format_time(micros: i64) -> String {
+pub(crate) fn format_time(micros: i64) -> String {
     let secs = micros.div_euclid(MICROS_PER_SECOND);
     let frac = micros.rem_euclid(MICROS_PER_SECOND);
     let mut out = format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60);
@@ -224,7 +224,7 @@ pub fn format_timestamp_utc(micros: i64) -> String {
 /// from microseconds since 2000-01-01: `294277-01-09 04:00:54.775807+00`.
 /// For values beyond what microseconds since 1970 hold in 64 bits, which
 /// the lake keeps as their text.
-pub fn format_pg_timestamp(pg_micros: i64, with_zone: bool) -> String {
+pub(crate) fn format_pg_timestamp(pg_micros: i64, with_zone: bool) -> String {
     let days = pg_micros.div_euclid(MICROS_PER_DAY) + PG_EPOCH_DAYS;
     let (year, _, _) = civil_from_days(days);
     let date = format_date(days);
@@ -241,7 +241,7 @@ pub fn format_pg_timestamp(pg_micros: i64, with_zone: bool) -> String {
 }
 
 /// ISO 8601 duration, as PostgreSQL prints it with `IntervalStyle=iso_8601`.
-pub fn format_interval(iv: &Interval) -> String {
+pub(crate) fn format_interval(iv: &Interval) -> String {
     let mut out = String::from("P");
     let (years, months) = (iv.months / 12, iv.months % 12);
     for (n, unit) in [(years, 'Y'), (months, 'M'), (iv.days, 'D')] {

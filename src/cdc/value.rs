@@ -110,7 +110,7 @@ impl PgType {
 
     /// Decodes one value from its text output. `None` means the text did
     /// not have the shape this type's output function produces.
-    pub fn parse(&self, text: &str) -> Result<Value, ValueError> {
+    pub(crate) fn parse(&self, text: &str) -> Result<Value, ValueError> {
         let bad = || ValueError {
             type_name: self.name(),
             form: "text output",
@@ -172,7 +172,7 @@ impl PgType {
     }
 
     /// A short name for error messages.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             PgType::Bool => "bool",
             PgType::Int2 => "int2",
@@ -207,12 +207,12 @@ impl PgType {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("cannot decode {type_name} from its {form} ({len} bytes){hint}")]
 pub struct ValueError {
-    pub type_name: &'static str,
+    pub(crate) type_name: &'static str,
     /// `text output` or `binary format`.
-    pub form: &'static str,
-    pub len: usize,
+    pub(crate) form: &'static str,
+    pub(crate) len: usize,
     /// What may be wrong, when the type has a known limit.
-    pub hint: &'static str,
+    pub(crate) hint: &'static str,
 }
 
 const TIMESTAMP_HINT: &str = "; a timestamp after 294247-01-10 04:00:54.775807 UTC does not fit \
@@ -346,7 +346,7 @@ pub enum Numeric {
 /// (power of 10000) of the first digit, the sign, the display scale, then
 /// the base-10000 digits, each an int16 (`numeric_send` in PostgreSQL's
 /// `src/backend/utils/adt/numeric.c`).
-pub struct BinaryNumeric<'a> {
+pub(crate) struct BinaryNumeric<'a> {
     weight: i16,
     sign: u16,
     dscale: u16,
@@ -361,7 +361,7 @@ impl<'a> BinaryNumeric<'a> {
     const NEG_INFINITY: u16 = 0xF000;
 
     /// `None` when the bytes are not a well-formed numeric.
-    pub fn parse(bytes: &'a [u8]) -> Option<BinaryNumeric<'a>> {
+    pub(crate) fn parse(bytes: &'a [u8]) -> Option<BinaryNumeric<'a>> {
         let word = |i: usize| Some(u16::from_be_bytes([*bytes.get(i)?, *bytes.get(i + 1)?]));
         let ndigits = usize::from(word(0)?);
         let n = BinaryNumeric {
@@ -390,7 +390,7 @@ impl<'a> BinaryNumeric<'a> {
     }
 
     /// The value, its text as `numeric_out` prints it.
-    pub fn numeric(&self) -> Numeric {
+    pub(crate) fn numeric(&self) -> Numeric {
         match self.sign {
             Self::NAN => return Numeric::NaN,
             Self::INFINITY => return Numeric::Infinity,
@@ -430,7 +430,7 @@ impl<'a> BinaryNumeric<'a> {
     /// The value as an unscaled integer at `scale`, when it is finite and
     /// holds no more fractional digits than `scale` and no more digits
     /// than `precision`.
-    pub fn unscaled(&self, scale: u32, precision: u32) -> Option<i128> {
+    pub(crate) fn unscaled(&self, scale: u32, precision: u32) -> Option<i128> {
         if !matches!(self.sign, Self::POSITIVE | Self::NEGATIVE) {
             return None;
         }
@@ -516,7 +516,7 @@ pub enum Value {
 
 impl Value {
     /// A rough count of the bytes the value holds.
-    pub fn approx_bytes(&self) -> usize {
+    pub(crate) fn approx_bytes(&self) -> usize {
         let heap = match self {
             Value::Numeric(Numeric::Finite(s))
             | Value::Text(s)

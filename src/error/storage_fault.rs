@@ -11,7 +11,7 @@ use opendal::ErrorKind as StoreKind;
 
 /// How the storage under the lake failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StorageFault {
+pub(crate) enum StorageFault {
     /// A timeout, a reset or refused connection, a 5xx, throttling: the
     /// store may answer the next try.
     Transient,
@@ -69,12 +69,12 @@ impl StorageFault {
     }
 
     /// Whether a later try may succeed without a person's help.
-    pub fn is_transient(self) -> bool {
+    pub(crate) fn is_transient(self) -> bool {
         self == StorageFault::Transient
     }
 
     /// What the fault is, and what a person can do about it.
-    pub fn explanation(self) -> &'static str {
+    pub(crate) fn explanation(self) -> &'static str {
         match self {
             StorageFault::Transient => {
                 "the object store did not answer in time or failed for the moment \

@@ -22,14 +22,16 @@ pub mod files;
 pub mod lock;
 pub mod maintenance;
 pub mod schema;
-pub mod storage;
+pub(crate) mod storage;
 pub mod table;
 
 /// Runs `writes` (one per table: its files, manifests or metadata) at most
 /// a few at a time, in order: on object storage each is a round trip a
 /// flush would otherwise wait for in turn, and a flush of hundreds of
 /// tables must not open hundreds of uploads at once.
-pub async fn each_table<T, F>(writes: impl IntoIterator<Item = F>) -> crate::error::Result<Vec<T>>
+pub(crate) async fn each_table<T, F>(
+    writes: impl IntoIterator<Item = F>,
+) -> crate::error::Result<Vec<T>>
 where
     F: std::future::Future<Output = crate::error::Result<T>>,
 {
@@ -55,7 +57,7 @@ pub(crate) fn iceberg_error(err: iceberg::Error, message: &str) -> crate::error:
 }
 
 /// The location of the table's current metadata file.
-pub fn current_location(table: &iceberg::table::Table) -> crate::error::Result<String> {
+pub(crate) fn current_location(table: &iceberg::table::Table) -> crate::error::Result<String> {
     use crate::error::{Error, ErrorKind};
     table.metadata_location().map(str::to_owned).ok_or_else(|| {
         Error::new(ErrorKind::Lake, "the table has no metadata location")

@@ -4,14 +4,14 @@ use super::Lsn;
 /// it, the capture and the pipeline judge by it.
 #[derive(Debug, Clone)]
 pub struct SlotInfo {
-    pub plugin: Option<String>,
-    pub database: Option<String>,
-    pub active_pid: Option<i32>,
+    pub(crate) plugin: Option<String>,
+    pub(crate) database: Option<String>,
+    pub(crate) active_pid: Option<i32>,
     /// Whether the process holding it is a walsender: a consumer streams
     /// from it. Any other holder is a backend whose SQL function reads it
     /// for a moment (`pg_logical_slot_peek_changes`, as `verify` does).
-    pub streamed: bool,
-    pub confirmed_flush_lsn: Option<Lsn>,
+    pub(crate) streamed: bool,
+    pub(crate) confirmed_flush_lsn: Option<Lsn>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
-    pub wal_status: Option<String>,
+    pub(crate) wal_status: Option<String>,
 }

@@ -12,7 +12,7 @@ use crate::error::{Error, ErrorKind, Result};
 /// stored in the catalog.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TableName {
-    pub schema: String,
+    pub(crate) schema: String,
     pub name: String,
 }
 
@@ -32,7 +32,7 @@ impl TableName {
     }
 
     /// `"schema"."name"`, for SQL.
-    pub fn quoted(&self) -> String {
+    pub(crate) fn quoted(&self) -> String {
         format!(
             "{}.{}",
             escape_identifier(&self.schema),

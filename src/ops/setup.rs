@@ -18,7 +18,7 @@ pub const ROLE: &str = "wal2iceberg";
 pub const PUBLICATION: &str = "wal2iceberg";
 
 /// The migrations, in the order they apply.
-pub const MIGRATIONS: &[(&str, &str)] = &[
+pub(crate) const MIGRATIONS: &[(&str, &str)] = &[
     (
         "001_wal2iceberg_role.sql",
         include_str!("../../migrations/001_wal2iceberg_role.sql"),

@@ -49,64 +49,64 @@ const FLUSH_WAIT: Duration = Duration::from_secs(2);
 const PART_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone, Serialize)]
-pub struct SlotStatus {
-    pub slot_name: String,
-    pub active: bool,
-    pub active_pid: Option<i32>,
-    pub confirmed_flush_lsn: Option<String>,
-    pub restart_lsn: Option<String>,
-    pub retained_wal_bytes: Option<i64>,
-    pub lag_bytes: Option<i64>,
+pub(crate) struct SlotStatus {
+    pub(crate) slot_name: String,
+    pub(crate) active: bool,
+    pub(crate) active_pid: Option<i32>,
+    pub(crate) confirmed_flush_lsn: Option<String>,
+    pub(crate) restart_lsn: Option<String>,
+    pub(crate) retained_wal_bytes: Option<i64>,
+    pub(crate) lag_bytes: Option<i64>,
     /// The age of the oldest source commit not yet in the lake, 0 when
     /// none is pending; null when it cannot be told ([`seconds_behind`]).
-    pub seconds_behind: Option<f64>,
+    pub(crate) seconds_behind: Option<f64>,
     /// Why `seconds_behind` is null, and what would tell it.
-    pub seconds_behind_unknown: Option<String>,
+    pub(crate) seconds_behind_unknown: Option<String>,
     /// `reserved`, `extended`, `unreserved` or `lost`.
-    pub wal_status: Option<String>,
+    pub(crate) wal_status: Option<String>,
     /// Bytes that can still be written before the slot is at risk of being
     /// invalidated; null when `max_slot_wal_keep_size` is unlimited.
-    pub safe_wal_size: Option<i64>,
+    pub(crate) safe_wal_size: Option<i64>,
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub struct TableStatus {
-    pub table: String,
+pub(crate) struct TableStatus {
+    pub(crate) table: String,
     /// The last source transaction the table holds.
-    pub commit_lsn: String,
-    pub source_commit_time: String,
+    pub(crate) commit_lsn: String,
+    pub(crate) source_commit_time: String,
     /// When the first snapshot holding it was committed (a compaction or
     /// an expiry after it records the same position).
-    pub visible_time: String,
+    pub(crate) visible_time: String,
     /// The difference: that transaction's source-commit-to-visible latency.
-    pub lag_seconds: f64,
+    pub(crate) lag_seconds: f64,
     /// Live files of the current snapshot and their bytes (its summary).
-    pub data_files: u64,
-    pub delete_files: u64,
-    pub file_bytes: u64,
+    pub(crate) data_files: u64,
+    pub(crate) delete_files: u64,
+    pub(crate) file_bytes: u64,
     /// Snapshots the metadata holds.
-    pub snapshots: usize,
+    pub(crate) snapshots: usize,
     /// When the newest compaction kept in the metadata committed.
-    pub last_compaction: Option<String>,
+    pub(crate) last_compaction: Option<String>,
     /// When an expiry last removed snapshots.
-    pub last_expiry: Option<String>,
+    pub(crate) last_expiry: Option<String>,
     /// The slot a bronze table records it is replicated from.
-    pub replicated_from: Option<String>,
+    pub(crate) replicated_from: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
     /// `None` when the slot does not exist, or the source did not answer.
-    pub slot: Option<SlotStatus>,
+    pub(crate) slot: Option<SlotStatus>,
     /// Why the source could not be read, when it could not.
-    pub source_unreachable: Option<String>,
+    pub(crate) source_unreachable: Option<String>,
     /// Why the lake could not be read, when it could not.
-    pub lake_unreachable: Option<String>,
-    pub slot_name: String,
+    pub(crate) lake_unreachable: Option<String>,
+    pub(crate) slot_name: String,
     /// The lake's catalog file, and whether it exists.
-    pub lake: String,
-    pub lake_found: bool,
-    pub tables: Vec<TableStatus>,
+    pub(crate) lake: String,
+    pub(crate) lake_found: bool,
+    pub(crate) tables: Vec<TableStatus>,
 }
 
 impl Status {

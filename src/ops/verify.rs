@@ -71,9 +71,9 @@ const SHOWN_DIFFERENCES: usize = 5;
 
 /// Rows and their checksum.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Tally {
-    pub rows: u64,
-    pub checksum: u64,
+pub(crate) struct Tally {
+    pub(crate) rows: u64,
+    pub(crate) checksum: u64,
 }
 
 impl Tally {
@@ -85,7 +85,7 @@ impl Tally {
 
 /// Where a key differs: held by one side only, or by both with other values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
+pub(crate) enum Side {
     OnlyLeft,
     OnlyRight,
     Both,
@@ -94,36 +94,36 @@ pub enum Side {
 /// One comparison: `left` (the source, or silver) against bronze replayed
 /// to `position`.
 #[derive(Debug, Clone)]
-pub struct Comparison {
-    pub left: &'static str,
-    pub position: Lsn,
-    pub left_tally: Tally,
-    pub bronze_tally: Tally,
+pub(crate) struct Comparison {
+    pub(crate) left: &'static str,
+    pub(crate) position: Lsn,
+    pub(crate) left_tally: Tally,
+    pub(crate) bronze_tally: Tally,
     /// Keys that differ, all of them.
-    pub differing: u64,
+    pub(crate) differing: u64,
     /// The smallest differing keys, described (`id=42`).
-    pub first: Vec<(String, Side)>,
+    pub(crate) first: Vec<(String, Side)>,
 }
 
 impl Comparison {
-    pub fn equal(&self) -> bool {
+    pub(crate) fn equal(&self) -> bool {
         self.differing == 0
     }
 }
 
 #[derive(Debug, Clone)]
-pub struct TableReport {
-    pub table: TableName,
-    pub source: Comparison,
-    pub silver: Comparison,
+pub(crate) struct TableReport {
+    pub(crate) table: TableName,
+    pub(crate) source: Comparison,
+    pub(crate) silver: Comparison,
 }
 
 #[derive(Debug, Clone)]
 pub struct Report {
-    pub tables: Vec<TableReport>,
+    pub(crate) tables: Vec<TableReport>,
     /// Tables without a primary key, whose lake holds their history only:
     /// not compared (docs/operations.md).
-    pub history_only: Vec<TableName>,
+    pub(crate) history_only: Vec<TableName>,
 }
 
 impl Report {

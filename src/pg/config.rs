@@ -16,7 +16,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// How TLS is negotiated, as libpq's `sslmode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SslMode {
+pub(crate) enum SslMode {
     /// Never use TLS.
     Disable,
     /// Use TLS when the server offers it, without verifying the certificate.
@@ -46,10 +46,10 @@ impl SslMode {
 
 /// A password that never shows in `Debug` output or logs.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Password(String);
+pub(crate) struct Password(String);
 
 impl Password {
-    pub fn expose(&self) -> &str {
+    pub(crate) fn expose(&self) -> &str {
         &self.0
     }
 }
@@ -67,19 +67,19 @@ pub struct PgConfig {
     pub host: String,
     pub port: u16,
     pub user: String,
-    pub password: Option<Password>,
+    pub(crate) password: Option<Password>,
     pub dbname: String,
-    pub sslmode: SslMode,
+    pub(crate) sslmode: SslMode,
     /// CA certificates (PEM) for verify-ca and verify-full; the system's
     /// roots when unset.
-    pub sslrootcert: Option<PathBuf>,
+    pub(crate) sslrootcert: Option<PathBuf>,
     pub application_name: String,
-    pub connect_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
 }
 
 const DEFAULT_PORT: u16 = 5432;
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-pub const DEFAULT_APPLICATION_NAME: &str = "wal2iceberg";
+pub(crate) const DEFAULT_APPLICATION_NAME: &str = "wal2iceberg";
 
 impl fmt::Display for PgConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -165,13 +165,13 @@ impl PgConfig {
     }
 
     /// True when `host` names a Unix-socket directory.
-    pub fn is_unix_socket(&self) -> bool {
+    pub(crate) fn is_unix_socket(&self) -> bool {
         self.host.starts_with('/')
     }
 
     /// The settings as tokio-postgres takes them. TLS is set up by the
     /// caller from [`PgConfig::sslmode`].
-    pub fn to_tokio_postgres(&self) -> tokio_postgres::Config {
+    pub(crate) fn to_tokio_postgres(&self) -> tokio_postgres::Config {
         let mut config = tokio_postgres::Config::new();
         config
             .host(&self.host)
@@ -197,7 +197,7 @@ impl PgConfig {
 
 /// Settings every connection of ours runs with, so that text output has one
 /// shape whatever the server's or role's defaults (see `cdc::temporal`).
-pub const SESSION_OPTIONS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 \
+pub(crate) const SESSION_OPTIONS: &str = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 \
      -c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8";
 
 #[derive(Default)]

@@ -41,12 +41,12 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
 /// An error or notice the server reported, with its fields kept apart.
 #[derive(Debug, Clone)]
-pub struct ServerError {
-    pub severity: String,
-    pub code: String,
-    pub message: String,
-    pub detail: Option<String>,
-    pub hint: Option<String>,
+pub(crate) struct ServerError {
+    pub(crate) severity: String,
+    pub(crate) code: String,
+    pub(crate) message: String,
+    pub(crate) detail: Option<String>,
+    pub(crate) hint: Option<String>,
 }
 
 impl fmt::Display for ServerError {
@@ -102,14 +102,14 @@ pub(crate) enum Frame {
 
 /// Rows of a simple query, as text.
 #[derive(Debug, Default)]
-pub struct QueryResult {
-    pub columns: Vec<String>,
-    pub rows: Vec<Vec<Option<String>>>,
+pub(crate) struct QueryResult {
+    pub(crate) columns: Vec<String>,
+    pub(crate) rows: Vec<Vec<Option<String>>>,
 }
 
 impl QueryResult {
     /// The value of `column` in the first row.
-    pub fn get(&self, column: &str) -> Option<&str> {
+    pub(crate) fn get(&self, column: &str) -> Option<&str> {
         let i = self.columns.iter().position(|c| c == column)?;
         self.rows.first()?.get(i)?.as_deref()
     }
@@ -147,7 +147,7 @@ impl ReplicationConnection {
     }
 
     /// The server's `server_version_num`-style major version, e.g. 150004.
-    pub fn server_version_num(&self) -> u32 {
+    pub(crate) fn server_version_num(&self) -> u32 {
         let version = self
             .parameters
             .get("server_version")
@@ -279,7 +279,7 @@ impl ReplicationConnection {
     }
 
     /// Runs one command with the simple query protocol and collects its rows.
-    pub async fn simple_query(&mut self, sql: &str) -> Result<QueryResult> {
+    pub(crate) async fn simple_query(&mut self, sql: &str) -> Result<QueryResult> {
         self.send_query(sql).await?;
         let mut result = QueryResult::default();
         let mut error = None;

@@ -88,12 +88,12 @@ impl BinaryCopyReader {
     }
 
     /// Complete rows not yet taken.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 
     /// Bytes of complete rows not yet taken.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.checked
     }
 
@@ -212,7 +212,7 @@ impl CopyRows {
     }
 
     /// Bytes the rows take on the wire.
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.data.len()
     }
 

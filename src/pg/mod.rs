@@ -17,5 +17,5 @@ pub mod copy;
 pub mod pgoutput;
 pub mod replication;
 pub mod source;
-pub mod tls;
-pub mod wire;
+pub(crate) mod tls;
+pub(crate) mod wire;

@@ -18,61 +18,61 @@ use super::wire::{DecodeError, Reader};
 use crate::model::Lsn;
 
 /// Microseconds since 2000-01-01 00:00:00 UTC, as the server sends timestamps.
-pub type PgTimestamp = i64;
+pub(crate) type PgTimestamp = i64;
 
 /// `Begin`: a transaction whose changes follow.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Begin {
     /// The LSN of the commit record (called "final LSN" in the docs).
-    pub final_lsn: Lsn,
-    pub commit_ts: PgTimestamp,
-    pub xid: u32,
+    pub(crate) final_lsn: Lsn,
+    pub(crate) commit_ts: PgTimestamp,
+    pub(crate) xid: u32,
 }
 
 /// `Commit` (and the commit part of `Stream Commit`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Commit {
-    pub flags: u8,
-    pub commit_lsn: Lsn,
+    pub(crate) flags: u8,
+    pub(crate) commit_lsn: Lsn,
     /// The end of the commit record: the position to confirm once durable.
-    pub end_lsn: Lsn,
-    pub commit_ts: PgTimestamp,
+    pub(crate) end_lsn: Lsn,
+    pub(crate) commit_ts: PgTimestamp,
 }
 
 /// One column of a `Relation` message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RelationColumn {
+pub(crate) struct RelationColumn {
     /// True when the column is part of the replica identity key.
-    pub is_key: bool,
-    pub name: String,
-    pub type_oid: u32,
-    pub type_modifier: i32,
+    pub(crate) is_key: bool,
+    pub(crate) name: String,
+    pub(crate) type_oid: u32,
+    pub(crate) type_modifier: i32,
 }
 
 /// `Relation`: the shape of a table, sent before its first change in a
 /// session and again whenever its definition changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Relation {
-    pub oid: u32,
+    pub(crate) oid: u32,
     /// Empty for `pg_catalog`.
-    pub namespace: String,
-    pub name: String,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
     /// `relreplident`: `d` default, `n` nothing, `f` full, `i` index.
-    pub replica_identity: u8,
-    pub columns: Vec<RelationColumn>,
+    pub(crate) replica_identity: u8,
+    pub(crate) columns: Vec<RelationColumn>,
 }
 
 /// `Type`: the name of a non-built-in type used by a following Relation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Type {
-    pub oid: u32,
-    pub namespace: String,
-    pub name: String,
+    pub(crate) oid: u32,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 /// One column value of a TupleData.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TupleValue {
+pub(crate) enum TupleValue {
     /// `n`: SQL NULL (or, in a key-only old tuple, a column not sent).
     Null,
     /// `u`: an unchanged TOASTed value whose content was not sent.
@@ -85,7 +85,7 @@ pub enum TupleValue {
 
 /// Which old tuple an Update or Delete carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OldTupleKind {
+pub(crate) enum OldTupleKind {
     /// `K`: the replica identity key columns only.
     Key,
     /// `O`: the complete old row (REPLICA IDENTITY FULL).
@@ -94,22 +94,22 @@ pub enum OldTupleKind {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Insert {
-    pub relation_oid: u32,
-    pub new: Vec<TupleValue>,
+    pub(crate) relation_oid: u32,
+    pub(crate) new: Vec<TupleValue>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Update {
-    pub relation_oid: u32,
-    pub old: Option<(OldTupleKind, Vec<TupleValue>)>,
-    pub new: Vec<TupleValue>,
+    pub(crate) relation_oid: u32,
+    pub(crate) old: Option<(OldTupleKind, Vec<TupleValue>)>,
+    pub(crate) new: Vec<TupleValue>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Delete {
-    pub relation_oid: u32,
-    pub old_kind: OldTupleKind,
-    pub old: Vec<TupleValue>,
+    pub(crate) relation_oid: u32,
+    pub(crate) old_kind: OldTupleKind,
+    pub(crate) old: Vec<TupleValue>,
 }
 
 /// Truncate option bit: `CASCADE`.
@@ -119,30 +119,30 @@ pub const TRUNCATE_RESTART_IDENTITY: u8 = 2;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Truncate {
-    pub options: u8,
-    pub relation_oids: Vec<u32>,
+    pub(crate) options: u8,
+    pub(crate) relation_oids: Vec<u32>,
 }
 
 /// A logical decoding message written by `pg_logical_emit_message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogicalMessage {
-    pub transactional: bool,
-    pub lsn: Lsn,
-    pub prefix: String,
-    pub content: Bytes,
+    pub(crate) transactional: bool,
+    pub(crate) lsn: Lsn,
+    pub(crate) prefix: String,
+    pub(crate) content: Bytes,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamStart {
-    pub xid: u32,
-    pub first_segment: bool,
+    pub(crate) xid: u32,
+    pub(crate) first_segment: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamAbort {
-    pub xid: u32,
+    pub(crate) xid: u32,
     /// Equal to `xid` when the whole transaction aborted.
-    pub subxid: u32,
+    pub(crate) subxid: u32,
 }
 
 /// A decoded pgoutput message. Change-carrying variants hold the xid that

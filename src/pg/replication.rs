@@ -18,7 +18,7 @@ use crate::model::Lsn;
 
 mod stream;
 
-pub use stream::{BUDGET_BYTES, ReplicationStream};
+pub(crate) use stream::ReplicationStream;
 
 /// XLogData tag within CopyData.
 const XLOG_DATA: u8 = b'w';
@@ -34,20 +34,19 @@ const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 #[derive(Debug, Clone)]
 pub struct SystemIdentity {
     pub system_id: String,
-    pub timeline: u32,
-    pub xlogpos: Lsn,
-    pub dbname: Option<String>,
+    pub(crate) timeline: u32,
+    pub(crate) xlogpos: Lsn,
 }
 
 /// A logical slot just created, with the snapshot it exported.
 #[derive(Debug, Clone)]
-pub struct CreatedSlot {
-    pub slot_name: String,
+pub(crate) struct CreatedSlot {
+    pub(crate) slot_name: String,
     /// Changes that commit after this position are streamed; everything
     /// before it is in the exported snapshot.
-    pub consistent_point: Lsn,
+    pub(crate) consistent_point: Lsn,
     /// Valid until the next command on the replication connection.
-    pub snapshot_name: String,
+    pub(crate) snapshot_name: String,
 }
 
 /// Options for START_REPLICATION with pgoutput.
@@ -86,14 +85,13 @@ impl ReplicationConnection {
                 )
             })?,
             xlogpos: parse_lsn(&field("xlogpos")?)?,
-            dbname: r.get("dbname").map(str::to_owned),
         })
     }
 
     /// CREATE_REPLICATION_SLOT ... LOGICAL pgoutput, exporting a snapshot.
     /// The snapshot stays usable only while this connection sends nothing
     /// else: run the whole initial load before calling anything on it.
-    pub async fn create_slot(&mut self, slot: &str, temporary: bool) -> Result<CreatedSlot> {
+    pub(crate) async fn create_slot(&mut self, slot: &str, temporary: bool) -> Result<CreatedSlot> {
         let temporary = if temporary { " TEMPORARY" } else { "" };
         // The parenthesized option list exists from PostgreSQL 15 on.
         let sql = if self.server_version_num() >= 150_000 {
@@ -212,7 +210,7 @@ fn status_interval_for(wal_sender_timeout: Option<Duration>) -> Duration {
 
 /// How often a status update is sent when nothing else prompts one, at
 /// most: well inside the default `wal_sender_timeout` of 60 s.
-pub const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_STATUS_INTERVAL: Duration = Duration::from_secs(10);
 
 /// A message of the CopyBoth stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -264,7 +262,12 @@ impl ReplicationMessage {
 
 /// Encodes a StandbyStatusUpdate.
 /// We never ask the server to reply: its keepalives arrive on their own.
-pub fn standby_status_update(write: Lsn, flush: Lsn, apply: Lsn, now_pg_micros: i64) -> Bytes {
+pub(crate) fn standby_status_update(
+    write: Lsn,
+    flush: Lsn,
+    apply: Lsn,
+    now_pg_micros: i64,
+) -> Bytes {
     let mut buf = BytesMut::with_capacity(34);
     buf.put_u8(STANDBY_STATUS_UPDATE);
     buf.put_u64(write.0);
@@ -339,7 +342,7 @@ fn parse_lsn(text: &str) -> Result<Lsn> {
 }
 
 /// The SQLSTATE of a slot another process holds (`object_in_use`).
-pub const SLOT_IN_USE: &str = "55006";
+pub(crate) const SLOT_IN_USE: &str = "55006";
 
 /// Turns the server's slot errors into errors that say what to do.
 fn slot_error(err: Error, slot: &str) -> Error {
@@ -373,14 +376,14 @@ fn slot_error(err: Error, slot: &str) -> Error {
 }
 
 /// Quotes an identifier for a replication command.
-pub fn quote_ident(ident: &str) -> String {
+pub(crate) fn quote_ident(ident: &str) -> String {
     postgres_protocol::escape::escape_identifier(ident)
 }
 
 /// Quotes a string literal for a replication command. Not
 /// `postgres_protocol::escape::escape_literal`: for a backslash that
 /// writes `E'..'`, which the walsender's command grammar does not take.
-pub fn quote_literal(s: &str) -> String {
+pub(crate) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
 

@@ -23,7 +23,7 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// The rustls client configuration for `config.sslmode`, or `None` for
 /// `disable`.
-pub fn client_config(config: &PgConfig) -> Result<Option<Arc<ClientConfig>>> {
+pub(crate) fn client_config(config: &PgConfig) -> Result<Option<Arc<ClientConfig>>> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
@@ -51,7 +51,7 @@ pub fn client_config(config: &PgConfig) -> Result<Option<Arc<ClientConfig>>> {
 }
 
 /// The name the server's certificate must carry under verify-full.
-pub fn server_name(host: &str) -> Result<ServerName<'static>> {
+pub(crate) fn server_name(host: &str) -> Result<ServerName<'static>> {
     ServerName::try_from(host.to_owned())
         .map_err(|e| tls_error(format!("{host:?} is not a valid TLS server name")).with_source(e))
 }

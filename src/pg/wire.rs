@@ -13,13 +13,13 @@ use crate::error::{Error, ErrorKind};
 #[error("malformed {message}: {problem} (field `{field}` at byte {offset})")]
 pub struct DecodeError {
     /// The message being decoded, e.g. `pgoutput Update`.
-    pub message: &'static str,
+    pub(crate) message: &'static str,
     /// The field being read when the problem showed.
-    pub field: &'static str,
+    pub(crate) field: &'static str,
     /// Byte offset of that field within the message.
-    pub offset: usize,
+    pub(crate) offset: usize,
     /// What was wrong.
-    pub problem: String,
+    pub(crate) problem: String,
 }
 
 impl From<DecodeError> for Error {

@@ -21,9 +21,9 @@ use crate::lake::catalog::{Commits, Lake};
 use crate::lake::{current_location, iceberg_error};
 
 /// A change of a table's metadata, planned on `table` as it was loaded.
-pub struct Planned {
-    pub table: Table,
-    pub built: TableMetadataBuildResult,
+pub(crate) struct Planned {
+    pub(crate) table: Table,
+    pub(crate) built: TableMetadataBuildResult,
 }
 
 /// Commits `built`, planned on `table`: false when another commit got
@@ -46,7 +46,7 @@ pub async fn commit_metadata(
 /// (`write.metadata.previous-versions-max`, 100 by default) are deleted
 /// once it is current, so they do not pile up; a REST catalog writes and
 /// keeps the metadata itself.
-pub async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
+pub(crate) async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<bool> {
     let (pool, db, name) = match lake.commits() {
         Commits::Sql { pool, db, name } => (pool, db, name),
         Commits::Rest(rest) => {

@@ -24,7 +24,7 @@ pub enum CatalogDb {
 
 impl CatalogDb {
     /// A catalog URI: `sqlite:FILE` or `postgresql://user@host/db`.
-    pub fn parse_uri(text: &str) -> Result<CatalogDb, String> {
+    pub(crate) fn parse_uri(text: &str) -> Result<CatalogDb, String> {
         if let Some(file) = text.strip_prefix("sqlite:") {
             let file = file.strip_prefix("//").unwrap_or(file);
             let file = file.split_once('?').map_or(file, |(file, _)| file);
@@ -48,7 +48,7 @@ impl CatalogDb {
 
     /// Whether a catalog can be here already: the file exists, or (a
     /// database, asked when opened) always.
-    pub fn may_exist(&self) -> bool {
+    pub(crate) fn may_exist(&self) -> bool {
         match self {
             CatalogDb::File(file) => file.is_file(),
             CatalogDb::Postgres(_) => true,
@@ -56,14 +56,14 @@ impl CatalogDb {
     }
 
     /// The URL sqlx connects with; `file` is the SQLite file as opened.
-    pub fn sqlx_url(&self, file: Option<&Path>) -> String {
+    pub(crate) fn sqlx_url(&self, file: Option<&Path>) -> String {
         match self {
             CatalogDb::File(f) => format!("sqlite:{}?mode=rwc", file.unwrap_or(f).display()),
             CatalogDb::Postgres(url) => url.clone(),
         }
     }
 
-    pub fn bind_style(&self) -> SqlBindStyle {
+    pub(crate) fn bind_style(&self) -> SqlBindStyle {
         match self {
             CatalogDb::File(_) => SqlBindStyle::QMark,
             CatalogDb::Postgres(_) => SqlBindStyle::DollarNumeric,
@@ -71,7 +71,7 @@ impl CatalogDb {
     }
 
     /// `sql` with each `?` numbered as the database wants its parameters.
-    pub fn placeholders(&self, sql: &str) -> String {
+    pub(crate) fn placeholders(&self, sql: &str) -> String {
         match self {
             CatalogDb::File(_) => sql.to_owned(),
             CatalogDb::Postgres(_) => {
@@ -102,7 +102,7 @@ impl fmt::Display for CatalogDb {
 /// A URL as it may be shown: a password in it, and any `password`
 /// parameter, replaced by `***`; a URL that does not parse, its scheme
 /// alone.
-pub fn redacted(text: &str) -> String {
+pub(crate) fn redacted(text: &str) -> String {
     let Ok(mut url) = url::Url::parse(text) else {
         let scheme = text.split_once("://").map_or("", |(scheme, _)| scheme);
         return format!("{scheme}://***");

@@ -41,7 +41,7 @@ const NAMESPACE_LOCATION: &str = "location_uri";
 /// `us-east-1` unless a region is given, as the lake's S3 settings are.
 /// An endpoint of Glue's needs S3's too: the crate would send the files'
 /// requests to Glue's endpoint otherwise.
-pub fn catalog_props(
+pub(crate) fn catalog_props(
     properties: &CatalogProperties,
     endpoint: Option<&str>,
     warehouse: &str,
@@ -86,7 +86,7 @@ pub fn catalog_props(
 
 /// A client of Glue's API configured as `iceberg-catalog-glue` configures
 /// its own from the same `props` ([`catalog_props`]).
-pub async fn connect(props: &HashMap<String, String>) -> GlueCommits {
+pub(crate) async fn connect(props: &HashMap<String, String>) -> GlueCommits {
     let mut config = aws_config::defaults(BehaviorVersion::latest());
     if let Some(endpoint) = props.get("uri") {
         config = config.endpoint_url(endpoint);
@@ -112,11 +112,11 @@ pub async fn connect(props: &HashMap<String, String>) -> GlueCommits {
 
 /// Glue as an Iceberg catalog: `iceberg-catalog-glue`'s, but for a
 /// table's creation and updates ([`GlueCommits`]).
-pub struct GlueCatalog {
-    pub inner: iceberg_catalog_glue::GlueCatalog,
-    pub commits: GlueCommits,
+pub(crate) struct GlueCatalog {
+    pub(crate) inner: iceberg_catalog_glue::GlueCatalog,
+    pub(crate) commits: GlueCommits,
     /// Where tables go whose namespace names no location.
-    pub warehouse: String,
+    pub(crate) warehouse: String,
 }
 
 /// Not the crate's: it shows the properties, secrets included.

@@ -31,7 +31,7 @@ const PREVIOUS_METADATA_LOCATION: &str = "previous_metadata_location";
 
 /// Glue's API, for what wal2iceberg does itself there.
 #[derive(Clone)]
-pub struct GlueCommits {
+pub(crate) struct GlueCommits {
     pub(in crate::lake) client: aws_sdk_glue::Client,
     pub(in crate::lake) catalog_id: Option<String>,
 }
@@ -39,7 +39,11 @@ pub struct GlueCommits {
 impl GlueCommits {
     /// Commits `built`, planned on `table`: false when another commit got
     /// there first.
-    pub async fn commit(&self, table: &Table, built: &TableMetadataBuildResult) -> Result<bool> {
+    pub(crate) async fn commit(
+        &self,
+        table: &Table,
+        built: &TableMetadataBuildResult,
+    ) -> Result<bool> {
         let ident = table.identifier();
         let current = current_location(table)?;
         let new_location = MetadataLocation::from_str(&current)

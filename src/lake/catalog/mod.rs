@@ -11,13 +11,13 @@
 //! snapshot kind iceberg-rust 0.10 lacks.
 
 pub mod commit;
-pub mod db;
-pub mod glue;
-pub mod glue_commit;
-pub mod rest_commit;
-pub mod rest_tables;
+pub(crate) mod db;
+pub(crate) mod glue;
+pub(crate) mod glue_commit;
+pub(crate) mod rest_commit;
+pub(crate) mod rest_tables;
 pub mod row_delta;
-pub mod uri;
+pub(crate) mod uri;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -47,7 +47,7 @@ const PROPERTY_ATTEMPTS: usize = 10;
 
 /// The name tables are registered under in the SQL catalog by default
 /// (pyiceberg: `SqlCatalog("local", uri=..., warehouse=...)`).
-pub const CATALOG_NAME: &str = "local";
+pub(crate) const CATALOG_NAME: &str = "local";
 
 /// Where a lake lives: its catalog, its warehouse and what its storage
 /// needs (an S3 endpoint, credentials). By default a SQL catalog on SQLite
@@ -60,15 +60,15 @@ pub struct LakeLocation {
     pub catalog: CatalogUri,
     /// Where the files live: for a REST catalog, whose server places the
     /// tables, what storage they are read and written through.
-    pub warehouse: Warehouse,
-    pub properties: CatalogProperties,
+    pub(crate) warehouse: Warehouse,
+    pub(crate) properties: CatalogProperties,
     /// The catalog's name: a SQL catalog's `catalog_name`, which every
     /// engine sharing its database opens it by [default: local].
-    pub name: String,
+    pub(crate) name: String,
 }
 
 impl LakeLocation {
-    pub fn in_folder(root: &Path) -> LakeLocation {
+    pub(crate) fn in_folder(root: &Path) -> LakeLocation {
         LakeLocation {
             folder: root.to_owned(),
             catalog: CatalogUri::Sql(CatalogDb::File(root.join("catalog.db"))),
@@ -175,7 +175,7 @@ impl LakeLocation {
     /// The default state directory: `state/` beside the catalog file
     /// (`<lake>/state`), or in the lake's folder for a catalog that is
     /// not a file.
-    pub fn default_state_dir(&self) -> PathBuf {
+    pub(crate) fn default_state_dir(&self) -> PathBuf {
         match &self.catalog {
             CatalogUri::Sql(CatalogDb::File(file)) => file.parent().unwrap_or(Path::new(".")),
             _ => &self.folder,
@@ -218,14 +218,13 @@ fn in_object_store(location: &str) -> bool {
 pub struct Lake {
     catalog: Arc<dyn Catalog>,
     commits: Commits,
-    location: CatalogUri,
     /// Opened with a local warehouse: a table on S3 needs the store's
     /// settings to be read.
     local: bool,
 }
 
 /// Where a lake's own commits go.
-pub enum Commits {
+pub(crate) enum Commits {
     /// A compare-and-swap of the pointer in a SQL catalog's database,
     /// through a pool of one connection.
     Sql {
@@ -391,7 +390,6 @@ impl Lake {
         Ok(Lake {
             catalog,
             commits,
-            location: location.catalog.clone(),
             local: matches!(location.warehouse, Warehouse::Folder(_)),
         })
     }
@@ -409,7 +407,7 @@ impl Lake {
         Lake::open_at(location, false).await
     }
 
-    pub async fn has_namespace(&self, namespace: &NamespaceIdent) -> Result<bool> {
+    pub(crate) async fn has_namespace(&self, namespace: &NamespaceIdent) -> Result<bool> {
         self.catalog
             .namespace_exists(namespace)
             .await
@@ -419,7 +417,7 @@ impl Lake {
     /// Sets properties of the table `ident` in one commit, on the table as
     /// it is now, reloading it and trying again when another commit (a
     /// run's) came first.
-    pub async fn update_properties(
+    pub(crate) async fn update_properties(
         &self,
         ident: &TableIdent,
         properties: &[(&str, String)],
@@ -561,19 +559,14 @@ impl Lake {
         Ok(ident)
     }
 
-    /// The catalog, as configured.
-    pub fn catalog_uri(&self) -> &CatalogUri {
-        &self.location
-    }
-
     /// Where the commits `row_delta` and `expire` make go.
-    pub fn commits(&self) -> &Commits {
+    pub(crate) fn commits(&self) -> &Commits {
         &self.commits
     }
 
     /// Whether the catalog commits several tables at once (a SQL
     /// catalog's transaction, REST's `transactions/commit`); Glue cannot.
-    pub fn commits_tables_together(&self) -> bool {
+    pub(crate) fn commits_tables_together(&self) -> bool {
         !matches!(self.commits, Commits::Glue(_))
     }
 
@@ -615,7 +608,7 @@ impl Lake {
     }
 
     /// Drops a table from the catalog and deletes its folder.
-    pub async fn drop_with_files(&self, ident: &TableIdent) -> Result<()> {
+    pub(crate) async fn drop_with_files(&self, ident: &TableIdent) -> Result<()> {
         let table = self.catalog_table(ident).await?;
         let location = table.metadata().location().to_owned();
         let local = location.strip_prefix("file://");
@@ -671,7 +664,7 @@ impl Lake {
     }
 
     /// [`Self::ensure_table`], a new table created with `properties` too.
-    pub async fn ensure_table_with(
+    pub(crate) async fn ensure_table_with(
         &self,
         ident: &TableIdent,
         schema: Schema,

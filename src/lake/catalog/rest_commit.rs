@@ -31,7 +31,7 @@ use tokio::sync::Mutex;
 use crate::error::{Error, ErrorKind, Result};
 
 /// A REST catalog's endpoint for commits.
-pub struct RestCommits {
+pub(crate) struct RestCommits {
     client: reqwest::Client,
     uri: String,
     props: HashMap<String, String>,
@@ -84,7 +84,7 @@ impl RestCommits {
     /// catalog properties `props` (`warehouse`, `prefix`, `token`,
     /// `credential`, `oauth2-server-uri`, `scope`, `header.*`); its
     /// tables' files go through `storage`.
-    pub fn new(
+    pub(crate) fn new(
         uri: &str,
         props: HashMap<String, String>,
         storage: Arc<dyn StorageFactory>,
@@ -121,7 +121,10 @@ impl RestCommits {
     /// the catalog, all or none, if every table is still the one its
     /// change was planned on: true when they landed, false when another
     /// commit came first.
-    pub async fn commit(&self, planned: &[(&Table, &TableMetadataBuildResult)]) -> Result<bool> {
+    pub(crate) async fn commit(
+        &self,
+        planned: &[(&Table, &TableMetadataBuildResult)],
+    ) -> Result<bool> {
         let requests: Vec<CommitRequest> = planned
             .iter()
             .map(|(table, built)| {

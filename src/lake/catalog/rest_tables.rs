@@ -26,7 +26,7 @@ impl RestCommits {
     /// and the table's `config` (the catalog properties win over it, as
     /// iceberg-rust has them), and over all of them the credential the
     /// server vends for the table's location.
-    pub async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
+    pub(crate) async fn load_table(&self, ident: &TableIdent) -> Result<Table> {
         let namespace = ident.namespace().join("\u{1f}");
         let path = ["namespaces", &namespace, "tables", ident.name()];
         let response = self.get(&path).await?;

@@ -71,8 +71,8 @@ pub struct RowDelta {
 /// The files a delta adds and their bytes, for a commit's log line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
-    pub files: usize,
-    pub bytes: u64,
+    pub(crate) files: usize,
+    pub(crate) bytes: u64,
 }
 
 impl std::ops::AddAssign for Written {
@@ -83,7 +83,7 @@ impl std::ops::AddAssign for Written {
 }
 
 impl RowDelta {
-    pub fn written(&self) -> Written {
+    pub(crate) fn written(&self) -> Written {
         let files = self.data_files.iter().chain(&self.delete_files);
         Written {
             files: self.data_files.len() + self.delete_files.len(),
@@ -104,7 +104,7 @@ pub async fn commit_row_delta(lake: &Lake, ident: &TableIdent, delta: &RowDelta)
 /// commit, so a reader sees all of them or none; on a concurrent commit
 /// to any of the tables, all are planned again on the tables reloaded.
 /// Returns the tables as committed, in the order of `deltas`.
-pub async fn commit_row_deltas(
+pub(crate) async fn commit_row_deltas(
     lake: &Lake,
     deltas: &[(&TableIdent, &RowDelta)],
 ) -> Result<Vec<Table>> {
@@ -145,7 +145,11 @@ pub async fn commit_row_deltas(
 /// as committed, or `None`, and nothing committed, when another commit
 /// came after `base`. It is never retried on a newer table: what it
 /// removes might have changed there.
-pub async fn commit_rewrite(lake: &Lake, base: &Table, delta: &RowDelta) -> Result<Option<Table>> {
+pub(crate) async fn commit_rewrite(
+    lake: &Lake,
+    base: &Table,
+    delta: &RowDelta,
+) -> Result<Option<Table>> {
     crate::failpoint::stall("compaction").await;
     let started = std::time::Instant::now();
     if !commit_all(lake, vec![plan(base, delta).await?]).await? {

@@ -31,7 +31,7 @@ impl CatalogUri {
     /// not given, as pyiceberg infers it) at `uri`; a REST catalog is
     /// asked for `warehouse`; Glue's URI is its endpoint. Types
     /// wal2iceberg does not know are refused up front.
-    pub fn parse(
+    pub(crate) fn parse(
         kind: Option<&str>,
         uri: &str,
         warehouse: Option<&str>,
@@ -70,7 +70,7 @@ impl CatalogUri {
 
     /// The catalog of a type given without a URI: a SQL catalog has one by
     /// default (the lake's SQLite file, `None` here), Glue its region's.
-    pub fn without_uri(kind: &str) -> Result<Option<CatalogUri>, String> {
+    pub(crate) fn without_uri(kind: &str) -> Result<Option<CatalogUri>, String> {
         match kind {
             "sql" => Ok(None),
             "glue" => Ok(Some(CatalogUri::Glue { endpoint: None })),
@@ -80,7 +80,7 @@ impl CatalogUri {
     }
 
     /// The SQL catalog's database, for what only a SQL catalog has.
-    pub fn db(&self) -> Option<&CatalogDb> {
+    pub(crate) fn db(&self) -> Option<&CatalogDb> {
         match self {
             CatalogUri::Sql(db) => Some(db),
             CatalogUri::Rest { .. } | CatalogUri::Glue { .. } => None,
@@ -89,7 +89,7 @@ impl CatalogUri {
 
     /// Whether a catalog can be here already: a SQLite file exists; a
     /// server or database is asked when opened.
-    pub fn may_exist(&self) -> bool {
+    pub(crate) fn may_exist(&self) -> bool {
         self.db().is_none_or(CatalogDb::may_exist)
     }
 }

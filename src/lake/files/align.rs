@@ -18,7 +18,11 @@ use parquet::arrow::PARQUET_FIELD_ID_META_KEY;
 use crate::error::{Error, ErrorKind, Result};
 
 /// `batch`, read from `path`, in `schema`.
-pub fn align(batch: &RecordBatch, schema: &Arc<ArrowSchema>, path: &str) -> Result<RecordBatch> {
+pub(crate) fn align(
+    batch: &RecordBatch,
+    schema: &Arc<ArrowSchema>,
+    path: &str,
+) -> Result<RecordBatch> {
     let bad = |e: ArrowError| {
         Error::new(
             ErrorKind::Lake,
@@ -40,7 +44,7 @@ pub fn align(batch: &RecordBatch, schema: &Arc<ArrowSchema>, path: &str) -> Resu
 }
 
 /// The Iceberg field id an Arrow field carries.
-pub fn field_id(field: &Field) -> Option<i32> {
+pub(crate) fn field_id(field: &Field) -> Option<i32> {
     field
         .metadata()
         .get(PARQUET_FIELD_ID_META_KEY)?
@@ -49,7 +53,7 @@ pub fn field_id(field: &Field) -> Option<i32> {
 }
 
 /// The index among `fields` of the one that holds `target`'s values.
-pub fn find(fields: &Fields, target: &Field) -> Option<usize> {
+pub(crate) fn find(fields: &Fields, target: &Field) -> Option<usize> {
     let by_id = field_id(target).filter(|_| fields.iter().any(|f| field_id(f).is_some()));
     match by_id {
         Some(id) => fields.iter().position(|f| field_id(f) == Some(id)),

@@ -39,7 +39,7 @@ use crate::error::{Error, ErrorKind, Result};
 const MICROS_PER_DAY: i64 = 86_400_000_000;
 
 /// The values of one column; `None` is null.
-pub type Cells<'a> = [Option<&'a Value>];
+pub(crate) type Cells<'a> = [Option<&'a Value>];
 
 /// Builds the array of `field`'s type from the column's values.
 pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
@@ -52,7 +52,7 @@ pub fn build_array(field: &Field, cells: &Cells<'_>) -> Result<ArrayRef> {
 
 /// Builds the array of `field`'s type from the values of rows numbered
 /// from 0, keeping in `verbatim` the values it cannot hold.
-pub fn build_array_keeping(
+pub(crate) fn build_array_keeping(
     field: &Field,
     cells: &Cells<'_>,
     verbatim: &mut Verbatim,
@@ -74,7 +74,7 @@ pub struct Verbatim {
 }
 
 impl Verbatim {
-    pub fn keep(&mut self, row: usize, column: &str, text: String) {
+    pub(crate) fn keep(&mut self, row: usize, column: &str, text: String) {
         self.rows
             .entry(row)
             .or_default()
@@ -82,7 +82,7 @@ impl Verbatim {
     }
 
     /// What a `_cdc_verbatim` column read back from a table holds.
-    pub fn of_column(array: &dyn Array) -> Verbatim {
+    pub(crate) fn of_column(array: &dyn Array) -> Verbatim {
         let mut verbatim = Verbatim::default();
         for row in 0..array.len() {
             for (column, text) in verbatim_entries(array, row) {
@@ -93,7 +93,7 @@ impl Verbatim {
     }
 
     /// Takes `other`'s entries, their column names prefixed.
-    pub fn take_prefixed(&mut self, other: Verbatim, prefix: &str) {
+    pub(crate) fn take_prefixed(&mut self, other: Verbatim, prefix: &str) {
         for (row, kept) in other.rows {
             for (column, text) in kept {
                 self.keep(row, &format!("{prefix}{column}"), text);
@@ -102,7 +102,7 @@ impl Verbatim {
     }
 
     /// The entries of `row`, sorted.
-    pub fn entries(&self, row: usize) -> Vec<(String, String)> {
+    pub(crate) fn entries(&self, row: usize) -> Vec<(String, String)> {
         let mut entries = self.rows.get(&row).cloned().unwrap_or_default();
         entries.sort();
         entries
@@ -110,7 +110,7 @@ impl Verbatim {
 
     /// The `_cdc_verbatim` column (`field`, a map of strings) of a batch of
     /// `rows` rows: null where a row kept nothing.
-    pub fn array(&self, field: &Field, rows: usize) -> Result<ArrayRef> {
+    pub(crate) fn array(&self, field: &Field, rows: usize) -> Result<ArrayRef> {
         let bad = || {
             Error::new(
                 ErrorKind::Lake,
@@ -154,7 +154,7 @@ impl Verbatim {
 
 /// The arrays of a batch's `fields`: `columns` as given, the
 /// `_cdc_verbatim` field (left `None` there) built from `verbatim`.
-pub fn with_verbatim(
+pub(crate) fn with_verbatim(
     fields: &Fields,
     columns: Vec<Option<ArrayRef>>,
     verbatim: &Verbatim,
@@ -171,7 +171,7 @@ pub fn with_verbatim(
 }
 
 /// The map a `_cdc_verbatim` cell holds, column to text.
-pub fn verbatim_entries(array: &dyn Array, row: usize) -> Vec<(String, String)> {
+pub(crate) fn verbatim_entries(array: &dyn Array, row: usize) -> Vec<(String, String)> {
     let Some(map) = array.as_map_opt() else {
         return Vec::new();
     };
@@ -191,7 +191,7 @@ pub fn verbatim_entries(array: &dyn Array, row: usize) -> Vec<(String, String)> 
 }
 
 /// An array of a field's type being built value by value.
-pub struct ColumnBuilder {
+pub(crate) struct ColumnBuilder {
     field: FieldRef,
     kind: Kind,
 }
@@ -226,7 +226,7 @@ enum Kind {
 
 impl ColumnBuilder {
     /// A builder for `field`'s type with room for `capacity` values.
-    pub fn new(field: &Field, capacity: usize) -> Result<ColumnBuilder> {
+    pub(crate) fn new(field: &Field, capacity: usize) -> Result<ColumnBuilder> {
         let kind = match field.data_type() {
             DataType::Boolean => Kind::Bool(BooleanBuilder::with_capacity(capacity)),
             DataType::Int32 => Kind::Int32(Int32Builder::with_capacity(capacity)),
@@ -281,7 +281,7 @@ impl ColumnBuilder {
 
     /// Appends a value, `None` or [`Value::Null`] as null. A value the
     /// type cannot hold exactly is an error naming the column.
-    pub fn append(&mut self, cell: Option<&Value>) -> Result<()> {
+    pub(crate) fn append(&mut self, cell: Option<&Value>) -> Result<()> {
         let Some(v) = cell else {
             self.append_null();
             return Ok(());
@@ -297,7 +297,7 @@ impl ColumnBuilder {
     /// a value the type cannot hold but whose source text is known
     /// ([`verbatim_text`]) is appended as null and its text kept in
     /// `verbatim` (docs/values.md).
-    pub fn append_keeping(
+    pub(crate) fn append_keeping(
         &mut self,
         cell: Option<&Value>,
         row: usize,
@@ -487,7 +487,7 @@ impl ColumnBuilder {
 
     /// Appends a string to a string column; the text output of a column of
     /// any other type goes through [`Self::append`] as its value.
-    pub fn append_str(&mut self, text: &str) -> bool {
+    pub(crate) fn append_str(&mut self, text: &str) -> bool {
         match &mut self.kind {
             Kind::Utf8(b) => {
                 b.append_value(text);
@@ -501,7 +501,7 @@ impl ColumnBuilder {
     /// false when the column is not a decimal one, or the value is not a
     /// finite number it holds exactly (then [`Self::append`] its value for
     /// the error).
-    pub fn append_numeric(&mut self, numeric: &BinaryNumeric<'_>) -> bool {
+    pub(crate) fn append_numeric(&mut self, numeric: &BinaryNumeric<'_>) -> bool {
         match &mut self.kind {
             Kind::Decimal {
                 builder,
@@ -518,7 +518,7 @@ impl ColumnBuilder {
         }
     }
 
-    pub fn append_null(&mut self) {
+    pub(crate) fn append_null(&mut self) {
         match &mut self.kind {
             Kind::Bool(b) => b.append_null(),
             Kind::Int32(b) => b.append_null(),
@@ -540,7 +540,7 @@ impl ColumnBuilder {
     }
 
     /// The array of the values appended so far; the builder starts over.
-    pub fn finish(&mut self) -> Result<ArrayRef> {
+    pub(crate) fn finish(&mut self) -> Result<ArrayRef> {
         Ok(match &mut self.kind {
             Kind::Bool(b) => Arc::new(b.finish()),
             Kind::Int32(b) => Arc::new(b.finish()),
@@ -592,7 +592,7 @@ impl ColumnBuilder {
 /// A table's column `field` for `rows` load rows: the source column of
 /// that name among `fields` (its array in `columns`), as the table types
 /// it; nulls when the source lacks it.
-pub fn load_source_column(
+pub(crate) fn load_source_column(
     field: &Field,
     fields: &[FieldRef],
     columns: &[ArrayRef],
@@ -672,7 +672,7 @@ fn decode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
 
 /// The value a stored cell holds, in the variant [`build_array`] turns back
 /// into the same cell (strings come back as text).
-pub fn arrow_value(array: &dyn Array, row: usize) -> Result<Value> {
+pub(crate) fn arrow_value(array: &dyn Array, row: usize) -> Result<Value> {
     if array.is_null(row) {
         return Ok(Value::Null);
     }
@@ -770,7 +770,7 @@ pub(in crate::lake) fn text_form(v: &Value) -> Option<Cow<'_, str>> {
 /// ends at 23:59:59.999999), text kept as itself ([`Value::Unknown`]),
 /// and an array holding such values, written as `array_out` writes it.
 /// `None` for a value of another type than the column's, a bug.
-pub fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
+pub(crate) fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
     match v {
         Value::Time(t) => Some(Cow::Owned(temporal::format_time(*t))),
         Value::Array(items) => {

@@ -3,8 +3,8 @@
 //! files as streams of pairs (`position_deletes`), and reading a table's
 //! files back (`scan`), each in the table's current schema (`align`).
 
-pub mod align;
+pub(crate) mod align;
 pub mod arrow;
 pub mod position_deletes;
-pub mod scan;
+pub(crate) mod scan;
 pub mod writer;

@@ -28,7 +28,7 @@ use crate::lake::iceberg_error;
 
 /// A row of a position delete file: the data file's path (shared by the
 /// pairs of one file) and the position of a deleted row in it.
-pub type Deleted = (Arc<str>, i64);
+pub(crate) type Deleted = (Arc<str>, i64);
 
 /// Reserved field ids of position delete files (spec, "Reserved Field IDs").
 const FILE_PATH_FIELD_ID: i32 = 2_147_483_546;
@@ -48,7 +48,7 @@ pub async fn write_position_deletes(table: &Table, mut deletes: Vec<Deleted>) ->
 }
 
 /// A position delete file being written, from pairs given in order.
-pub struct DeleteWriter {
+pub(crate) struct DeleteWriter {
     writer: ParquetWriter,
     arrow: SchemaRef,
     slice: Vec<Deleted>,
@@ -57,7 +57,7 @@ pub struct DeleteWriter {
 }
 
 impl DeleteWriter {
-    pub async fn open(table: &Table) -> Result<DeleteWriter> {
+    pub(crate) async fn open(table: &Table) -> Result<DeleteWriter> {
         let context = |e: iceberg::Error| write_error(e, table.identifier());
         let schema = Arc::new(
             Schema::builder()
@@ -102,7 +102,7 @@ impl DeleteWriter {
     }
 
     /// Adds a pair; pairs come in the spec's order.
-    pub async fn push(&mut self, deleted: Deleted) -> Result<()> {
+    pub(crate) async fn push(&mut self, deleted: Deleted) -> Result<()> {
         self.slice.push(deleted);
         if self.slice.len() == DELETE_BATCH_ROWS {
             self.write_slice().await?;
@@ -133,7 +133,7 @@ impl DeleteWriter {
             .map_err(|e| write_error(e, &self.ident))
     }
 
-    pub async fn close(mut self) -> Result<DataFile> {
+    pub(crate) async fn close(mut self) -> Result<DataFile> {
         if !self.slice.is_empty() {
             self.write_slice().await?;
         }
@@ -165,7 +165,7 @@ fn write_error(e: iceberg::Error, ident: &iceberg::TableIdent) -> Error {
 }
 
 /// The pairs of one position delete file, decoded a batch at a time.
-pub struct DeleteReader {
+pub(crate) struct DeleteReader {
     batches: Box<dyn Iterator<Item = Result<RecordBatch>> + Send>,
     pending: std::vec::IntoIter<Deleted>,
     path: String,
@@ -173,7 +173,7 @@ pub struct DeleteReader {
 
 impl DeleteReader {
     /// The pairs of `path` as they lie in the file.
-    pub async fn open(table: &Table, path: &str) -> Result<DeleteReader> {
+    pub(crate) async fn open(table: &Table, path: &str) -> Result<DeleteReader> {
         let batches = read_parquet(table, path, "cannot read a position delete file").await?;
         Ok(DeleteReader {
             batches: Box::new(batches),
@@ -185,7 +185,7 @@ impl DeleteReader {
     /// The pairs of `path` in the spec's order: streamed when the file
     /// keeps it, as every file wal2iceberg writes does; read whole and
     /// sorted when another writer's file does not (read twice either way).
-    pub async fn open_sorted(table: &Table, path: &str) -> Result<DeleteReader> {
+    pub(crate) async fn open_sorted(table: &Table, path: &str) -> Result<DeleteReader> {
         let mut previous: Option<Deleted> = None;
         let mut sorted = true;
         for deleted in DeleteReader::open(table, path).await? {
@@ -259,13 +259,13 @@ impl Iterator for DeleteReader {
 /// The pairs of readers each in the spec's order, merged into that order,
 /// each with the index of the reader it came from (a pair two readers hold
 /// comes twice).
-pub struct Merged {
+pub(crate) struct Merged {
     readers: Vec<DeleteReader>,
     heads: BinaryHeap<Reverse<(Deleted, usize)>>,
 }
 
 impl Merged {
-    pub fn new(mut readers: Vec<DeleteReader>) -> Result<Merged> {
+    pub(crate) fn new(mut readers: Vec<DeleteReader>) -> Result<Merged> {
         let mut heads = BinaryHeap::with_capacity(readers.len());
         for (i, reader) in readers.iter_mut().enumerate() {
             if let Some(deleted) = reader.next().transpose()? {

@@ -24,11 +24,11 @@ use crate::lake::files::writer::{arrow_schema, read_parquet};
 use crate::lake::iceberg_error;
 
 /// Batches of rows, in no particular order.
-pub type Rows = BoxStream<'static, Result<RecordBatch>>;
+pub(crate) type Rows = BoxStream<'static, Result<RecordBatch>>;
 
 /// The Arrow schema of the table as `snapshot` has it (the current one
 /// when `None`): the columns of that time, under their names then.
-pub fn schema_at(table: &Table, snapshot: Option<i64>) -> Result<Arc<ArrowSchema>> {
+pub(crate) fn schema_at(table: &Table, snapshot: Option<i64>) -> Result<Arc<ArrowSchema>> {
     let Some(id) = snapshot else {
         return arrow_schema(table);
     };
@@ -49,7 +49,7 @@ pub fn schema_at(table: &Table, snapshot: Option<i64>) -> Result<Arc<ArrowSchema
 /// The `columns` of the table's rows at `snapshot` (the current one when
 /// `None`; the columns as that snapshot's schema names them), positional
 /// deletes applied.
-pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> Result<Rows> {
+pub(crate) async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> Result<Rows> {
     scan_where(table, snapshot, columns, None).await
 }
 
@@ -57,7 +57,7 @@ pub async fn scan(table: &Table, snapshot: Option<i64>, columns: &[String]) -> R
 /// by skipping the files, row groups and pages whose statistics rule them
 /// out. Top-level columns only: the files read here for a struct column
 /// are read whole.
-pub async fn scan_where(
+pub(crate) async fn scan_where(
     table: &Table,
     snapshot: Option<i64>,
     columns: &[String],

@@ -34,14 +34,14 @@ use crate::model::Lsn;
 
 /// An open batch holds at most this many rows, or about this many bytes of
 /// values, in memory per table before writing them to a data file.
-pub const STAGE_ROWS: usize = 50_000;
-pub const STAGE_BYTES: usize = 64 << 20;
+pub(crate) const STAGE_ROWS: usize = 50_000;
+pub(crate) const STAGE_BYTES: usize = 64 << 20;
 
 /// The initial load's data files hold at most this many rows, or about
 /// this many bytes of Arrow data, so that what later reads one whole (a
 /// compaction, filling unchanged TOAST values) needs bounded memory.
-pub const LOAD_FILE_ROWS: usize = 256 * 1024;
-pub const LOAD_FILE_BYTES: usize = 512 << 20;
+pub(crate) const LOAD_FILE_ROWS: usize = 256 * 1024;
+pub(crate) const LOAD_FILE_BYTES: usize = 512 << 20;
 
 /// Rows per Parquet row group: what a writer holds in memory before it
 /// encodes them, so a large rewrite streams in bounded memory.
@@ -56,9 +56,9 @@ const ROW_GROUP_ROWS: usize = 128 * 1024;
 const DICTIONARY_PAGE_BYTES: usize = 64 * 1024;
 
 /// Snapshot summary keys of the source position a snapshot covers.
-pub const SUMMARY_COMMIT_LSN: &str = "wal2iceberg.commit-lsn";
-pub const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
-pub const SUMMARY_COMMIT_TS: &str = "wal2iceberg.commit-ts";
+pub(crate) const SUMMARY_COMMIT_LSN: &str = "wal2iceberg.commit-lsn";
+pub(crate) const SUMMARY_END_LSN: &str = "wal2iceberg.end-lsn";
+pub(crate) const SUMMARY_COMMIT_TS: &str = "wal2iceberg.commit-ts";
 
 /// The source position a snapshot covers: the last source transaction it
 /// fully contains (for the initial load, the consistent point for both).
@@ -81,14 +81,14 @@ pub struct Position {
 
 impl Position {
     /// Whether the transaction committed at `commit_lsn` is already held.
-    pub fn holds(self, commit_lsn: Lsn) -> bool {
+    pub(crate) fn holds(self, commit_lsn: Lsn) -> bool {
         commit_lsn < self.end_lsn
     }
 
     /// Whether this is an initial load's position, which ends where it
     /// commits (the snapshot's consistent point), and not a streamed
     /// transaction's.
-    pub fn is_load(self) -> bool {
+    pub(crate) fn is_load(self) -> bool {
         self.commit_lsn == self.end_lsn
     }
 
@@ -116,7 +116,7 @@ impl Position {
     }
 
     /// The position a snapshot of `table` covers, if it records one.
-    pub fn of_snapshot(table: &Table, snapshot: &Snapshot) -> Result<Option<Position>> {
+    pub(crate) fn of_snapshot(table: &Table, snapshot: &Snapshot) -> Result<Option<Position>> {
         let properties = &snapshot.summary().additional_properties;
         let read = |key: &str| -> Result<Option<i64>> {
             properties
@@ -150,7 +150,7 @@ impl Position {
 
 /// The table's current snapshot and its parents, newest first, as far as
 /// the metadata keeps them.
-pub fn ancestors(table: &Table) -> impl Iterator<Item = &Snapshot> {
+pub(crate) fn ancestors(table: &Table) -> impl Iterator<Item = &Snapshot> {
     let metadata = table.metadata();
     std::iter::successors(metadata.current_snapshot().map(|s| s.as_ref()), |s| {
         s.parent_snapshot_id()
@@ -161,7 +161,7 @@ pub fn ancestors(table: &Table) -> impl Iterator<Item = &Snapshot> {
 
 /// A `total-*` figure of the current snapshot's summary (`total-data-files`,
 /// `total-files-size`, ...); 0 without a snapshot or the figure.
-pub fn summary_total(table: &Table, key: &str) -> u64 {
+pub(crate) fn summary_total(table: &Table, key: &str) -> u64 {
     table
         .metadata()
         .current_snapshot()
@@ -178,7 +178,7 @@ pub async fn write_data_files(table: &Table, batch: RecordBatch) -> Result<Vec<D
 
 /// Parquet data files of a table being written, batch by batch; a new file
 /// starts when one reaches iceberg-rust's default target size (512 MiB).
-pub struct DataFileSink {
+pub(crate) struct DataFileSink {
     writer:
         DataFileWriter<ParquetWriterBuilder, DefaultLocationGenerator, DefaultFileNameGenerator>,
     ident: TableIdent,
@@ -193,7 +193,7 @@ fn file_names() -> DefaultFileNameGenerator {
 }
 
 impl DataFileSink {
-    pub async fn open(table: &Table) -> Result<DataFileSink> {
+    pub(crate) async fn open(table: &Table) -> Result<DataFileSink> {
         let properties = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
@@ -221,14 +221,14 @@ impl DataFileSink {
 
     /// Encodes and writes `batch`, off the stream task's way
     /// ([`blocking_await`]).
-    pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+    pub(crate) async fn write(&mut self, batch: RecordBatch) -> Result<()> {
         blocking_await(self.writer.write(batch))
             .await
             .map_err(|e| sink_error(e, &self.ident))
     }
 
     /// The files written, in the order of the rows given.
-    pub async fn close(mut self) -> Result<Vec<DataFile>> {
+    pub(crate) async fn close(mut self) -> Result<Vec<DataFile>> {
         blocking_await(self.writer.close())
             .await
             .map_err(|e| sink_error(e, &self.ident))
@@ -244,7 +244,7 @@ impl DataFileSink {
 /// benchmark's load they cost 15 % of the CPU and, under ZSTD, made the
 /// files no smaller. Statistics per column chunk, which give the
 /// manifest its bounds, not per page: 8 % less CPU.
-pub struct LoadFile {
+pub(crate) struct LoadFile {
     path: String,
     rows: usize,
     bytes: usize,
@@ -254,7 +254,7 @@ pub struct LoadFile {
 }
 
 impl LoadFile {
-    pub async fn create(table: &Table) -> Result<LoadFile> {
+    pub(crate) async fn create(table: &Table) -> Result<LoadFile> {
         let ident = table.identifier().clone();
         let error = |e| sink_error(e, table.identifier());
         let locations = DefaultLocationGenerator::new(table.metadata()).map_err(error)?;
@@ -306,20 +306,20 @@ impl LoadFile {
         })
     }
 
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         &self.path
     }
 
     /// Rows given so far.
-    pub fn rows(&self) -> usize {
+    pub(crate) fn rows(&self) -> usize {
         self.rows
     }
 
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.rows >= LOAD_FILE_ROWS || self.bytes >= LOAD_FILE_BYTES
     }
 
-    pub async fn write(&mut self, batch: RecordBatch) -> Result<()> {
+    pub(crate) async fn write(&mut self, batch: RecordBatch) -> Result<()> {
         let (rows, bytes) = (batch.num_rows(), batch.get_array_memory_size());
         if self.batches.send(batch).await.is_err() {
             // The task stopped taking batches: it failed.
@@ -334,7 +334,7 @@ impl LoadFile {
     }
 
     /// The file written, holding every row given.
-    pub async fn close(self) -> Result<DataFile> {
+    pub(crate) async fn close(self) -> Result<DataFile> {
         drop(self.batches);
         let ident = self.ident.clone();
         let written = match self.task.await {
@@ -368,7 +368,7 @@ fn sink_error(e: iceberg::Error, ident: &TableIdent) -> Error {
 }
 
 /// The bytes of one file of the table.
-pub async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
+pub(crate) async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
     let input = table
         .file_io()
         .new_input(path)
@@ -382,7 +382,7 @@ pub async fn read_file(table: &Table, path: &str) -> Result<bytes::Bytes> {
 /// The rows of a Parquet file of the table, batch by batch as they are
 /// decoded, each off the stream task's way ([`blocking`]; the file's
 /// bytes are read whole); `what` says what failed.
-pub async fn read_parquet(
+pub(crate) async fn read_parquet(
     table: &Table,
     path: &str,
     what: &str,
@@ -406,7 +406,7 @@ pub async fn read_parquet(
 /// that holds row `row` of the file, read by range (its column chunks
 /// and the footer, not the whole file). Its first row's position in the
 /// file, and its batches as they are decoded.
-pub async fn read_row_group(
+pub(crate) async fn read_row_group(
     table: &Table,
     path: &str,
     row: usize,

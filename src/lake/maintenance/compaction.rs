@@ -20,12 +20,12 @@ use crate::lake::files::writer::{DataFileSink, Position, arrow_schema, read_parq
 use crate::lake::iceberg_error;
 
 /// A data file smaller than this is worth merging with others.
-pub const SMALL_FILE_BYTES: u64 = 32 << 20;
+pub(crate) const SMALL_FILE_BYTES: u64 = 32 << 20;
 /// At most this many bytes of data files are rewritten by one compaction;
 /// the rest waits for the next.
-pub const MAX_REWRITE_BYTES: u64 = 256 << 20;
+pub(crate) const MAX_REWRITE_BYTES: u64 = 256 << 20;
 /// Default of `compact_after_files`.
-pub const DEFAULT_AFTER_FILES: usize = 16;
+pub(crate) const DEFAULT_AFTER_FILES: usize = 16;
 
 /// What a compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,7 +67,7 @@ pub enum Merge {
 /// a merged file joins a later merge once as much new data has come, so a
 /// row is rewritten a logarithmic number of times. [`Merge::All`] takes
 /// every small file instead, up to the same byte limit.
-pub fn small_files_to_merge(mut files: Vec<(String, u64)>, merge: Merge) -> Vec<String> {
+pub(crate) fn small_files_to_merge(mut files: Vec<(String, u64)>, merge: Merge) -> Vec<String> {
     files.retain(|(_, bytes)| *bytes < SMALL_FILE_BYTES);
     files.sort_by_key(|(path, bytes)| (*bytes, path.clone()));
     let mut taken = Vec::new();
@@ -90,7 +90,7 @@ pub fn small_files_to_merge(mut files: Vec<(String, u64)>, merge: Merge) -> Vec<
 /// [`small_files_to_merge`] picks, in commit order, into new files in one
 /// rewrite snapshot that keeps the source position of the one before;
 /// `None` when there is nothing to merge.
-pub async fn merge_small_files(
+pub(crate) async fn merge_small_files(
     lake: &Lake,
     ident: &TableIdent,
     merge: Merge,
@@ -150,7 +150,7 @@ pub async fn merge_small_files(
 
 /// The live data or delete files (`content`) of the current snapshot with
 /// their sizes, in the order they were committed.
-pub async fn live_files_in_commit_order(
+pub(crate) async fn live_files_in_commit_order(
     table: &Table,
     content: ManifestContentType,
 ) -> Result<Vec<(String, u64)>> {

@@ -40,7 +40,7 @@ pub const DEFAULT_RETENTION: Retention = Retention {
 
 /// The table property recording when an expiry last removed snapshots,
 /// milliseconds since the Unix epoch (`wal2iceberg status` shows it).
-pub const LAST_EXPIRY_PROPERTY: &str = "wal2iceberg.last-expiry-ms";
+pub(crate) const LAST_EXPIRY_PROPERTY: &str = "wal2iceberg.last-expiry-ms";
 
 /// What an expiry did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -55,7 +55,7 @@ pub struct Expired {
 /// old as the retention if that is longer: a writer between writing a file
 /// and committing it (another process, on another namespace's lock or none)
 /// must never lose it.
-pub const ORPHAN_MIN_AGE: Duration = Duration::from_secs(3600);
+pub(crate) const ORPHAN_MIN_AGE: Duration = Duration::from_secs(3600);
 
 /// How often an expiry is worked out again when another commit won the
 /// race.

@@ -43,33 +43,33 @@ use crate::lake::schema::{BEFORE, FieldIds, VERBATIM, iceberg_type, numbered_typ
 /// The table property that records, for each source column a table holds,
 /// its attribute number and the field holding it: `attnum:field id` pairs,
 /// comma-separated.
-pub const ATTNUMS: &str = "wal2iceberg.attnums";
+pub(crate) const ATTNUMS: &str = "wal2iceberg.attnums";
 /// The OID of the source table whose numbers [`ATTNUMS`] records: those
 /// of a table dropped and created again under the same name are not its.
-pub const ATTNUMS_OF: &str = "wal2iceberg.attnums-of";
+pub(crate) const ATTNUMS_OF: &str = "wal2iceberg.attnums-of";
 /// Bronze's fields added for the values of a reload whose relation was
 /// ahead of bronze's stream by a retype ([`Mode::BronzeAhead`]): `old field
 /// id:new field id` pairs, comma-separated. The stream's retype gives the
 /// column the new field, so the reload's rows read under its name.
-pub const RETYPED_AHEAD: &str = "wal2iceberg.retyped-ahead";
+pub(crate) const RETYPED_AHEAD: &str = "wal2iceberg.retyped-ahead";
 
 /// What [`follow`] changed.
 #[derive(Debug, Default)]
-pub struct Followed {
+pub(crate) struct Followed {
     /// A schema changed.
-    pub changed: bool,
+    pub(crate) changed: bool,
     /// The columns added to silver.
-    pub added_to_silver: Vec<String>,
+    pub(crate) added_to_silver: Vec<String>,
     /// Silver cannot take the change in place: its rows must be loaded
     /// anew ([`Mode::SilverReload`]). Nothing of silver was changed.
-    pub reload_silver: bool,
+    pub(crate) reload_silver: bool,
     /// Each table's updates, in the order [`follow`] was given them.
-    pub updates: Vec<Vec<TableUpdate>>,
+    pub(crate) updates: Vec<Vec<TableUpdate>>,
 }
 
 /// How a table follows a relation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// Bronze, at the relation's place in the stream. A column whose new
     /// type Iceberg cannot promote to is retired: its field stays, renamed
     /// `<name>__<field id>`, and the column gets a new field.
@@ -98,7 +98,7 @@ impl Mode {
 /// The updates that bring `tables` of one source table (bronze's and
 /// silver's, each in its [`Mode`], as the open batch sees them) to the
 /// relation's columns, one list per table in [`Followed::updates`].
-pub fn follow(tables: &[(&Table, Mode)], relation: &RelationInfo) -> Result<Followed> {
+pub(crate) fn follow(tables: &[(&Table, Mode)], relation: &RelationInfo) -> Result<Followed> {
     // Everything is checked before anything is staged.
     let mut plans = Vec::new();
     for &(table, mode) in tables {
@@ -548,7 +548,7 @@ fn retire_as(field: &NestedFieldRef, id: i32) -> NestedFieldRef {
 /// whose relation is ahead of the table's stream ([`Mode::BronzeAhead`])
 /// names a column renamed since as the table does not yet, and one
 /// retyped since by the field that waits for it ([`RETYPED_AHEAD`]).
-pub fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
+pub(crate) fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
     let metadata = table.metadata();
     let schema = metadata.current_schema();
     let recorded = recorded(table, relation).map(parse_pairs::<i16>);
@@ -879,7 +879,7 @@ fn check_new_name(relation: &RelationInfo, column: &ColumnInfo) -> Result<()> {
 /// `relation` with each array column as deep as `schema`'s list holds it:
 /// a table made when a column was declared with fewer dimensions keeps
 /// its list ([`promoted`]), and a comparison with it must use that shape.
-pub fn as_table_holds(relation: &RelationInfo, schema: &Schema) -> RelationInfo {
+pub(crate) fn as_table_holds(relation: &RelationInfo, schema: &Schema) -> RelationInfo {
     let mut relation = relation.clone();
     for column in &mut relation.columns {
         let Some(field) = schema.as_struct().field_by_name(&column.name) else {

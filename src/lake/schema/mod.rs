@@ -15,8 +15,8 @@
 //! schema changes. `evolve` follows ADD, DROP and RENAME COLUMN and type
 //! promotions; `staged` holds schema changes committed with a batch's rows.
 
-pub mod evolve;
-pub mod staged;
+pub(crate) mod evolve;
+pub(crate) mod staged;
 
 use std::sync::Arc;
 
@@ -31,40 +31,40 @@ use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
 
 /// The columns this tool adds; source columns may not use these names.
-pub const COMMIT_LSN: &str = "_cdc_commit_lsn";
-pub const SEQ: &str = "_cdc_seq";
-pub const LSN: &str = "_cdc_lsn";
-pub const XID: &str = "_cdc_xid";
-pub const COMMIT_TS: &str = "_cdc_commit_ts";
-pub const OP: &str = "_cdc_op";
-pub const BEFORE: &str = "_cdc_before";
-pub const BEFORE_IMAGE: &str = "_cdc_image";
-pub const BEFORE_NOT_SENT: &str = "_cdc_not_sent";
+pub(crate) const COMMIT_LSN: &str = "_cdc_commit_lsn";
+pub(crate) const SEQ: &str = "_cdc_seq";
+pub(crate) const LSN: &str = "_cdc_lsn";
+pub(crate) const XID: &str = "_cdc_xid";
+pub(crate) const COMMIT_TS: &str = "_cdc_commit_ts";
+pub(crate) const OP: &str = "_cdc_op";
+pub(crate) const BEFORE: &str = "_cdc_before";
+pub(crate) const BEFORE_IMAGE: &str = "_cdc_image";
+pub(crate) const BEFORE_NOT_SENT: &str = "_cdc_not_sent";
 /// A map from a column's name to the PostgreSQL text of its value, for the
 /// values of the row its column's type cannot hold (the column is null
 /// there); null when there are none (docs/values.md).
-pub const VERBATIM: &str = "_cdc_verbatim";
+pub(crate) const VERBATIM: &str = "_cdc_verbatim";
 
 /// The largest precision an Iceberg decimal holds.
 const MAX_DECIMAL_PRECISION: u32 = 38;
 
 /// Hands out field ids in order.
-pub struct FieldIds(i32);
+pub(crate) struct FieldIds(i32);
 
 impl FieldIds {
     /// Ids from `last + 1`: those of a table whose highest is `last`.
-    pub fn after(last: i32) -> FieldIds {
+    pub(crate) fn after(last: i32) -> FieldIds {
         FieldIds(last)
     }
 
-    pub fn take(&mut self) -> i32 {
+    pub(crate) fn take(&mut self) -> i32 {
         self.0 += 1;
         self.0
     }
 }
 
 /// The names of a table's top-level columns, in its current schema.
-pub fn column_names(table: &iceberg::table::Table) -> Vec<String> {
+pub(crate) fn column_names(table: &iceberg::table::Table) -> Vec<String> {
     table
         .metadata()
         .current_schema()
@@ -76,13 +76,13 @@ pub fn column_names(table: &iceberg::table::Table) -> Vec<String> {
 }
 
 /// The Iceberg type of a column, from its decoding and type modifier.
-pub fn iceberg_type(column: &ColumnInfo) -> Type {
+pub(crate) fn iceberg_type(column: &ColumnInfo) -> Type {
     numbered_type(column, &mut FieldIds(0))
 }
 
 /// [`iceberg_type`], the fields nested in it (a list's element) numbered
 /// from `ids`.
-pub fn numbered_type(column: &ColumnInfo, ids: &mut FieldIds) -> Type {
+pub(crate) fn numbered_type(column: &ColumnInfo, ids: &mut FieldIds) -> Type {
     map_type(&column.pg_type, column.type_modifier, ids)
 }
 
@@ -133,7 +133,7 @@ fn map_type(pg: &PgType, type_modifier: i32, ids: &mut FieldIds) -> Type {
 /// 0 <= s <= p. Without a type modifier, or beyond that, the column is an
 /// exact string. The modifier is `((p << 16) | (s & 0x7ff)) + 4`, the scale
 /// signed (negative scales exist from PostgreSQL 15).
-pub fn numeric_precision_scale(type_modifier: i32) -> Option<(u32, u32)> {
+pub(crate) fn numeric_precision_scale(type_modifier: i32) -> Option<(u32, u32)> {
     if type_modifier < 4 {
         return None;
     }
@@ -171,18 +171,18 @@ fn check_names(relation: &RelationInfo) -> Result<()> {
 
 /// The property of a bronze table whose source table has no primary key:
 /// it is the table's history only, with no silver beside it.
-pub const HISTORY_ONLY: (&str, &str) = ("wal2iceberg.silver", "none");
+pub(crate) const HISTORY_ONLY: (&str, &str) = ("wal2iceberg.silver", "none");
 
 /// Its value once the source table gained a primary key, and with it a
 /// silver table.
-pub const KEYED: &str = "keyed";
+pub(crate) const KEYED: &str = "keyed";
 
 /// Its value once the source table lost its primary key, until the silver
 /// table it had is dropped (then [`HISTORY_ONLY`]).
-pub const RETIRED: &str = "retired";
+pub(crate) const RETIRED: &str = "retired";
 
 /// Whether `bronze` is the history of a table without silver.
-pub fn history_only(bronze: &iceberg::table::Table) -> bool {
+pub(crate) fn history_only(bronze: &iceberg::table::Table) -> bool {
     matches!(
         bronze.metadata().properties().get(HISTORY_ONLY.0).map(String::as_str),
         Some(value) if value == HISTORY_ONLY.1 || value == RETIRED
@@ -191,7 +191,7 @@ pub fn history_only(bronze: &iceberg::table::Table) -> bool {
 
 /// Whether `bronze`'s table lost its primary key and its silver table is
 /// still to be dropped.
-pub fn silver_retired(bronze: &iceberg::table::Table) -> bool {
+pub(crate) fn silver_retired(bronze: &iceberg::table::Table) -> bool {
     bronze
         .metadata()
         .properties()
@@ -202,7 +202,7 @@ pub fn silver_retired(bronze: &iceberg::table::Table) -> bool {
 
 /// Whether the table has a primary key, which silver keeps rows by. A
 /// table without one (under REPLICA IDENTITY FULL) has bronze only.
-pub fn has_silver(relation: &RelationInfo) -> bool {
+pub(crate) fn has_silver(relation: &RelationInfo) -> bool {
     relation.columns.iter().any(|c| c.is_primary_key)
 }
 
@@ -233,7 +233,7 @@ fn verbatim_field(ids: &mut FieldIds) -> NestedFieldRef {
 }
 
 /// The type of `_cdc_verbatim`, its key and value with ids from `ids`.
-pub fn verbatim_type(ids: &mut FieldIds) -> Type {
+pub(crate) fn verbatim_type(ids: &mut FieldIds) -> Type {
     let string = Type::Primitive(PrimitiveType::String);
     let key = NestedField::map_key_element(ids.take(), string.clone());
     let value = NestedField::map_value_element(ids.take(), string, true);
@@ -298,7 +298,7 @@ fn current_state_schema(relation: &RelationInfo) -> Result<Schema> {
 /// field ids), in column order: what the initial load decodes into (for a
 /// table without a key too, which has bronze only), and what verify
 /// compares.
-pub fn source_arrow_fields(relation: &RelationInfo) -> Result<Vec<FieldRef>> {
+pub(crate) fn source_arrow_fields(relation: &RelationInfo) -> Result<Vec<FieldRef>> {
     let bad = |e: &dyn std::fmt::Display| {
         Error::new(
             ErrorKind::Lake,

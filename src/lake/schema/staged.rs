@@ -32,19 +32,19 @@ pub struct StagedSchema {
 }
 
 impl StagedSchema {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.updates.is_empty()
     }
 
     /// Whether a staged update changes the schema (not only properties).
-    pub fn changes_schema(&self) -> bool {
+    pub(crate) fn changes_schema(&self) -> bool {
         self.updates
             .iter()
             .any(|u| matches!(u, TableUpdate::AddSchema { .. }))
     }
 
     /// Adds `updates`, planned on `table` as this batch sees it.
-    pub fn stage(&mut self, table: &Table, updates: Vec<TableUpdate>) {
+    pub(crate) fn stage(&mut self, table: &Table, updates: Vec<TableUpdate>) {
         if updates.is_empty() {
             return;
         }
@@ -63,14 +63,14 @@ impl StagedSchema {
     }
 
     /// The catalog's table as the open batch will commit it.
-    pub async fn table(&self, lake: &Lake, ident: &TableIdent) -> Result<Table> {
+    pub(crate) async fn table(&self, lake: &Lake, ident: &TableIdent) -> Result<Table> {
         let base = lake.catalog_table(ident).await?;
         self.over(&base)
     }
 
     /// `base` with the staged updates; its metadata location stays
     /// `base`'s, the one a commit swaps from.
-    pub fn over(&self, base: &Table) -> Result<Table> {
+    pub(crate) fn over(&self, base: &Table) -> Result<Table> {
         if self.is_empty() {
             return Ok(base.clone());
         }
@@ -98,7 +98,7 @@ impl StagedSchema {
     /// A `base` whose schema another writer changed after the updates were
     /// planned is a [`ErrorKind::Concurrent`] error: the batch is written
     /// again from the stream.
-    pub fn apply(
+    pub(crate) fn apply(
         &self,
         base: &Table,
         mut builder: TableMetadataBuilder,

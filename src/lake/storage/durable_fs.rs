@@ -30,7 +30,7 @@ use crate::blocking::blocking;
 
 /// Builds [`DurableFs`] storage for `file://` warehouses.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct DurableFsFactory;
+pub(crate) struct DurableFsFactory;
 
 #[typetag::serde]
 impl StorageFactory for DurableFsFactory {
@@ -41,7 +41,7 @@ impl StorageFactory for DurableFsFactory {
 
 /// `LocalFsStorage`, with every write synced with its folders.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
-pub struct DurableFs {
+pub(crate) struct DurableFs {
     inner: LocalFsStorage,
 }
 
@@ -188,7 +188,7 @@ mod tests {
     use super::*;
 
     /// Every path synced, by any test of this process.
-    pub static SYNCED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    pub(crate) static SYNCED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
     fn synced_under(root: &Path) -> Vec<PathBuf> {
         let synced = SYNCED.lock().unwrap();

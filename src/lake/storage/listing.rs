@@ -19,15 +19,15 @@ use crate::error::{Error, ErrorKind, Result};
 
 /// A file, by its location as the table's metadata writes one
 /// (`file:///...`, `s3://bucket/...`).
-pub struct Listed {
-    pub location: String,
+pub(crate) struct Listed {
+    pub(crate) location: String,
     /// None when the store's listing does not say.
-    pub modified: Option<SystemTime>,
+    pub(crate) modified: Option<SystemTime>,
 }
 
 /// Every file under the folder `location`, recursively; nothing when it
 /// does not exist, `None` for a scheme this cannot list.
-pub async fn files_under(
+pub(crate) async fn files_under(
     location: &str,
     props: &HashMap<String, String>,
 ) -> Result<Option<Vec<Listed>>> {
@@ -53,7 +53,7 @@ pub async fn files_under(
 
 /// Deletes `files` through `file_io`, one request each,
 /// [`DELETES_AT_ONCE`] at a time.
-pub async fn delete_each(file_io: &FileIO, files: Vec<Listed>) -> Result<()> {
+pub(crate) async fn delete_each(file_io: &FileIO, files: Vec<Listed>) -> Result<()> {
     futures_util::stream::iter(files)
         .map(|file| async move {
             file_io.delete(&file.location).await.map_err(|e| {

@@ -10,8 +10,8 @@
 //! property wins over the environment. `durable_fs` syncs a local lake's
 //! files and folders; `listing` lists a table's files with their ages.
 
-pub mod durable_fs;
-pub mod listing;
+pub(crate) mod durable_fs;
+pub(crate) mod listing;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -23,7 +23,7 @@ use iceberg_storage_opendal::OpenDalResolvingStorageFactory;
 
 /// A lake's warehouse: a local folder, or an object store URI.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Warehouse {
+pub(crate) enum Warehouse {
     Folder(PathBuf),
     /// `s3://bucket/prefix` (or `s3a://`), `gs://bucket/prefix`.
     Uri(String),
@@ -31,7 +31,7 @@ pub enum Warehouse {
 
 impl Warehouse {
     /// A folder path, a `file://` URI, or an `s3://` or `gs://` URI.
-    pub fn parse(text: &str) -> Result<Warehouse, String> {
+    pub(crate) fn parse(text: &str) -> Result<Warehouse, String> {
         if let Some(path) = text.strip_prefix("file://") {
             return Ok(Warehouse::Folder(PathBuf::from(path)));
         }
@@ -62,7 +62,7 @@ impl Warehouse {
 /// and `header.<name>`). Their values may be secrets: `Debug` shows keys
 /// only, and no error prints a value.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct CatalogProperties(BTreeMap<String, String>);
+pub(crate) struct CatalogProperties(BTreeMap<String, String>);
 
 impl std::fmt::Debug for CatalogProperties {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -145,7 +145,7 @@ const AWS_VARIABLES: &[(&str, &str)] = &[
 
 impl CatalogProperties {
     /// Properties from `key=value` pairs, each key one of [`PROPERTIES`].
-    pub fn parse<'a>(
+    pub(crate) fn parse<'a>(
         pairs: impl IntoIterator<Item = &'a str>,
     ) -> Result<CatalogProperties, String> {
         let mut properties = BTreeMap::new();
@@ -192,22 +192,22 @@ impl CatalogProperties {
     }
 
     /// Whether a storage property (`s3.*`, `gcs.*`) is given.
-    pub fn names_object_store(&self) -> bool {
+    pub(crate) fn names_object_store(&self) -> bool {
         self.0.keys().any(|k| PROPERTIES.contains(&k.as_str()))
     }
 
     /// Whether a REST catalog's property is given.
-    pub fn names_rest(&self) -> bool {
+    pub(crate) fn names_rest(&self) -> bool {
         self.0.keys().any(|k| is_rest(k))
     }
 
     /// Whether a Glue catalog's property is given.
-    pub fn names_glue(&self) -> bool {
+    pub(crate) fn names_glue(&self) -> bool {
         self.0.keys().any(|k| GLUE_PROPERTIES.contains(&k.as_str()))
     }
 
     /// The REST catalog's properties.
-    pub fn rest_props(&self) -> impl Iterator<Item = (String, String)> + '_ {
+    pub(crate) fn rest_props(&self) -> impl Iterator<Item = (String, String)> + '_ {
         self.0
             .iter()
             .filter(|(k, _)| is_rest(k))
@@ -222,7 +222,7 @@ impl CatalogProperties {
 
     /// The properties the object store reads, from the process's
     /// environment and these properties.
-    pub fn storage_props(&self) -> HashMap<String, String> {
+    pub(crate) fn storage_props(&self) -> HashMap<String, String> {
         self.storage_props_with(|name| std::env::var(name).ok())
     }
 
@@ -289,7 +289,7 @@ fn is_rest(key: &str) -> bool {
 
 /// The storage of a warehouse on an object store, by each location's
 /// scheme.
-pub fn object_store() -> Arc<dyn StorageFactory> {
+pub(crate) fn object_store() -> Arc<dyn StorageFactory> {
     Arc::new(OpenDalResolvingStorageFactory::new())
 }
 

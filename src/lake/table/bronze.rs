@@ -47,7 +47,7 @@ use crate::lake::schema::{
 };
 
 /// The bronze table of one source table and its open batch.
-pub struct BronzeTable {
+pub(crate) struct BronzeTable {
     ident: TableIdent,
     buffer: Vec<Arc<Change>>,
     buffer_bytes: usize,
@@ -60,7 +60,7 @@ pub struct BronzeTable {
 }
 
 impl BronzeTable {
-    pub fn new(ident: TableIdent) -> BronzeTable {
+    pub(crate) fn new(ident: TableIdent) -> BronzeTable {
         BronzeTable {
             ident,
             buffer: Vec::new(),
@@ -71,23 +71,23 @@ impl BronzeTable {
         }
     }
 
-    pub fn ident(&self) -> &TableIdent {
+    pub(crate) fn ident(&self) -> &TableIdent {
         &self.ident
     }
 
     /// The table as the open batch sees it: its schema changes staged.
-    pub async fn table(&self, lake: &Lake) -> Result<Table> {
+    pub(crate) async fn table(&self, lake: &Lake) -> Result<Table> {
         self.schema.table(lake, &self.ident).await
     }
 
     /// Stages schema updates planned on [`Self::table`], for the open
     /// batch's commit.
-    pub fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {
+    pub(crate) fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {
         self.schema.stage(table, updates);
     }
 
     /// Whether the open batch commits a schema change.
-    pub fn schema_staged(&self) -> bool {
+    pub(crate) fn schema_staged(&self) -> bool {
         self.schema.changes_schema()
     }
 
@@ -96,7 +96,7 @@ impl BronzeTable {
     /// the before images left out) and the values each row kept verbatim.
     /// Silver is loaded from them when a crash came between the two load
     /// commits, so that both start at the same position.
-    pub async fn load_rows(
+    pub(crate) async fn load_rows(
         &self,
         lake: &Lake,
         at: Position,
@@ -118,7 +118,12 @@ impl BronzeTable {
 
     /// Adds a change of about `bytes` (`Change::approx_bytes`) to the open
     /// batch.
-    pub async fn stage(&mut self, lake: &Lake, change: Arc<Change>, bytes: usize) -> Result<()> {
+    pub(crate) async fn stage(
+        &mut self,
+        lake: &Lake,
+        change: Arc<Change>,
+        bytes: usize,
+    ) -> Result<()> {
         self.buffer_bytes += bytes;
         self.buffer.push(change);
         if self.buffer.len() >= STAGE_ROWS || self.buffer_bytes >= STAGE_BYTES {
@@ -145,7 +150,7 @@ impl BronzeTable {
     /// `first_seq`: `columns` are the source columns (silver's types, in
     /// the relation's order, named by `fields`). They are encoded on a
     /// task of their own into the files of the open batch.
-    pub async fn stage_load(
+    pub(crate) async fn stage_load(
         &mut self,
         lake: &Lake,
         tx: TxInfo,
@@ -174,7 +179,7 @@ impl BronzeTable {
     /// Writes what the open batch holds in memory to its data files, in
     /// the table's schema as it is: the changes staged name their columns
     /// as that schema does, which a rename is about to change.
-    pub async fn write_staged(&mut self, lake: &Lake) -> Result<()> {
+    pub(crate) async fn write_staged(&mut self, lake: &Lake) -> Result<()> {
         self.finish_load_file().await?;
         self.write_buffer(lake).await
     }
@@ -188,12 +193,12 @@ impl BronzeTable {
 
     /// Commits the open batch as one snapshot recording `position` (an
     /// empty one when nothing was staged).
-    pub async fn commit(&mut self, lake: &Lake, position: Position) -> Result<Written> {
+    pub(crate) async fn commit(&mut self, lake: &Lake, position: Position) -> Result<Written> {
         self.commit_with(lake, position.summary()).await
     }
 
     /// [`Self::commit`], its snapshot summary recording `mark` too.
-    pub async fn commit_recording(
+    pub(crate) async fn commit_recording(
         &mut self,
         lake: &Lake,
         position: Position,
@@ -216,7 +221,11 @@ impl BronzeTable {
 
     /// What [`Self::commit`] commits, written and handed over, for a
     /// commit of several tables at once.
-    pub async fn prepare_commit(&mut self, lake: &Lake, position: Position) -> Result<RowDelta> {
+    pub(crate) async fn prepare_commit(
+        &mut self,
+        lake: &Lake,
+        position: Position,
+    ) -> Result<RowDelta> {
         self.prepare_with(lake, position.summary()).await
     }
 

@@ -34,7 +34,7 @@ use crate::lake::table::key::{Key, KeyCodec};
 
 /// The changes of one table that bronze took alone so far in a run.
 #[derive(Default)]
-pub struct Gap {
+pub(crate) struct Gap {
     /// Each key the gap changed: its newest change, `None` once deleted.
     newest: HashMap<Key, Option<Arc<Change>>>,
     /// A truncate in the gap: no row from before it is left.
@@ -47,7 +47,7 @@ impl Gap {
     /// Replaces the unchanged TOAST values of `change`, bound for bronze
     /// alone, with the row's values at that point; one that cannot be
     /// found is an error, never a guess.
-    pub async fn fill_unchanged(
+    pub(crate) async fn fill_unchanged(
         &mut self,
         lake: &Lake,
         bronze: &BronzeTable,
@@ -107,7 +107,7 @@ impl Gap {
 
     /// Remembers `change`, which bronze took alone, for the gap's later
     /// changes of the same row.
-    pub fn record(&mut self, change: &Arc<Change>) -> Result<()> {
+    pub(crate) fn record(&mut self, change: &Arc<Change>) -> Result<()> {
         match change.op {
             Op::Truncate => {
                 self.newest.clear();

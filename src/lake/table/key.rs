@@ -29,7 +29,7 @@ fn integer_key(i: i64) -> Key {
     Key::from_slice(&((i as u64) ^ SIGN).to_be_bytes())
 }
 
-pub enum KeyCodec {
+pub(crate) enum KeyCodec {
     /// One integer column (int2, int4 and int8 are Int32 or Int64 in the
     /// lake): [`integer_key`].
     Integer,
@@ -41,7 +41,7 @@ pub enum KeyCodec {
 
 impl KeyCodec {
     /// The codec of a key made of `fields`, in key order.
-    pub fn new(fields: &[&Field]) -> Result<KeyCodec> {
+    pub(crate) fn new(fields: &[&Field]) -> Result<KeyCodec> {
         match fields {
             [f] if matches!(f.data_type(), DataType::Int32 | DataType::Int64) => {
                 Ok(KeyCodec::Integer)
@@ -61,7 +61,7 @@ impl KeyCodec {
     }
 
     /// The key of one row from its key values, in key order.
-    pub fn encode_values(&self, fields: &[&Field], values: &[&Value]) -> Result<Key> {
+    pub(crate) fn encode_values(&self, fields: &[&Field], values: &[&Value]) -> Result<Key> {
         let mismatch = || {
             Error::new(
                 ErrorKind::Decode,
@@ -89,7 +89,7 @@ impl KeyCodec {
     /// The keys of every row of the key columns, in row order. A column of
     /// another type than the key's (a file another writer made) is an
     /// error, never a panic.
-    pub fn encode_columns(&self, columns: &[ArrayRef]) -> Result<Vec<Key>> {
+    pub(crate) fn encode_columns(&self, columns: &[ArrayRef]) -> Result<Vec<Key>> {
         let unreadable = || {
             Error::new(
                 ErrorKind::Lake,
@@ -139,7 +139,7 @@ impl KeyCodec {
 impl KeyCodec {
     /// A key as people read it: `id=42`, or `a=1, b=x` for a composite
     /// one; `fields` are the key columns in key order.
-    pub fn describe(&self, fields: &[&Field], key: &[u8]) -> String {
+    pub(crate) fn describe(&self, fields: &[&Field], key: &[u8]) -> String {
         let values: Vec<String> = match self {
             KeyCodec::Integer => match <[u8; 8]>::try_from(key) {
                 Ok(bytes) => vec![((u64::from_be_bytes(bytes) ^ SIGN) as i64).to_string()],

@@ -67,7 +67,7 @@ const FILTER_SPILLS: usize = 16;
 pub struct NewFile(u32);
 
 /// A data file's path and its rows as (position, key).
-pub type FileRows = (Arc<str>, Vec<(usize, Key)>);
+pub(crate) type FileRows = (Arc<str>, Vec<(usize, Key)>);
 
 pub struct KeyIndex {
     memory: HashMap<Key, Slot, foldhash::fast::RandomState>,
@@ -105,7 +105,7 @@ impl Default for KeyIndex {
 
 impl KeyIndex {
     /// An index that keeps up to `entries` in memory.
-    pub fn with_memory_limit(entries: usize) -> KeyIndex {
+    pub(crate) fn with_memory_limit(entries: usize) -> KeyIndex {
         KeyIndex {
             memory: HashMap::default(),
             memory_limit: entries.max(1),
@@ -125,12 +125,12 @@ impl KeyIndex {
     }
 
     /// Number of live rows.
-    pub fn live_rows(&self) -> usize {
+    pub(crate) fn live_rows(&self) -> usize {
         self.live
     }
 
     /// Adds the live rows of a data file, as (position, key).
-    pub fn add_file(
+    pub(crate) fn add_file(
         &mut self,
         path: Arc<str>,
         rows: impl IntoIterator<Item = (usize, Key)>,
@@ -163,7 +163,7 @@ impl KeyIndex {
     /// then (position, key) of each row), as a compaction rewrote them: no
     /// lookups, since each key's old place is known to be in `from`. The
     /// rows given must be exactly the live rows of `from`.
-    pub fn move_files(&mut self, from: &[&str], to: Vec<FileRows>) -> Result<()> {
+    pub(crate) fn move_files(&mut self, from: &[&str], to: Vec<FileRows>) -> Result<()> {
         let mut leaving = 0usize;
         for (id, slot) in self.files.iter_mut().enumerate() {
             if slot.live > 0 && from.contains(&&*slot.path) {
@@ -210,7 +210,7 @@ impl KeyIndex {
     }
 
     /// Whether the index holds nothing, not even a removed key's marker.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.memory.is_empty() && self.runs.is_empty() && self.fresh.is_empty()
     }
 
@@ -218,7 +218,7 @@ impl KeyIndex {
     /// file's rows began ([`Self::is_empty`]) and gets nothing else until
     /// they end: the entries skip the hash map and go to sorted runs in
     /// bulk.
-    pub fn add_fresh_rows(
+    pub(crate) fn add_fresh_rows(
         &mut self,
         file: &NewFile,
         rows: impl IntoIterator<Item = (usize, Key)>,
@@ -295,7 +295,7 @@ impl KeyIndex {
     }
 
     /// Forgets `key`'s live row; its file and position.
-    pub fn remove(&mut self, key: &[u8]) -> Result<Option<(Arc<str>, i64)>> {
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Result<Option<(Arc<str>, i64)>> {
         let Some(l) = self.lookup(key)? else {
             return Ok(None);
         };
@@ -313,7 +313,7 @@ impl KeyIndex {
     /// Puts rows back where they were, as (key, file, position), each key
     /// not live now: what undoes their removal. A file that lost its last
     /// live row since gets a number again.
-    pub fn put_back(&mut self, rows: Vec<(Key, Arc<str>, i64)>) -> Result<()> {
+    pub(crate) fn put_back(&mut self, rows: Vec<(Key, Arc<str>, i64)>) -> Result<()> {
         let mut numbers: HashMap<Arc<str>, u32> = self
             .files
             .iter()
@@ -347,7 +347,7 @@ impl KeyIndex {
     /// Forgets every live row and lists them with their files and
     /// positions (the tests' view of the whole index).
     #[cfg(test)]
-    pub fn clear(&mut self) -> Result<Vec<(Arc<str>, i64)>> {
+    pub(crate) fn clear(&mut self) -> Result<Vec<(Arc<str>, i64)>> {
         self.settle()?;
         let mut all = Vec::with_capacity(self.live);
         for entry in self.merged() {
@@ -364,7 +364,7 @@ impl KeyIndex {
     }
 
     /// Live rows per data file.
-    pub fn live_per_file(&self) -> HashMap<&str, u32> {
+    pub(crate) fn live_per_file(&self) -> HashMap<&str, u32> {
         self.files
             .iter()
             .filter(|f| f.live > 0)
@@ -614,7 +614,7 @@ struct Manifest {
 
 impl KeyIndex {
     /// An empty index whose runs go to `dir`, where it can be persisted.
-    pub fn in_folder(dir: PathBuf, entries: usize) -> KeyIndex {
+    pub(crate) fn in_folder(dir: PathBuf, entries: usize) -> KeyIndex {
         KeyIndex {
             dir: RunsDir::Kept(dir),
             ..KeyIndex::with_memory_limit(entries)
@@ -624,7 +624,7 @@ impl KeyIndex {
     /// Writes the index to its folder (memory to a run, then the manifest,
     /// each synced before the next step) as the index of `of`, and leaves
     /// its files there. An index in a temporary directory is not kept.
-    pub fn persist(mut self, of: &str) -> Result<()> {
+    pub(crate) fn persist(mut self, of: &str) -> Result<()> {
         let RunsDir::Kept(dir) = &self.dir else {
             return Ok(());
         };
@@ -676,7 +676,7 @@ impl KeyIndex {
     /// The index persisted in `dir` as the index of `of`, if one is and
     /// reads whole; its manifest is removed first, so that it is taken at
     /// most once. `None` leaves the folder for [`Self::clean`].
-    pub fn restore(dir: &Path, of: &str, entries: usize) -> Option<KeyIndex> {
+    pub(crate) fn restore(dir: &Path, of: &str, entries: usize) -> Option<KeyIndex> {
         let text = std::fs::read(dir.join(MANIFEST)).ok()?;
         let manifest: Manifest = serde_json::from_slice(&text).ok()?;
         if manifest.version != MANIFEST_VERSION || manifest.of != of {
@@ -719,7 +719,7 @@ impl KeyIndex {
 
     /// Empties `dir` of what an earlier index left: a persisted one not
     /// taken, or the runs of one that ended without persisting.
-    pub fn clean(dir: &Path) -> Result<()> {
+    pub(crate) fn clean(dir: &Path) -> Result<()> {
         let cleaned = blocking(|| match std::fs::read_dir(dir) {
             Ok(mut entries) => entries.try_for_each(|entry| std::fs::remove_file(entry?.path())),
             Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

@@ -4,8 +4,8 @@
 //! unchanged TOAST values of changes bronze takes alone.
 
 pub mod bronze;
-pub mod gap;
+pub(crate) mod gap;
 pub mod key;
 pub mod key_index;
 pub mod silver;
-pub mod sorted_run;
+pub(crate) mod sorted_run;

@@ -61,7 +61,7 @@ use crate::lake::table::key_index::{KeyIndex, MEMORY_ENTRIES, NewFile};
 
 /// Position deletes an open batch holds in memory (about 24 bytes each)
 /// before it writes them to a delete file of the batch.
-pub const DELETES_HELD: usize = 1 << 20;
+pub(crate) const DELETES_HELD: usize = 1 << 20;
 
 /// The last word on a key among the open batch's changes held in memory.
 enum Pending {
@@ -153,7 +153,7 @@ impl SilverTable {
     /// Silver over `table`, the key index kept in `state`: restored from
     /// there when it was persisted at the table's current snapshot
     /// ([`Self::persist_index`]), else rebuilt there.
-    pub async fn open_with_state(
+    pub(crate) async fn open_with_state(
         ident: TableIdent,
         table: Table,
         state: PathBuf,
@@ -162,7 +162,7 @@ impl SilverTable {
     }
 
     /// An existing silver table, for maintenance outside a run.
-    pub async fn open_existing(lake: &Lake, ident: TableIdent) -> Result<SilverTable> {
+    pub(crate) async fn open_existing(lake: &Lake, ident: TableIdent) -> Result<SilverTable> {
         let table = lake.catalog_table(&ident).await?;
         SilverTable::over(ident, table, None).await
     }
@@ -245,7 +245,7 @@ impl SilverTable {
     /// the table's last snapshot this process committed or opened (nothing
     /// staged since); the next start on that snapshot restores it instead
     /// of reading every key. The table is of no more use after it.
-    pub fn persist_index(&mut self) -> Result<bool> {
+    pub(crate) fn persist_index(&mut self) -> Result<bool> {
         let (Some(snapshot), Some(_), false) = (self.exact_at, &self.state, self.staged) else {
             return Ok(false);
         };
@@ -257,23 +257,23 @@ impl SilverTable {
         Ok(true)
     }
 
-    pub fn ident(&self) -> &TableIdent {
+    pub(crate) fn ident(&self) -> &TableIdent {
         &self.ident
     }
 
     /// The table as the open batch sees it: its schema changes staged.
-    pub async fn table(&self, lake: &Lake) -> Result<Table> {
+    pub(crate) async fn table(&self, lake: &Lake) -> Result<Table> {
         self.schema_changes.table(lake, &self.ident).await
     }
 
     /// Whether the open batch commits schema or property updates.
-    pub fn schema_staged(&self) -> bool {
+    pub(crate) fn schema_staged(&self) -> bool {
         !self.schema_changes.is_empty()
     }
 
     /// Stages schema updates planned on [`Self::table`], for the open
     /// batch's commit; [`Self::refresh_schema`] then takes them up.
-    pub fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {
+    pub(crate) fn stage_schema(&mut self, table: &Table, updates: Vec<TableUpdate>) {
         self.schema_changes.stage(table, updates);
     }
 
@@ -282,7 +282,7 @@ impl SilverTable {
     /// which only a single integer or text key keeps (a key of several
     /// columns changes type only for a reload, which begins with an empty
     /// index: [`crate::lake::schema::evolve::Mode::SilverReload`]).
-    pub async fn refresh_schema(&mut self, lake: &Lake) -> Result<()> {
+    pub(crate) async fn refresh_schema(&mut self, lake: &Lake) -> Result<()> {
         let table = self.table(lake).await?;
         self.schema = arrow_schema(&table)?;
         self.key_fields = key_fields(&table, &self.schema)?;
@@ -394,7 +394,7 @@ impl SilverTable {
     }
 
     /// The key of a row image of `change`'s relation.
-    pub fn key_of(&self, change: &Change, row: &[Datum]) -> Result<Key> {
+    pub(crate) fn key_of(&self, change: &Change, row: &[Datum]) -> Result<Key> {
         let mut fields = Vec::with_capacity(self.key_fields.len());
         let mut values = Vec::with_capacity(self.key_fields.len());
         for &i in &self.key_fields {
@@ -542,7 +542,7 @@ impl SilverTable {
     /// (rather than deleting each row by position) and adds only what
     /// came after. The batch's files written before are left out of it,
     /// for the orphan sweep (docs/tables.md, Snapshot expiry).
-    pub fn delete_all(&mut self) {
+    pub(crate) fn delete_all(&mut self) {
         self.staged = true;
         self.exact_at = None;
         self.index = match &self.state {
@@ -637,7 +637,7 @@ impl SilverTable {
     /// the source columns (silver's types, in the relation's order, named
     /// by `fields`). They are encoded on a task of their own into the
     /// load's data files ([`LoadFile`]); the index learns their keys now.
-    pub async fn stage_load(
+    pub(crate) async fn stage_load(
         &mut self,
         lake: &Lake,
         tx: TxInfo,
@@ -726,7 +726,7 @@ impl SilverTable {
     /// Writes what the open batch holds in memory to its data files, in
     /// the table's schema as it is: the changes staged name their columns
     /// as that schema does, which a rename is about to change.
-    pub async fn write_staged(&mut self, lake: &Lake) -> Result<()> {
+    pub(crate) async fn write_staged(&mut self, lake: &Lake) -> Result<()> {
         self.finish_load_file().await?;
         self.write_pending(lake).await
     }
@@ -784,7 +784,11 @@ impl SilverTable {
     /// What [`Self::commit`] commits, written and handed over, for a
     /// commit of several tables at once; [`Self::committed`] once it
     /// landed.
-    pub async fn prepare_commit(&mut self, lake: &Lake, position: Position) -> Result<RowDelta> {
+    pub(crate) async fn prepare_commit(
+        &mut self,
+        lake: &Lake,
+        position: Position,
+    ) -> Result<RowDelta> {
         self.finish_load_file().await?;
         self.load = None;
         self.write_pending(lake).await?;
@@ -816,7 +820,7 @@ impl SilverTable {
 
     /// Silver's staged snapshot landed: `committed` is the table with it
     /// (and `replace_all`, whether it replaced every row).
-    pub fn committed(&mut self, committed: &Table, replace_all: bool) {
+    pub(crate) fn committed(&mut self, committed: &Table, replace_all: bool) {
         self.built_on = committed.metadata().current_snapshot_id();
         // A snapshot that replaces every row holds exactly the index's,
         // whatever it builds on.

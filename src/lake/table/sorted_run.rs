@@ -34,20 +34,20 @@ const BLOOM_BITS_PER_KEY: usize = 10;
 const BLOOM_HASHES: u64 = 7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Location {
-    pub file: u32,
-    pub pos: u32,
+pub(crate) struct Location {
+    pub(crate) file: u32,
+    pub(crate) pos: u32,
 }
 
 /// What a layer of the index says of a key: its live row, or that a newer
 /// change removed it (which hides what older runs say).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Slot {
+pub(crate) enum Slot {
     Live(Location),
     Gone,
 }
 
-pub struct Run {
+pub(crate) struct Run {
     file: File,
     path: PathBuf,
     /// Kept on disk when dropped: part of a persisted index.
@@ -65,7 +65,7 @@ impl Run {
     /// Writes `entries`, which must be in strictly increasing key order, to
     /// a new file at `path`; with a Bloom filter sized by `filter` (an upper
     /// bound on their number) when it is given.
-    pub fn write(
+    pub(crate) fn write(
         path: PathBuf,
         filter: Option<usize>,
         entries: impl IntoIterator<Item = io::Result<(Key, Slot)>>,
@@ -116,7 +116,7 @@ impl Run {
     /// rebuilt from one sequential read (blocks are cut as [`Self::write`]
     /// cuts them). A run opened is kept on disk only when [`Self::keep`]
     /// says so again.
-    pub fn open(path: PathBuf, keys: usize, filter: bool) -> io::Result<Run> {
+    pub(crate) fn open(path: PathBuf, keys: usize, filter: bool) -> io::Result<Run> {
         let file = File::options().read(true).open(&path)?;
         let mut bloom = filter.then(|| Bloom::new(keys));
         let mut blocks = Blocks::default();
@@ -140,35 +140,35 @@ impl Run {
     }
 
     /// Entries in the file.
-    pub fn keys(&self) -> usize {
+    pub(crate) fn keys(&self) -> usize {
         self.keys
     }
 
     /// Leaves the file on disk when the run is dropped.
-    pub fn keep(&mut self) {
+    pub(crate) fn keep(&mut self) {
         self.kept = true;
     }
 
     /// The file's size in bytes.
-    pub fn bytes(&self) -> u64 {
+    pub(crate) fn bytes(&self) -> u64 {
         self.blocks
             .last()
             .map_or(0, |(_, offset, len)| offset + u64::from(*len))
     }
 
     /// Syncs the file to disk.
-    pub fn sync(&self) -> io::Result<()> {
+    pub(crate) fn sync(&self) -> io::Result<()> {
         self.file.sync_all()
     }
 
     /// The file's name in its folder.
-    pub fn file_name(&self) -> Option<&str> {
+    pub(crate) fn file_name(&self) -> Option<&str> {
         self.path.file_name()?.to_str()
     }
 
     /// Whether the run may hold `key`, as its range and Bloom filter say,
     /// without reading the file: when not, [`Self::get`] finds nothing.
-    pub fn may_hold(&self, key: &[u8]) -> bool {
+    pub(crate) fn may_hold(&self, key: &[u8]) -> bool {
         let in_range = self
             .blocks
             .first()
@@ -177,19 +177,19 @@ impl Run {
     }
 
     /// The bytes of the run's Bloom filter in memory.
-    pub fn filter_bytes(&self) -> usize {
+    pub(crate) fn filter_bytes(&self) -> usize {
         self.bloom.as_ref().map_or(0, |b| b.lines.len() * 64)
     }
 
     /// Frees the run's Bloom filter: lookups of keys in its range read a
     /// block from then on.
-    pub fn drop_filter(&mut self) {
+    pub(crate) fn drop_filter(&mut self) {
         self.bloom = None;
     }
 
     /// What this run says of `key`, if anything, from one block read: the
     /// caller asks [`Self::may_hold`] first to spare it.
-    pub fn get(&self, key: &[u8], buf: &mut Vec<u8>) -> io::Result<Option<Slot>> {
+    pub(crate) fn get(&self, key: &[u8], buf: &mut Vec<u8>) -> io::Result<Option<Slot>> {
         let Some(i) = self
             .blocks
             .partition_point(|(first, _, _)| first.as_slice() <= key)
@@ -210,7 +210,7 @@ impl Run {
     }
 
     /// Every entry, in key order.
-    pub fn iter(&self) -> RunIter<'_> {
+    pub(crate) fn iter(&self) -> RunIter<'_> {
         RunIter {
             run: self,
             block: 0,
@@ -241,7 +241,7 @@ impl Drop for Run {
     }
 }
 
-pub struct RunIter<'a> {
+pub(crate) struct RunIter<'a> {
     run: &'a Run,
     block: usize,
     buf: Vec<u8>,
@@ -456,7 +456,7 @@ struct Bloom {
 struct Line([u64; 8]);
 
 /// The bytes of a Bloom filter for `keys` entries.
-pub fn filter_bytes(keys: usize) -> usize {
+pub(crate) fn filter_bytes(keys: usize) -> usize {
     (keys.max(1) * BLOOM_BITS_PER_KEY).div_ceil(512) * 64
 }
 

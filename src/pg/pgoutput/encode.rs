@@ -9,7 +9,7 @@ use super::{Commit, Message, OldTupleKind, Relation, TupleValue};
 impl Message {
     /// The message's bytes; a change-carrying variant with an xid is in the
     /// streamed form, which only a decoder inside a stream block reads.
-    pub fn encode(&self) -> Bytes {
+    pub(crate) fn encode(&self) -> Bytes {
         let mut b = BytesMut::new();
         match self {
             Message::Begin(m) => {

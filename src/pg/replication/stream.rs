@@ -39,7 +39,7 @@ use crate::pg::conn::{Frame, ReplicationConnection};
 
 /// Bytes of messages read ahead of the consumer at most. A message larger
 /// than this waits until the channel is empty and then takes all of it.
-pub const BUDGET_BYTES: usize = 64 << 20;
+pub(crate) const BUDGET_BYTES: usize = 64 << 20;
 
 /// Messages in one batch at most.
 const BATCH_MESSAGES: usize = 256;
@@ -111,19 +111,19 @@ impl ReplicationStream {
     }
 
     /// The highest position confirmed so far.
-    pub fn confirmed(&self) -> Lsn {
+    pub(crate) fn confirmed(&self) -> Lsn {
         self.confirmed
     }
 
     /// How often status updates go out when nothing else prompts one.
-    pub fn set_status_interval(&mut self, interval: Duration) {
+    pub(crate) fn set_status_interval(&mut self, interval: Duration) {
         // A task that has ended sends nothing more anyway.
         let _ = self.control.send(Control::StatusInterval(interval));
     }
 
     /// The next XLogData or keepalive; `None` once the server has ended
     /// the stream, or the task's error. Cancel-safe.
-    pub async fn recv(&mut self) -> Result<Option<ReplicationMessage>> {
+    pub(crate) async fn recv(&mut self) -> Result<Option<ReplicationMessage>> {
         loop {
             if let Some(message) = self.ready.pop_front() {
                 return Ok(Some(message));
@@ -138,7 +138,7 @@ impl ReplicationStream {
     /// Records that everything up to `lsn` is durable; the task tells the
     /// server at once. A position lower than one confirmed before is
     /// ignored, so the reported position never moves backwards.
-    pub async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
+    pub(crate) async fn confirm(&mut self, lsn: Lsn) -> Result<()> {
         if lsn <= self.confirmed {
             return Ok(());
         }
@@ -156,7 +156,7 @@ impl ReplicationStream {
 
     /// Ends the stream: a last status update, CopyDone, and the server's
     /// closing messages, then the connection is closed.
-    pub async fn stop(mut self) -> Result<()> {
+    pub(crate) async fn stop(mut self) -> Result<()> {
         let _ = self.control.send(Control::Stop);
         self.ended().await
     }

@@ -8,34 +8,34 @@ use crate::model::TableName;
 /// One column as the catalog describes it, in the order pgoutput sends
 /// columns: by attribute number, without dropped or generated columns.
 #[derive(Debug, Clone)]
-pub struct CatalogColumn {
-    pub name: String,
-    pub type_oid: u32,
-    pub type_modifier: i32,
-    pub is_primary_key: bool,
-    pub is_identity_key: bool,
+pub(crate) struct CatalogColumn {
+    pub(crate) name: String,
+    pub(crate) type_oid: u32,
+    pub(crate) type_modifier: i32,
+    pub(crate) is_primary_key: bool,
+    pub(crate) is_identity_key: bool,
     /// The dimensions an array column was declared with (`int[][]`: 2;
     /// `attndims`, which PostgreSQL records but does not enforce).
-    pub dimensions: i32,
+    pub(crate) dimensions: i32,
     /// A default (`atthasdef`), or a value the rows before the column
     /// existed read (`atthasmissing`): added later, the column holds
     /// values in rows no change touched.
-    pub has_default: bool,
+    pub(crate) has_default: bool,
     /// `attnum`, which a rename keeps and an added column never reuses.
-    pub attnum: i16,
+    pub(crate) attnum: i16,
 }
 
 #[derive(Debug, Clone)]
-pub struct CatalogTable {
-    pub oid: u32,
-    pub name: TableName,
+pub(crate) struct CatalogTable {
+    pub(crate) oid: u32,
+    pub(crate) name: TableName,
     /// A partitioned table: its rows are its partitions'.
-    pub partitioned: bool,
-    pub replica_identity: u8,
-    pub columns: Vec<CatalogColumn>,
+    pub(crate) partitioned: bool,
+    pub(crate) replica_identity: u8,
+    pub(crate) columns: Vec<CatalogColumn>,
 }
 
-pub async fn describe_table(client: &Client, table: &TableName) -> Result<CatalogTable> {
+pub(crate) async fn describe_table(client: &Client, table: &TableName) -> Result<CatalogTable> {
     let rows = client
         .query(
             "SELECT c.oid, c.relreplident::text, a.attname::text, a.atttypid, a.atttypmod, \
@@ -92,7 +92,7 @@ pub async fn describe_table(client: &Client, table: &TableName) -> Result<Catalo
 }
 
 /// The OID of a table, as it is named now.
-pub async fn table_oid(client: &Client, table: &TableName) -> Result<u32> {
+pub(crate) async fn table_oid(client: &Client, table: &TableName) -> Result<u32> {
     client
         .query_one("SELECT $1::text::regclass::oid", &[&table.quoted()])
         .await
@@ -101,7 +101,7 @@ pub async fn table_oid(client: &Client, table: &TableName) -> Result<u32> {
 }
 
 /// The name of the table of OID `oid` now; `None` when there is none.
-pub async fn table_of_oid(client: &Client, oid: u32) -> Result<Option<TableName>> {
+pub(crate) async fn table_of_oid(client: &Client, oid: u32) -> Result<Option<TableName>> {
     let row = client
         .query_opt(
             "SELECT n.nspname::text, c.relname::text FROM pg_class c \
@@ -117,7 +117,7 @@ pub async fn table_of_oid(client: &Client, oid: u32) -> Result<Option<TableName>
 }
 
 /// Whether a table of that name exists.
-pub async fn table_exists(client: &Client, table: &TableName) -> Result<bool> {
+pub(crate) async fn table_exists(client: &Client, table: &TableName) -> Result<bool> {
     client
         .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table.quoted()])
         .await
@@ -126,7 +126,7 @@ pub async fn table_exists(client: &Client, table: &TableName) -> Result<bool> {
 }
 
 /// The primary-key column names of a relation, by OID, in key order.
-pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<String>> {
+pub(crate) async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<String>> {
     let rows = client
         .query(
             "SELECT a.attname::text FROM pg_index i \
@@ -144,20 +144,20 @@ pub async fn primary_key(client: &Client, relation_oid: u32) -> Result<Vec<Strin
 
 /// What the catalog knows of a column beyond what a Relation message says.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ColumnFacts {
-    pub name: String,
+pub(crate) struct ColumnFacts {
+    pub(crate) name: String,
     /// [`CatalogColumn::dimensions`].
-    pub dimensions: i32,
+    pub(crate) dimensions: i32,
     /// [`CatalogColumn::has_default`].
-    pub has_default: bool,
+    pub(crate) has_default: bool,
     /// [`CatalogColumn::attnum`].
-    pub attnum: i16,
-    pub type_oid: u32,
+    pub(crate) attnum: i16,
+    pub(crate) type_oid: u32,
 }
 
 /// The columns of a relation, by OID, with [`ColumnFacts`], in the order
 /// pgoutput sends them.
-pub async fn column_facts(client: &Client, relation_oid: u32) -> Result<Vec<ColumnFacts>> {
+pub(crate) async fn column_facts(client: &Client, relation_oid: u32) -> Result<Vec<ColumnFacts>> {
     let rows = client
         .query(
             "SELECT attname::text, attndims::int4, atthasdef OR atthasmissing, attnum, atttypid \
@@ -185,21 +185,21 @@ pub async fn column_facts(client: &Client, relation_oid: u32) -> Result<Vec<Colu
 
 /// What `pg_type` says about a type, enough to decode its text output.
 #[derive(Debug, Clone)]
-pub struct CatalogType {
+pub(crate) struct CatalogType {
     /// `b` base, `d` domain, `e` enum, `c` composite, `r` range, ...
-    pub typtype: u8,
+    pub(crate) typtype: u8,
     /// For a domain: the type it is based on.
-    pub base_type: u32,
+    pub(crate) base_type: u32,
     /// For an array: the element type (0 otherwise).
-    pub element_type: u32,
+    pub(crate) element_type: u32,
     /// `A` for arrays.
-    pub category: u8,
+    pub(crate) category: u8,
     /// For an array: what separates its elements in its text form, the
     /// element type's `typdelim` (`;` for `box`, `,` for nearly all).
-    pub element_delimiter: u8,
+    pub(crate) element_delimiter: u8,
 }
 
-pub async fn describe_type(client: &Client, oid: u32) -> Result<Option<CatalogType>> {
+pub(crate) async fn describe_type(client: &Client, oid: u32) -> Result<Option<CatalogType>> {
     let row = client
         .query_opt(
             "SELECT t.typtype::text, t.typbasetype, t.typelem, t.typcategory::text, \

@@ -16,7 +16,10 @@ const INSTALL_LOCK: i64 = 0x7732_695f_696e_7374;
 /// holds [`INSTALL_LOCK`]: a second run waits for the first to commit, then
 /// finds everything there. `CREATE SCHEMA IF NOT EXISTS` and its kin are
 /// not safe against each other without it.
-pub async fn installing<T>(client: &Client, steps: impl Future<Output = Result<T>>) -> Result<T> {
+pub(crate) async fn installing<T>(
+    client: &Client,
+    steps: impl Future<Output = Result<T>>,
+) -> Result<T> {
     client
         .batch_execute(&format!(
             "BEGIN; SELECT pg_advisory_xact_lock({INSTALL_LOCK})"
@@ -37,24 +40,24 @@ pub async fn installing<T>(client: &Client, steps: impl Future<Output = Result<T
 /// The event trigger that sends the rows of attached partitions and puts
 /// the triggers on new ones ([`crate::cdc::partition_rows`]), and the
 /// migration that installs them.
-pub const PARTITION_ROWS_TRIGGER: &str = "wal2iceberg_partition_rows";
-pub const PARTITION_ROWS_MIGRATION: &str = "004_wal2iceberg_partition_rows.sql";
-pub const PARTITION_ROWS_SQL: &str =
+pub(crate) const PARTITION_ROWS_TRIGGER: &str = "wal2iceberg_partition_rows";
+pub(crate) const PARTITION_ROWS_MIGRATION: &str = "004_wal2iceberg_partition_rows.sql";
+pub(crate) const PARTITION_ROWS_SQL: &str =
     include_str!("../../../migrations/004_wal2iceberg_partition_rows.sql");
 
 /// An event trigger wal2iceberg installs where it can (a superuser), and
 /// the migration that holds it.
-pub struct DdlTrigger {
-    pub name: &'static str,
-    pub migration: &'static str,
-    pub sql: &'static str,
+pub(crate) struct DdlTrigger {
+    pub(crate) name: &'static str,
+    pub(crate) migration: &'static str,
+    pub(crate) sql: &'static str,
     /// What a run without it cannot see.
-    pub without: &'static str,
+    pub(crate) without: &'static str,
 }
 
 /// The event trigger that sends each table's column numbers after an
 /// ALTER TABLE ([`crate::cdc::relation::COLUMNS`]).
-pub const COLUMN_NUMBERS: DdlTrigger = DdlTrigger {
+pub(crate) const COLUMN_NUMBERS: DdlTrigger = DdlTrigger {
     name: "wal2iceberg_columns",
     migration: "005_wal2iceberg_column_numbers.sql",
     sql: include_str!("../../../migrations/005_wal2iceberg_column_numbers.sql"),
@@ -63,7 +66,7 @@ pub const COLUMN_NUMBERS: DdlTrigger = DdlTrigger {
 
 /// The event trigger that marks where DDL rewrote a table's rows
 /// ([`crate::cdc::relation::REWRITE`]).
-pub const REWRITES: DdlTrigger = DdlTrigger {
+pub(crate) const REWRITES: DdlTrigger = DdlTrigger {
     name: "wal2iceberg_rewrites",
     migration: "006_wal2iceberg_rewrites.sql",
     sql: include_str!("../../../migrations/006_wal2iceberg_rewrites.sql"),
@@ -75,7 +78,7 @@ pub const REWRITES: DdlTrigger = DdlTrigger {
 /// missing (the later migration also brings the earlier one's function up
 /// to date) and the role is a superuser; says what is not seen without
 /// them otherwise (docs/tables.md, Schema changes).
-pub async fn ensure_ddl_triggers(client: &Client) -> Result<()> {
+pub(crate) async fn ensure_ddl_triggers(client: &Client) -> Result<()> {
     let triggers = [COLUMN_NUMBERS, REWRITES];
     let mut missing = Vec::new();
     for trigger in &triggers {
@@ -154,7 +157,7 @@ pub(super) async fn partition_rows_ready(client: &Client, root: &TableName) -> R
 /// superuser (the preflight refuses the tables otherwise). Putting a
 /// trigger on a partition takes a brief SHARE ROW EXCLUSIVE lock on it,
 /// once.
-pub async fn ensure_partition_rows(client: &Client, tables: &[TableName]) -> Result<()> {
+pub(crate) async fn ensure_partition_rows(client: &Client, tables: &[TableName]) -> Result<()> {
     let mut unready = Vec::new();
     for table in tables {
         if describe_table(client, table).await?.partitioned

@@ -25,17 +25,19 @@ mod preflight;
 mod publication;
 mod snapshot;
 
-pub use catalog::{
-    CatalogColumn, CatalogTable, CatalogType, ColumnFacts, column_facts, describe_table,
-    describe_type, primary_key, table_exists, table_of_oid, table_oid,
+pub(crate) use catalog::{
+    CatalogTable, ColumnFacts, column_facts, describe_table, describe_type, primary_key,
+    table_exists, table_of_oid, table_oid,
 };
-pub use install::{
-    COLUMN_NUMBERS, DdlTrigger, PARTITION_ROWS_MIGRATION, PARTITION_ROWS_SQL,
-    PARTITION_ROWS_TRIGGER, REWRITES, ensure_ddl_triggers, ensure_partition_rows, installing,
+pub(crate) use install::{
+    COLUMN_NUMBERS, PARTITION_ROWS_MIGRATION, PARTITION_ROWS_SQL, REWRITES, ensure_ddl_triggers,
+    ensure_partition_rows, installing,
 };
 pub use preflight::{SLOT_HELD_BY_RUN, check_table, preflight};
-pub use publication::{CREATED_BY_MARK, ensure_publication, published_tables, unpublished};
-pub use snapshot::{begin_snapshot, copy_out, lock_unchanged_since_snapshot, next_copy_chunk};
+pub(crate) use publication::{CREATED_BY_MARK, ensure_publication, published_tables, unpublished};
+pub(crate) use snapshot::{
+    begin_snapshot, copy_out, lock_unchanged_since_snapshot, next_copy_chunk,
+};
 
 /// An ordinary connection; its background task ends when this is dropped.
 pub struct SourceClient {
@@ -116,7 +118,7 @@ impl fmt::Display for CheckFailure {
     }
 }
 
-pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
+pub(crate) async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> {
     let row = client
         .query_opt(
             "SELECT plugin::text, database::text, active_pid, confirmed_flush_lsn::text, \
@@ -138,7 +140,7 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>> 
 }
 
 /// The server's `wal_level`, when it is not `logical`.
-pub async fn wal_level(client: &Client) -> Result<Option<CheckFailure>> {
+pub(crate) async fn wal_level(client: &Client) -> Result<Option<CheckFailure>> {
     let level: String = client
         .query_one("SHOW wal_level", &[])
         .await

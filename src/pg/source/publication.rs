@@ -9,7 +9,7 @@ use crate::pg::replication::quote_ident;
 
 /// The tables of `tables` the publication does not publish: all of them
 /// when it does not exist.
-pub async fn unpublished(
+pub(crate) async fn unpublished(
     client: &Client,
     publication: &str,
     tables: &[TableName],
@@ -60,7 +60,7 @@ pub(super) async fn published_relations(
 
 /// The tables a publication publishes, in name order; empty when it does
 /// not exist.
-pub async fn published_tables(client: &Client, publication: &str) -> Result<Vec<TableName>> {
+pub(crate) async fn published_tables(client: &Client, publication: &str) -> Result<Vec<TableName>> {
     table_names(
         client,
         "SELECT schemaname::text, tablename::text FROM pg_publication_tables \
@@ -86,11 +86,11 @@ async fn table_names(client: &Client, sql: &str, publication: &str) -> Result<Ve
 
 /// The comment a publication wal2iceberg created carries, so that
 /// `teardown` drops only those.
-pub const CREATED_BY_MARK: &str = "created by wal2iceberg";
+pub(crate) const CREATED_BY_MARK: &str = "created by wal2iceberg";
 
 /// Creates the publication for `tables`, or adds the tables it lacks.
 /// Call only after [`preflight`] passed for these tables.
-pub async fn ensure_publication(
+pub(crate) async fn ensure_publication(
     client: &Client,
     publication: &str,
     tables: &[TableName],

@@ -15,7 +15,7 @@ use crate::pg::replication::quote_ident;
 /// Opens the snapshot an exported slot snapshot names, in a read-only
 /// repeatable-read transaction on this connection. Must run while the
 /// replication connection that exported it sends nothing else.
-pub async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> {
+pub(crate) async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> {
     client
         .batch_execute(&format!(
             "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'",
@@ -41,7 +41,10 @@ pub async fn begin_snapshot(client: &Client, snapshot_name: &str) -> Result<()> 
 /// partitions are checked (LOCK locks them too). A table renamed or
 /// dropped since is not found by the snapshot's name. Each is a
 /// [`ErrorKind::Concurrent`] error: a new snapshot sees the change.
-pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]) -> Result<()> {
+pub(crate) async fn lock_unchanged_since_snapshot(
+    client: &Client,
+    tables: &[TableName],
+) -> Result<()> {
     let Some(first) = tables.first() else {
         return Ok(());
     };
@@ -135,7 +138,7 @@ pub async fn lock_unchanged_since_snapshot(client: &Client, tables: &[TableName]
 /// for an ordinary table, as `COPY table TO` reads no child table of an
 /// inheritance either; a partitioned table is read whole, every partition
 /// at every level, as its changes are published (publish_via_partition_root).
-pub async fn copy_out(
+pub(crate) async fn copy_out(
     client: &Client,
     table: &CatalogTable,
     casts: &[bool],
@@ -165,7 +168,7 @@ pub async fn copy_out(
 }
 
 /// Reads the next chunk of a COPY stream.
-pub async fn next_copy_chunk(
+pub(crate) async fn next_copy_chunk(
     stream: &mut Pin<Box<CopyOutStream>>,
     table: &TableName,
 ) -> Result<Option<Bytes>> {

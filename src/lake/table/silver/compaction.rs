@@ -35,17 +35,17 @@ use crate::lake::maintenance::compaction::{
 /// a file, within the two times a freshly written table's scan that
 /// docs/benchmarks.md allows, and a file is not rewritten again and again
 /// while random updates thin it.
-pub const DELETE_RATIO: f64 = 0.4;
+pub(crate) const DELETE_RATIO: f64 = 0.4;
 /// Live rows of thinned files one compaction rewrites at most (but always
 /// one such file), so that no compaction holds up the stream for long;
 /// the rest waits for the next.
-pub const MAX_THINNED_ROWS: u64 = 1 << 19;
+pub(crate) const MAX_THINNED_ROWS: u64 = 1 << 19;
 
 /// Live rows of small files one compaction merges at most: it holds every
 /// rewritten row's key and new place until its commit, so this bounds its
 /// memory whatever the table's size (a large transaction leaves many small
 /// files behind).
-pub const MAX_MERGED_ROWS: u64 = 1 << 19;
+pub(crate) const MAX_MERGED_ROWS: u64 = 1 << 19;
 
 /// The live data files of the table, as the scan plans them, and its live
 /// delete files.

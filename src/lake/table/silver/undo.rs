@@ -74,7 +74,7 @@ impl Undo {
 
 impl SilverTable {
     /// Whether the open batch staged anything since the last commit.
-    pub fn is_staged(&self) -> bool {
+    pub(crate) fn is_staged(&self) -> bool {
         self.staged
     }
 
@@ -84,7 +84,7 @@ impl SilverTable {
     /// False when the batch did what its log does not undo (a load, a
     /// truncate, more than [`UNDO_HELD`] entries): the index is then of no
     /// use, and the next start rebuilds it.
-    pub fn abandon(&mut self) -> Result<bool> {
+    pub(crate) fn abandon(&mut self) -> Result<bool> {
         if !self.staged {
             return Ok(true);
         }
