@@ -1,3 +1,5 @@
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Decimal128Type, Float64Type};
 use arrow_array::{Array, Decimal128Array, ListArray, StringArray};
 
 use super::*;

@@ -13,29 +13,30 @@
 //! [`arrow_value`] reads a stored cell back as a value, to fill unchanged
 //! TOAST values from the row a table already holds.
 
+mod read_back;
+mod verbatim;
+
 use std::borrow::Cow;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow_array::builder::{
     BooleanBuilder, Date32Builder, Decimal128Builder, FixedSizeBinaryBuilder, Float32Builder,
-    Float64Builder, Int32Builder, Int64Builder, LargeBinaryBuilder, MapBuilder, MapFieldNames,
-    StringBuilder, Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
+    Float64Builder, Int32Builder, Int64Builder, LargeBinaryBuilder, StringBuilder,
+    Time64MicrosecondBuilder, TimestampMicrosecondBuilder,
 };
-use arrow_array::cast::AsArray;
-use arrow_array::types::{
-    Date32Type, Decimal128Type, DecimalType, Float32Type, Float64Type, Int32Type, Int64Type,
-    Time64MicrosecondType, TimestampMicrosecondType,
-};
-use arrow_array::{Array, ArrayRef, ListArray, new_null_array};
+use arrow_array::{ArrayRef, ListArray};
 use arrow_buffer::{NullBuffer, OffsetBuffer};
-use arrow_schema::{DataType, Field, FieldRef, Fields, TimeUnit};
+use arrow_schema::{DataType, Field, FieldRef, TimeUnit};
 
 use crate::cdc::temporal::{self, MaybeInfinite};
 use crate::cdc::value::{BinaryNumeric, Numeric, Value};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Iceberg's time ends at 23:59:59.999999; PostgreSQL's at 24:00:00.
+pub(crate) use read_back::{arrow_value, load_source_column};
+pub use verbatim::Verbatim;
+pub(crate) use verbatim::{verbatim_entries, verbatim_text, with_verbatim};
+
 const MICROS_PER_DAY: i64 = 86_400_000_000;
 
 /// The values of one column; `None` is null.
@@ -62,132 +63,6 @@ pub(crate) fn build_array_keeping(
         builder.append_keeping(*cell, row, verbatim)?;
     }
     builder.finish()
-}
-
-/// The values of a batch that their columns' types cannot hold, by row:
-/// the column's name and the value's PostgreSQL text. They become the
-/// `_cdc_verbatim` map of their row, the column itself null
-/// (docs/values.md).
-#[derive(Debug, Default)]
-pub struct Verbatim {
-    rows: BTreeMap<usize, Vec<(String, String)>>,
-}
-
-impl Verbatim {
-    pub(crate) fn keep(&mut self, row: usize, column: &str, text: String) {
-        self.rows
-            .entry(row)
-            .or_default()
-            .push((column.to_owned(), text));
-    }
-
-    /// What a `_cdc_verbatim` column read back from a table holds.
-    pub(crate) fn of_column(array: &dyn Array) -> Verbatim {
-        let mut verbatim = Verbatim::default();
-        for row in 0..array.len() {
-            for (column, text) in verbatim_entries(array, row) {
-                verbatim.keep(row, &column, text);
-            }
-        }
-        verbatim
-    }
-
-    /// Takes `other`'s entries, their column names prefixed.
-    pub(crate) fn take_prefixed(&mut self, other: Verbatim, prefix: &str) {
-        for (row, kept) in other.rows {
-            for (column, text) in kept {
-                self.keep(row, &format!("{prefix}{column}"), text);
-            }
-        }
-    }
-
-    /// The entries of `row`, sorted.
-    pub(crate) fn entries(&self, row: usize) -> Vec<(String, String)> {
-        let mut entries = self.rows.get(&row).cloned().unwrap_or_default();
-        entries.sort();
-        entries
-    }
-
-    /// The `_cdc_verbatim` column (`field`, a map of strings) of a batch of
-    /// `rows` rows: null where a row kept nothing.
-    pub(crate) fn array(&self, field: &Field, rows: usize) -> Result<ArrayRef> {
-        let bad = || {
-            Error::new(
-                ErrorKind::Lake,
-                "the table's _cdc_verbatim column is not a map of strings",
-            )
-            .with_context("column", field.name())
-        };
-        let DataType::Map(entries, _) = field.data_type() else {
-            return Err(bad());
-        };
-        let DataType::Struct(kv) = entries.data_type() else {
-            return Err(bad());
-        };
-        let [key, value] = kv.iter().collect::<Vec<_>>()[..] else {
-            return Err(bad());
-        };
-        let names = MapFieldNames {
-            entry: entries.name().clone(),
-            key: key.name().clone(),
-            value: value.name().clone(),
-        };
-        let mut builder = MapBuilder::new(Some(names), StringBuilder::new(), StringBuilder::new())
-            .with_keys_field(key.clone())
-            .with_values_field(value.clone());
-        for row in 0..rows {
-            match self.rows.get(&row) {
-                Some(kept) => {
-                    for (column, text) in kept {
-                        builder.keys().append_value(column);
-                        builder.values().append_value(text);
-                    }
-                    builder.append(true)
-                }
-                None => builder.append(false),
-            }
-            .map_err(|e| bad().with_source(e))?;
-        }
-        Ok(Arc::new(builder.finish()))
-    }
-}
-
-/// The arrays of a batch's `fields`: `columns` as given, the
-/// `_cdc_verbatim` field (left `None` there) built from `verbatim`.
-pub(crate) fn with_verbatim(
-    fields: &Fields,
-    columns: Vec<Option<ArrayRef>>,
-    verbatim: &Verbatim,
-    rows: usize,
-) -> Result<Vec<ArrayRef>> {
-    fields
-        .iter()
-        .zip(columns)
-        .map(|(field, column)| match column {
-            Some(array) => Ok(array),
-            None => verbatim.array(field, rows),
-        })
-        .collect()
-}
-
-/// The map a `_cdc_verbatim` cell holds, column to text.
-pub(crate) fn verbatim_entries(array: &dyn Array, row: usize) -> Vec<(String, String)> {
-    let Some(map) = array.as_map_opt() else {
-        return Vec::new();
-    };
-    if map.is_null(row) {
-        return Vec::new();
-    }
-    let entries = map.value(row);
-    let (Some(keys), Some(values)) = (
-        entries.column(0).as_string_opt::<i32>(),
-        entries.column(1).as_string_opt::<i32>(),
-    ) else {
-        return Vec::new();
-    };
-    (0..entries.len())
-        .map(|i| (keys.value(i).to_owned(), values.value(i).to_owned()))
-        .collect()
 }
 
 /// An array of a field's type being built value by value.
@@ -589,60 +464,6 @@ impl ColumnBuilder {
     }
 }
 
-/// A table's column `field` for `rows` load rows: the source column of
-/// that name among `fields` (its array in `columns`), as the table types
-/// it; nulls when the source lacks it.
-pub(crate) fn load_source_column(
-    field: &Field,
-    fields: &[FieldRef],
-    columns: &[ArrayRef],
-    rows: usize,
-) -> Result<ArrayRef> {
-    match fields.iter().position(|f| f.name() == field.name()) {
-        Some(i) => retype(&columns[i], field.data_type()),
-        None => Ok(new_null_array(field.data_type(), rows)),
-    }
-}
-
-/// `array` as `to`, a type that differs at most in the field metadata of
-/// list elements (the field ids of bronze and silver differ).
-fn retype(array: &ArrayRef, to: &DataType) -> Result<ArrayRef> {
-    if array.data_type() == to {
-        return Ok(array.clone());
-    }
-    // A column narrowed at the source keeps its wider field (lake/evolve):
-    // its values widen into it, exactly.
-    let widens = match (array.data_type(), to) {
-        (DataType::Int32, DataType::Int64) | (DataType::Float32, DataType::Float64) => true,
-        (DataType::Decimal128(p, s), DataType::Decimal128(q, t)) => s == t && q >= p,
-        _ => false,
-    };
-    if widens {
-        return arrow_cast::cast(array, to).map_err(|e| {
-            Error::new(
-                ErrorKind::Lake,
-                format!("cannot widen a {} array to {to}", array.data_type()),
-            )
-            .with_source(e)
-        });
-    }
-    match (array.as_list_opt::<i32>(), to) {
-        (Some(list), DataType::List(element)) => Ok(Arc::new(
-            ListArray::try_new(
-                element.clone(),
-                list.offsets().clone(),
-                retype(list.values(), element.data_type())?,
-                list.nulls().cloned(),
-            )
-            .map_err(|e| Error::new(ErrorKind::Lake, "cannot build a list array").with_source(e))?,
-        )),
-        _ => Err(Error::new(
-            ErrorKind::Lake,
-            format!("cannot use a {} array as {to}", array.data_type()),
-        )),
-    }
-}
-
 /// `max` for infinity, `-max` for -infinity; `None` for a finite value
 /// that is one of them, which the column then cannot hold.
 fn encode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
@@ -655,83 +476,6 @@ fn encode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
         MaybeInfinite::Infinity => Some(max),
         MaybeInfinite::NegInfinity => Some(-max),
     }
-}
-
-fn decode_infinite<T: Copy + PartialEq + std::ops::Neg<Output = T>>(
-    stored: T,
-    max: T,
-) -> MaybeInfinite<T> {
-    if stored == max {
-        MaybeInfinite::Infinity
-    } else if stored == -max {
-        MaybeInfinite::NegInfinity
-    } else {
-        MaybeInfinite::Finite(stored)
-    }
-}
-
-/// The value a stored cell holds, in the variant [`build_array`] turns back
-/// into the same cell (strings come back as text).
-pub(crate) fn arrow_value(array: &dyn Array, row: usize) -> Result<Value> {
-    if array.is_null(row) {
-        return Ok(Value::Null);
-    }
-    let value =
-        match array.data_type() {
-            DataType::Boolean => Value::Bool(array.as_boolean().value(row)),
-            DataType::Int32 => Value::Int4(array.as_primitive::<Int32Type>().value(row)),
-            DataType::Int64 => Value::Int8(array.as_primitive::<Int64Type>().value(row)),
-            DataType::Float32 => Value::Float4(array.as_primitive::<Float32Type>().value(row)),
-            DataType::Float64 => Value::Float8(array.as_primitive::<Float64Type>().value(row)),
-            DataType::Decimal128(_, scale) => {
-                Value::Numeric(Numeric::Finite(Decimal128Type::format_decimal(
-                    array.as_primitive::<Decimal128Type>().value(row),
-                    38,
-                    *scale,
-                )))
-            }
-            DataType::Utf8 => Value::Text(array.as_string::<i32>().value(row).to_owned()),
-            DataType::LargeBinary => Value::Bytea(array.as_binary::<i64>().value(row).to_vec()),
-            DataType::Date32 => Value::Date(decode_infinite(
-                array.as_primitive::<Date32Type>().value(row),
-                i32::MAX,
-            )),
-            DataType::Time64(TimeUnit::Microsecond) => {
-                Value::Time(array.as_primitive::<Time64MicrosecondType>().value(row))
-            }
-            DataType::Timestamp(TimeUnit::Microsecond, zone) => {
-                let t = decode_infinite(
-                    array.as_primitive::<TimestampMicrosecondType>().value(row),
-                    i64::MAX,
-                );
-                if zone.is_some() {
-                    Value::TimestampTz(t)
-                } else {
-                    Value::Timestamp(t)
-                }
-            }
-            DataType::FixedSizeBinary(16) => {
-                let bytes = array.as_fixed_size_binary().value(row);
-                Value::Uuid(bytes.try_into().map_err(|_| {
-                    Error::new(ErrorKind::Lake, "a uuid cell does not hold 16 bytes")
-                })?)
-            }
-            DataType::List(_) => {
-                let items = array.as_list::<i32>().value(row);
-                Value::Array(
-                    (0..items.len())
-                        .map(|i| arrow_value(items.as_ref(), i))
-                        .collect::<Result<_>>()?,
-                )
-            }
-            other => {
-                return Err(Error::new(
-                    ErrorKind::Lake,
-                    format!("no conversion from Arrow type {other}"),
-                ));
-            }
-        };
-    Ok(value)
 }
 
 /// The value of an integer of any width.
@@ -763,75 +507,6 @@ pub(in crate::lake) fn text_form(v: &Value) -> Option<Cow<'_, str>> {
         v @ Value::TimeTz { .. } => Cow::Owned(v.to_json().as_str()?.to_owned()),
         _ => return None,
     })
-}
-
-/// The PostgreSQL text of a value whose column's type cannot hold it:
-/// numeric `NaN` (a decimal has none), the time `24:00:00` (Iceberg's
-/// ends at 23:59:59.999999), text kept as itself ([`Value::Unknown`]),
-/// and an array holding such values, written as `array_out` writes it.
-/// `None` for a value of another type than the column's, a bug.
-pub(crate) fn verbatim_text(v: &Value) -> Option<Cow<'_, str>> {
-    match v {
-        Value::Time(t) => Some(Cow::Owned(temporal::format_time(*t))),
-        Value::Array(items) => {
-            let mut out = String::from("{");
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                match item {
-                    Value::Null => out.push_str("NULL"),
-                    // A sub-array of a multi-dimensional one, unquoted.
-                    Value::Array(_) => out.push_str(&verbatim_text(item)?),
-                    item => push_array_element(&mut out, &element_text(item)?),
-                }
-            }
-            out.push('}');
-            Some(Cow::Owned(out))
-        }
-        v => text_form(v),
-    }
-}
-
-/// The text of an array's element: as [`verbatim_text`] gives it, or,
-/// for an element its list could hold (a multi-dimensional array in a
-/// table made when its column was a flat list), its JSON form's text,
-/// which PostgreSQL reads back as the same value.
-fn element_text(v: &Value) -> Option<Cow<'_, str>> {
-    verbatim_text(v).or_else(|| match v.to_json() {
-        serde_json::Value::String(s) => Some(Cow::Owned(s)),
-        serde_json::Value::Number(n) => Some(Cow::Owned(n.to_string())),
-        serde_json::Value::Bool(b) => Some(Cow::Borrowed(if b { "t" } else { "f" })),
-        _ => None,
-    })
-}
-
-/// An element as `array_out` writes it: in double quotes, with `"` and
-/// `\` escaped, when it is empty, reads `NULL`, or holds white space, a
-/// brace, a comma, a quote or a backslash.
-fn push_array_element(out: &mut String, text: &str) {
-    let quote = text.is_empty()
-        || text.eq_ignore_ascii_case("NULL")
-        || text
-            .bytes()
-            .any(|b| matches!(b, b'{' | b'}' | b',' | b'"' | b'\\') || is_space(b));
-    if !quote {
-        out.push_str(text);
-        return;
-    }
-    out.push('"');
-    for c in text.chars() {
-        if matches!(c, '"' | '\\') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out.push('"');
-}
-
-/// The white space `array_out` quotes (`array_isspace`).
-fn is_space(b: u8) -> bool {
-    matches!(b, b' ' | b'\t' | b'\n' | b'\r' | b'\x0b' | b'\x0c')
 }
 
 /// Exact decimal text to an unscaled i128 at `scale`; `None` if it has more
