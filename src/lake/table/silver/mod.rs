@@ -17,8 +17,15 @@
 //! later change to a row already written deletes it by position in the
 //! same snapshot), and [`SilverTable::commit`] makes it one snapshot
 //! (`row_delta`) recording the source position it covers.
+//!
+//! `keys` builds, restores and persists the key index; `unchanged` fills
+//! unchanged TOAST values from the row silver holds; `load` takes the
+//! initial load's rows; `compaction` and `undo` rewrite and take back.
 
 mod compaction;
+mod keys;
+mod load;
+mod unchanged;
 mod undo;
 
 use std::collections::HashMap;
@@ -26,34 +33,25 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use arrow_array::builder::{Int64Builder, TimestampMicrosecondBuilder};
-use arrow_array::{ArrayRef, Int64Array, RecordBatch, TimestampMicrosecondArray};
-use arrow_schema::{DataType, Field, FieldRef, Schema as ArrowSchema};
-use futures_util::TryStreamExt;
-use iceberg::scan::FileScanTask;
-use iceberg::spec::{DataContentType, DataFile};
+use arrow_array::{ArrayRef, RecordBatch};
+use arrow_schema::{DataType, Field, Schema as ArrowSchema};
+use iceberg::spec::DataFile;
 use iceberg::table::Table;
 use iceberg::{TableIdent, TableUpdate};
-use parquet::arrow::ProjectionMask;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::schema::types::SchemaDescriptor;
 
+use self::keys::{key_fields, planned_files};
+use self::unchanged::{after_cell, missing_image};
 use self::undo::Undo;
-use crate::cdc::event::{Change, ColumnFinder, Datum, Op, TxInfo};
+use crate::cdc::event::{Change, ColumnFinder, Op};
 use crate::cdc::relation::RelationInfo;
-use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
 use crate::lake::catalog::row_delta::{RowDelta, Written, commit_row_delta};
-use crate::lake::files::align::{align, field_id};
-use crate::lake::files::arrow::{
-    Verbatim, arrow_value, build_array_keeping, load_source_column, verbatim_entries, with_verbatim,
-};
-use crate::lake::files::position_deletes::{DeleteReader, write_position_deletes};
+use crate::lake::files::arrow::{Verbatim, build_array_keeping, with_verbatim};
+use crate::lake::files::position_deletes::write_position_deletes;
 use crate::lake::files::writer::{
-    LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_file, read_parquet,
-    read_row_group, write_data_files,
+    LoadFile, Position, STAGE_BYTES, STAGE_ROWS, arrow_schema, read_parquet, write_data_files,
 };
-use crate::lake::iceberg_error;
 use crate::lake::schema::staged::StagedSchema;
 use crate::lake::schema::{COMMIT_LSN, COMMIT_TS, VERBATIM, silver_schema};
 use crate::lake::table::key::{Key, KeyCodec};
@@ -221,42 +219,6 @@ impl SilverTable {
         Ok(silver)
     }
 
-    /// What the key index is of when it holds exactly `table`'s current
-    /// snapshot: the table, the snapshot and the key's field ids and types
-    /// (which its encoding follows).
-    fn index_of(&self, table: &Table) -> Option<String> {
-        let snapshot = table.metadata().current_snapshot_id()?;
-        Some(self.index_words(self.uuid, snapshot))
-    }
-
-    fn index_words(&self, uuid: uuid::Uuid, snapshot: i64) -> String {
-        let key: Vec<String> = self
-            .key_fields
-            .iter()
-            .map(|&i| {
-                let field = self.schema.field(i);
-                format!("{:?}:{}", field_id(field), field.data_type())
-            })
-            .collect();
-        format!("{uuid}/{snapshot}/{}", key.join(","))
-    }
-
-    /// Persists the key index in its state folder, when it holds exactly
-    /// the table's last snapshot this process committed or opened (nothing
-    /// staged since); the next start on that snapshot restores it instead
-    /// of reading every key. The table is of no more use after it.
-    pub(crate) fn persist_index(&mut self) -> Result<bool> {
-        let (Some(snapshot), Some(_), false) = (self.exact_at, &self.state, self.staged) else {
-            return Ok(false);
-        };
-        let of = self.index_words(self.uuid, snapshot);
-        std::mem::take(&mut self.index)
-            .persist(&of)
-            .map_err(|e| e.with_context("table", &self.ident))?;
-        self.exact_at = None;
-        Ok(true)
-    }
-
     pub(crate) fn ident(&self) -> &TableIdent {
         &self.ident
     }
@@ -304,237 +266,6 @@ impl SilverTable {
     /// Number of live rows, as the index knows them.
     pub fn row_count(&self) -> usize {
         self.index.live_rows()
-    }
-
-    /// The live data and delete files of the table's planned `tasks`, as
-    /// [`Self::file_counts`] tells them.
-    fn count_files(&mut self, tasks: &[FileScanTask]) {
-        let deletes: std::collections::HashSet<&str> = tasks
-            .iter()
-            .flat_map(|t| t.deletes.iter().map(|d| d.file_path.as_str()))
-            .collect();
-        self.files = FileCounts {
-            data: tasks.len(),
-            deletes: deletes.len(),
-            commits: 0,
-        };
-    }
-
-    async fn rebuild_index(&mut self, table: &Table) -> Result<()> {
-        let tasks = planned_files(table).await?;
-        let mut deletes_by_file: HashMap<Arc<str>, Vec<i64>> = HashMap::new();
-        let mut delete_files_read = std::collections::HashSet::new();
-        for task in &tasks {
-            for delete in &task.deletes {
-                if delete.file_type != DataContentType::PositionDeletes {
-                    return Err(lake_error(
-                        "the silver table holds equality deletes, which wal2iceberg never writes",
-                        &self.ident,
-                    ));
-                }
-                if delete_files_read.insert(delete.file_path.clone()) {
-                    for deleted in DeleteReader::open(table, &delete.file_path).await? {
-                        let (file, pos) = deleted?;
-                        deletes_by_file.entry(file).or_default().push(pos);
-                    }
-                }
-            }
-        }
-        self.count_files(&tasks);
-        for task in tasks {
-            let deleted: std::collections::HashSet<i64> = deletes_by_file
-                .remove(task.data_file_path.as_str())
-                .unwrap_or_default()
-                .into_iter()
-                .collect();
-            let keys = self.read_keys(table, &task.data_file_path).await?;
-            let live = keys
-                .into_iter()
-                .enumerate()
-                .filter(|(pos, _)| !deleted.contains(&(*pos as i64)));
-            self.index
-                .add_file(task.data_file_path.as_str().into(), live)
-                .map_err(|e| e.with_context("table", &self.ident))?;
-        }
-        tracing::info!(table = %self.ident, rows = self.index.live_rows(), "silver key index rebuilt");
-        Ok(())
-    }
-
-    /// The encoded keys of a data file's rows, in file order.
-    async fn read_keys(&self, table: &Table, path: &str) -> Result<Vec<Key>> {
-        let bytes = read_file(table, path).await?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| {
-            lake_error("cannot read a silver data file", &self.ident)
-                .with_context("file", path)
-                .with_source(e)
-        })?;
-        let key_schema = Arc::new(self.schema.project(&self.key_fields).map_err(|e| {
-            lake_error("cannot project the key columns", &self.ident).with_source(e)
-        })?);
-        let mask = key_projection(builder.parquet_schema(), &key_schema);
-        let reader = builder.with_projection(mask).build().map_err(|e| {
-            lake_error("cannot read a silver data file", &self.ident)
-                .with_context("file", path)
-                .with_source(e)
-        })?;
-        let mut keys = Vec::new();
-        for batch in reader {
-            let batch = batch.map_err(|e| {
-                lake_error("cannot read a silver data file", &self.ident)
-                    .with_context("file", path)
-                    .with_source(e)
-            })?;
-            let batch = align(&batch, &key_schema, path)?;
-            keys.extend(self.codec.encode_columns(batch.columns()).map_err(|e| {
-                e.with_context("table", &self.ident)
-                    .with_context("file", path)
-            })?);
-        }
-        Ok(keys)
-    }
-
-    /// The key of a row image of `change`'s relation.
-    pub(crate) fn key_of(&self, change: &Change, row: &[Datum]) -> Result<Key> {
-        let mut fields = Vec::with_capacity(self.key_fields.len());
-        let mut values = Vec::with_capacity(self.key_fields.len());
-        for &i in &self.key_fields {
-            let field = self.schema.field(i);
-            let value = change.column(field.name()).and_then(|j| row.get(j));
-            let Some(Datum::Value(v)) = value else {
-                return Err(
-                    Error::new(ErrorKind::Decode, "a change lacks its primary key")
-                        .with_context("table", &change.relation.name)
-                        .with_context("column", field.name())
-                        .with_context("lsn", change.lsn),
-                );
-            };
-            fields.push(field);
-            values.push(v);
-        }
-        self.codec.encode_values(&fields, &values).map_err(|e| {
-            e.with_context("table", &change.relation.name)
-                .with_context("lsn", change.lsn)
-                .with_context("xid", change.tx.xid)
-        })
-    }
-
-    /// Replaces the unchanged TOAST values of an update's after image with
-    /// the row's current values: from a complete before image (REPLICA
-    /// IDENTITY FULL), else from the open batch or the row's data file. A
-    /// value that cannot be found is an error, never a guess. Call before
-    /// [`Self::stage`], and before the change goes to bronze too.
-    pub async fn fill_unchanged(&mut self, lake: &Lake, change: &mut Change) -> Result<()> {
-        change.fill_unchanged_from_before_image();
-        let Some(after) = &change.after else {
-            return Ok(());
-        };
-        let missing: Vec<usize> = after
-            .iter()
-            .enumerate()
-            .filter(|(_, d)| matches!(d, Datum::UnchangedToast))
-            .map(|(i, _)| i)
-            .collect();
-        if missing.is_empty() {
-            return Ok(());
-        }
-        // The row as it was: under its old key when the update moved it.
-        let key = match &change.before {
-            Some(before) => self.key_of(change, &before.row)?,
-            None => self.key_of(change, after)?,
-        };
-        for column in missing {
-            let value = self.current_value(lake, change, &key, column).await?;
-            if let Some(after) = change.after.as_mut() {
-                after[column] = Datum::Value(value);
-            }
-        }
-        Ok(())
-    }
-
-    async fn current_value(
-        &mut self,
-        lake: &Lake,
-        change: &Change,
-        key: &[u8],
-        column: usize,
-    ) -> Result<Value> {
-        let name = &change.relation.columns[column].name;
-        match self.pending.get(key) {
-            Some(Pending::Upsert(previous)) => {
-                return match previous
-                    .column(name)
-                    .and_then(|j| previous.after.as_ref()?.get(j))
-                {
-                    Some(Datum::Value(v)) => Ok(v.clone()),
-                    _ => Err(change.unfilled(name)),
-                };
-            }
-            Some(Pending::Delete) => return Err(change.unfilled(name)),
-            None => {}
-        }
-        let Some((file, pos)) = self.index.get(key)? else {
-            return Err(change.unfilled(name));
-        };
-        let pos = usize::try_from(pos).unwrap_or(usize::MAX);
-        let (batches, mut row) = self.group_rows(lake, &file, pos).await?;
-        for batch in batches {
-            if row < batch.num_rows() {
-                let Some(array) = batch.column_by_name(name) else {
-                    return Err(change.unfilled(name));
-                };
-                let kept = batch
-                    .column_by_name(VERBATIM)
-                    .map(|v| verbatim_entries(v.as_ref(), row))
-                    .unwrap_or_default()
-                    .into_iter()
-                    .find(|(column, _)| column == name);
-                return match kept {
-                    Some((_, text)) => Ok(Value::Unknown(text)),
-                    None => {
-                        arrow_value(array.as_ref(), row).map_err(|e| e.with_context("file", &file))
-                    }
-                };
-            }
-            row -= batch.num_rows();
-        }
-        Err(lake_error(
-            "the key index points past the end of a data file",
-            &self.ident,
-        )
-        .with_context("file", &file))
-    }
-
-    /// The rows of the row group that holds row `pos` of a data file, in
-    /// the table's schema, and `pos` within them: read once and kept while
-    /// the same group is asked for again, so a fill reads a row group,
-    /// never a whole file.
-    async fn group_rows(
-        &mut self,
-        lake: &Lake,
-        path: &Arc<str>,
-        pos: usize,
-    ) -> Result<(&[RecordBatch], usize)> {
-        let held = self
-            .cached_group
-            .as_ref()
-            .is_some_and(|(p, first, batches)| {
-                let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-                p == path && (*first..first + rows).contains(&pos)
-            });
-        if !held {
-            self.cached_group = None;
-            let table = self.table(lake).await?;
-            let (first, batches) = read_row_group(&table, path, pos).await?;
-            let batches = batches
-                .iter()
-                .map(|batch| align(batch, &self.schema, path))
-                .collect::<Result<Vec<_>>>()?;
-            self.cached_group = Some((path.clone(), first, batches));
-        }
-        Ok(self
-            .cached_group
-            .as_ref()
-            .map_or((&[], 0), |(_, first, b)| (b.as_slice(), pos - first)))
     }
 
     /// Stages the removal of every row, committed and staged, as a
@@ -630,96 +361,6 @@ impl SilverTable {
         if self.pending.insert(key.clone(), op).is_none() {
             self.order.push(key);
         }
-        Ok(())
-    }
-
-    /// Adds rows of the initial load of transaction `tx`: `columns` are
-    /// the source columns (silver's types, in the relation's order, named
-    /// by `fields`). They are encoded on a task of their own into the
-    /// load's data files ([`LoadFile`]); the index learns their keys now.
-    pub(crate) async fn stage_load(
-        &mut self,
-        lake: &Lake,
-        tx: TxInfo,
-        fields: &[FieldRef],
-        columns: &[ArrayRef],
-        verbatim: &Verbatim,
-    ) -> Result<()> {
-        self.staged = true;
-        self.undo = None;
-        let rows = columns.first().map_or(0, |c| c.len());
-        let mut out: Vec<ArrayRef> = Vec::with_capacity(self.schema.fields().len());
-        for field in self.schema.fields() {
-            out.push(match field.name().as_str() {
-                VERBATIM => verbatim.array(field, rows)?,
-                COMMIT_LSN => Arc::new(Int64Array::from_value(tx.commit_lsn.0 as i64, rows)),
-                COMMIT_TS => {
-                    let DataType::Timestamp(_, zone) = field.data_type() else {
-                        return Err(lake_error(
-                            "the silver table's schema is not the one wal2iceberg writes",
-                            &self.ident,
-                        ));
-                    };
-                    Arc::new(
-                        TimestampMicrosecondArray::from_value(tx.commit_ts, rows)
-                            .with_timezone_opt(zone.clone()),
-                    )
-                }
-                _ => load_source_column(field, fields, columns, rows)
-                    .map_err(|e| e.with_context("table", &self.ident))?,
-            });
-        }
-        let key_columns: Vec<ArrayRef> = self.key_fields.iter().map(|&i| out[i].clone()).collect();
-        let keys = self
-            .codec
-            .encode_columns(&key_columns)
-            .map_err(|e| e.with_context("table", &self.ident))?;
-        let load = self.load.get_or_insert_with(|| Load {
-            file: None,
-            into_empty: self.index.is_empty() && self.pending.is_empty(),
-        });
-        if !load.into_empty {
-            // A table loaded again over rows it holds (not one wal2iceberg
-            // loaded) loses them by key; the keys are then new to the index.
-            for key in &keys {
-                if let Some(location) = self.index.remove(key)? {
-                    self.deletes.push(location);
-                }
-            }
-        }
-        let batch = RecordBatch::try_new(self.schema.clone(), out).map_err(|e| {
-            lake_error("cannot assemble the silver batch", &self.ident).with_source(e)
-        })?;
-        let (file, indexed) = match &mut load.file {
-            Some(open) => open,
-            None => {
-                let table = self.schema_changes.table(lake, &self.ident).await?;
-                let file = LoadFile::create(&table).await?;
-                let indexed = self.index.new_file(file.path().into())?;
-                load.file.insert((file, indexed))
-            }
-        };
-        let rows = (file.rows()..).zip(keys);
-        file.write(batch).await?;
-        if load.into_empty {
-            self.index.add_fresh_rows(indexed, rows)
-        } else {
-            self.index.add_new_rows(indexed, rows)
-        }
-        .map_err(|e| e.with_context("table", &self.ident))?;
-        if file.is_full() {
-            self.finish_load_file().await?;
-        }
-        self.write_deletes_when_full(lake).await
-    }
-
-    /// Closes the load's data file, which the index already knows.
-    async fn finish_load_file(&mut self) -> Result<()> {
-        let Some((file, indexed)) = self.load.as_mut().and_then(|l| l.file.take()) else {
-            return Ok(());
-        };
-        self.index.end_new_file(indexed);
-        self.written.push(file.close().await?);
         Ok(())
     }
 
@@ -877,55 +518,6 @@ impl SilverTable {
     }
 }
 
-/// The value of column `name`, at position `at` of the change's relation,
-/// in its after image; null when the relation no longer has the column.
-fn after_cell<'a>(change: &'a Change, at: Option<usize>, name: &str) -> Result<Option<&'a Value>> {
-    let Some(j) = at else {
-        return Ok(None);
-    };
-    match change.after.as_ref().and_then(|row| row.get(j)) {
-        None | Some(Datum::NotSent | Datum::Value(Value::Null)) => Ok(None),
-        Some(Datum::Value(v)) => Ok(Some(v)),
-        Some(Datum::UnchangedToast) => Err(change.unfilled(name)),
-    }
-}
-
-/// Arrow schema indices of the primary-key columns (silver's identifier
-/// fields), in column order: the order the source's key has.
-fn key_fields(table: &Table, schema: &ArrowSchema) -> Result<Vec<usize>> {
-    let iceberg = table.metadata().current_schema();
-    let mut fields = iceberg
-        .identifier_field_ids()
-        .map(|id| {
-            iceberg
-                .field_by_id(id)
-                .and_then(|f| schema.index_of(&f.name).ok())
-        })
-        .collect::<Option<Vec<usize>>>()
-        .filter(|fields| !fields.is_empty())
-        .ok_or_else(|| {
-            lake_error(
-                "the silver table has no primary key (identifier fields); wal2iceberg did not make it",
-                table.identifier(),
-            )
-        })?;
-    fields.sort_unstable();
-    Ok(fields)
-}
-
-/// The file's leaf columns that hold `keys` (top-level primitives), found
-/// as [`align`] finds them: by field id, or by name in a file without ids.
-fn key_projection(file: &SchemaDescriptor, keys: &ArrowSchema) -> ProjectionMask {
-    let leaves = file.columns().iter().enumerate().filter(|(_, column)| {
-        let info = column.self_type().get_basic_info();
-        keys.fields().iter().any(|key| match field_id(key) {
-            Some(id) if info.has_id() => info.id() == id,
-            _ => column.path().parts().first() == Some(key.name()),
-        })
-    });
-    ProjectionMask::leaves(file, leaves.map(|(i, _)| i))
-}
-
 /// The snapshot `committed` made, when it builds on `before` (no other
 /// writer's commit between): what an index exact at `before` is exact at
 /// once it took the commit's changes.
@@ -934,36 +526,6 @@ fn follows(before: Option<i64>, committed: &Table) -> Option<i64> {
     (snapshot.parent_snapshot_id() == before).then_some(snapshot.snapshot_id())
 }
 
-fn missing_image(change: &Change) -> Error {
-    Error::new(
-        ErrorKind::Protocol,
-        "a change lacks the row image its kind needs",
-    )
-    .with_context("table", &change.relation.name)
-    .with_context("lsn", change.lsn)
-}
-
 fn lake_error(message: &str, ident: &TableIdent) -> Error {
     Error::new(ErrorKind::Lake, message.to_owned()).with_context("table", ident)
-}
-
-/// The table's live data files with the delete files that apply to each,
-/// as a scan of its current snapshot plans them.
-async fn planned_files(table: &Table) -> Result<Vec<FileScanTask>> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot read the silver table").with_context("table", table.identifier())
-    };
-    if table.metadata().current_snapshot().is_none() {
-        return Ok(Vec::new());
-    }
-    table
-        .scan()
-        .build()
-        .map_err(context)?
-        .plan_files()
-        .await
-        .map_err(context)?
-        .try_collect()
-        .await
-        .map_err(context)
 }
