@@ -1,5 +1,6 @@
 use proptest::prelude::*;
 
+use super::persist::MANIFEST;
 use super::*;
 
 fn key(i: i64) -> Key {
