@@ -49,7 +49,6 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-
 use self::layers::{fitting, merge};
 use crate::blocking::blocking;
 use crate::error::{Error, ErrorKind, Result};
