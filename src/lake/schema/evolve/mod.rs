@@ -26,15 +26,22 @@
 //!   changed primary key, or a key column's type Iceberg cannot promote
 //!   ([`Mode::SilverReload`] then takes the source's key).
 
+mod before;
+mod holders;
+mod types;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use iceberg::TableUpdate;
-use iceberg::spec::{
-    ListType, NestedField, NestedFieldRef, PrimitiveType, Schema, StructType, Type,
-};
+use iceberg::spec::{NestedField, NestedFieldRef, PrimitiveType, Schema, Type};
 use iceberg::table::Table;
 
+use self::before::{Before, with};
+
+pub(crate) use self::holders::held_names;
+use self::holders::{attnum_record, holders, pairs_text, parse_pairs, recorded};
+use self::types::{depth_of, evolved_type, list_depth, promoted};
 use crate::cdc::relation::{ColumnInfo, RelationInfo};
 use crate::cdc::value::PgType;
 use crate::error::{Error, ErrorKind, Result};
@@ -191,18 +198,6 @@ fn plan(table: &Table, relation: &RelationInfo, mode: Mode) -> Result<Option<Evo
 struct Records<'a> {
     attnums: Option<&'a str>,
     retyped_ahead: Option<&'a str>,
-}
-
-/// The table's [`ATTNUMS`] text, when it is of the relation's table.
-fn recorded<'a>(table: &'a Table, relation: &RelationInfo) -> Option<&'a str> {
-    let properties = table.metadata().properties();
-    let of_relation = properties
-        .get(ATTNUMS_OF)
-        .is_none_or(|oid| *oid == relation.oid.to_string());
-    properties
-        .get(ATTNUMS)
-        .filter(|_| of_relation)
-        .map(String::as_str)
 }
 
 /// [`plan`] for a table of `schema`, whose highest field id ever is
@@ -543,286 +538,6 @@ fn retire_as(field: &NestedFieldRef, id: i32) -> NestedFieldRef {
     )
 }
 
-/// The name of the top-level field of `table` that holds each of the
-/// relation's columns, by its number where the table recorded it: a load
-/// whose relation is ahead of the table's stream ([`Mode::BronzeAhead`])
-/// names a column renamed since as the table does not yet, and one
-/// retyped since by the field that waits for it ([`RETYPED_AHEAD`]).
-pub(crate) fn held_names(table: &Table, relation: &RelationInfo) -> Vec<String> {
-    let metadata = table.metadata();
-    let schema = metadata.current_schema();
-    let recorded = recorded(table, relation).map(parse_pairs::<i16>);
-    let ahead: HashMap<i32, i32> = metadata
-        .properties()
-        .get(RETYPED_AHEAD)
-        .map(|text| parse_pairs(text))
-        .unwrap_or_default();
-    let holders = holders(schema, relation, recorded.as_ref());
-    let held: HashSet<&str> = holders.iter().flatten().map(|f| f.name.as_str()).collect();
-    holders
-        .iter()
-        .zip(&relation.columns)
-        .map(|(holder, column)| match holder {
-            Some(field) => {
-                let wanted = iceberg_type(column);
-                let waiting = promoted(&field.field_type, &wanted)
-                    .is_none()
-                    .then(|| waiting_for(schema, &ahead, field, &wanted))
-                    .flatten();
-                waiting.map_or(&field.name, |(f, _)| &f.name).clone()
-            }
-            // The table has no field for it yet; the name is another's.
-            None if held.contains(column.name.as_str()) => String::new(),
-            // Added under a dropped column's name: the field waiting for it
-            // ahead of the stream, not the dropped one's.
-            None => match schema.as_struct().field_by_name(&column.name) {
-                Some(dropped) => ahead
-                    .get(&dropped.id)
-                    .and_then(|id| schema.as_struct().fields().iter().find(|f| f.id == *id))
-                    .map_or_else(String::new, |waiting| waiting.name.clone()),
-                None => column.name.clone(),
-            },
-        })
-        .collect()
-}
-
-/// The field that holds each of the relation's columns, `None` for a new
-/// column: the one its attribute number was recorded with, else the field
-/// of its name that no other column holds by number.
-fn holders<'a>(
-    schema: &'a Schema,
-    relation: &RelationInfo,
-    recorded: Option<&HashMap<i16, i32>>,
-) -> Vec<Option<&'a NestedFieldRef>> {
-    let by_number: Vec<Option<&NestedFieldRef>> = relation
-        .columns
-        .iter()
-        .map(|c| {
-            let id = recorded?.get(&c.attnum?)?;
-            schema.as_struct().fields().iter().find(|f| f.id == *id)
-        })
-        .collect();
-    let claimed: HashSet<i32> = by_number.iter().flatten().map(|f| f.id).collect();
-    // Fields the record gives a column number: a column of another number
-    // is not theirs, whatever its name.
-    let numbered: HashSet<i32> = recorded
-        .into_iter()
-        .flat_map(|r| r.values().copied())
-        .collect();
-    relation
-        .columns
-        .iter()
-        .zip(by_number)
-        .map(|(c, held)| {
-            held.or_else(|| {
-                // A field another column holds by number is that column's
-                // (renamed); one recorded for a number no column has now
-                // is a dropped column's, which a column added again under
-                // its name does not continue. Without numbers, by name.
-                let field = schema.as_struct().field_by_name(&c.name)?;
-                let dropped = c.attnum.is_some() && numbered.contains(&field.id);
-                (!claimed.contains(&field.id) && !dropped).then_some(field)
-            })
-        })
-        .collect()
-}
-
-/// The type the field holding `column` takes: its own when the column's
-/// maps to it, the column's where Iceberg promotes one to the other.
-fn evolved_type(field: &NestedField, column: &ColumnInfo, relation: &RelationInfo) -> Result<Type> {
-    let wanted = iceberg_type(column);
-    promoted(&field.field_type, &wanted).ok_or_else(|| {
-        unsupported(
-            relation,
-            format!(
-                "column {:?} changed type: the table holds {}, the source now sends {wanted}",
-                field.name, field.field_type
-            ),
-        )
-    })
-}
-
-/// `held`, promoted where `wanted` is wider, kept where it is narrower
-/// (its values fit; a column narrowed at the source, or a relation of an
-/// earlier point than the table's schema); `None` where Iceberg cannot
-/// hold one as the other. Lists compare by their innermost elements: a
-/// table made before multi-dimensional arrays became nested lists keeps
-/// its list, and holds the values of more dimensions verbatim.
-fn promoted(held: &Type, wanted: &Type) -> Option<Type> {
-    use PrimitiveType::{Decimal, Double, Float, Int, Long};
-    match (held, wanted) {
-        (Type::List(list), Type::List(_)) => {
-            let element = &list.element_field;
-            let inner = match element.field_type.as_ref() {
-                Type::List(_) => promoted(&element.field_type, wanted)?,
-                t => promoted(t, innermost(wanted))?,
-            };
-            Some(Type::List(ListType::new(Arc::new(NestedField {
-                field_type: Box::new(inner),
-                ..element.as_ref().clone()
-            }))))
-        }
-        (Type::Primitive(a), Type::Primitive(b)) => {
-            let wider = match (a, b) {
-                _ if a == b => a,
-                (Int, Long) | (Float, Double) => b,
-                (Long, Int) | (Double, Float) => a,
-                (
-                    Decimal {
-                        precision: p,
-                        scale: s,
-                    },
-                    Decimal {
-                        precision: q,
-                        scale: t,
-                    },
-                ) if s == t => {
-                    if q > p {
-                        b
-                    } else {
-                        a
-                    }
-                }
-                _ => return None,
-            };
-            Some(Type::Primitive(wider.clone()))
-        }
-        _ => None,
-    }
-}
-
-/// What bronze's `_cdc_before` takes of an evolution, by the old names of
-/// the source columns it holds.
-struct Before<'a> {
-    /// The table's schema before the evolution.
-    top: &'a Schema,
-    /// [`Mode::BronzeAhead`]: promoted, not renamed.
-    keep_names: bool,
-    by_old_name: &'a HashMap<&'a str, &'a ColumnInfo>,
-    retired: &'a HashSet<&'a str>,
-    /// [`plan_schema`]'s names the columns take.
-    taken: &'a HashSet<&'a str>,
-    new_columns: &'a [&'a ColumnInfo],
-}
-
-impl Before<'_> {
-    /// The struct with its source columns renamed, promoted, retired and
-    /// added as at the top level.
-    fn evolve(
-        &self,
-        field: &NestedFieldRef,
-        relation: &RelationInfo,
-        ids: &mut FieldIds,
-    ) -> Result<NestedFieldRef> {
-        let Type::Struct(inner) = field.field_type.as_ref() else {
-            return Err(unsupported(relation, format!("{BEFORE} is not a struct")));
-        };
-        let mut children = Vec::new();
-        for child in inner.fields() {
-            match self.by_old_name.get(child.name.as_str()) {
-                Some(column) => {
-                    let child_type = evolved_type(child, column, relation)?;
-                    let name = match self.keep_names {
-                        true => &child.name,
-                        false => &column.name,
-                    };
-                    children.push(with(child, name, child_type));
-                }
-                None if self.retired.contains(child.name.as_str())
-                    || (!child.name.starts_with("_cdc_")
-                        && self.taken.contains(child.name.as_str())) =>
-                {
-                    // Under the name its top-level twin retires to, so
-                    // that the two keep one name should the column come
-                    // back to it (added again ahead of the stream).
-                    let twin = self.top.as_struct().field_by_name(&child.name);
-                    children.push(retire_as(child, twin.map_or(child.id, |f| f.id)));
-                }
-                None => children.push(child.clone()),
-            }
-        }
-        for column in self.new_columns {
-            let id = ids.take();
-            children.push(Arc::new(NestedField::optional(
-                id,
-                &column.name,
-                numbered_type(column, ids),
-            )));
-        }
-        Ok(with(field, BEFORE, Type::Struct(StructType::new(children))))
-    }
-}
-
-fn with(field: &NestedFieldRef, name: &str, field_type: Type) -> NestedFieldRef {
-    Arc::new(NestedField {
-        name: name.to_owned(),
-        field_type: Box::new(field_type),
-        ..field.as_ref().clone()
-    })
-}
-
-/// The record of [`ATTNUMS`] for the relation's columns: each held one's
-/// field, or the one added for it among `added`; a column whose number is
-/// unknown keeps the one `recorded` for its field.
-fn attnum_record(
-    relation: &RelationInfo,
-    holders: &[Option<&NestedFieldRef>],
-    added: &[NestedFieldRef],
-    recorded: Option<&HashMap<i16, i32>>,
-) -> String {
-    let pairs: Vec<(i16, i32)> = relation
-        .columns
-        .iter()
-        .zip(holders)
-        .filter_map(|(column, holder)| {
-            let id = match holder {
-                Some(field) => field.id,
-                None => added.iter().find(|f| f.name == column.name)?.id,
-            };
-            let number = column.attnum.or_else(|| {
-                recorded?
-                    .iter()
-                    .find(|(_, field)| **field == id)
-                    .map(|(number, _)| *number)
-            })?;
-            Some((number, id))
-        })
-        .collect();
-    // A dropped column's number, which PostgreSQL never gives another
-    // column of the table, stays with its field: a column added again
-    // under its name is told from it, in this batch or a later one.
-    let numbers: HashSet<i16> = relation.columns.iter().filter_map(|c| c.attnum).collect();
-    let ids: HashSet<i32> = pairs.iter().map(|(_, id)| *id).collect();
-    let dropped: Vec<(i16, i32)> = recorded
-        .into_iter()
-        .flatten()
-        .filter(|(number, id)| !numbers.contains(number) && !ids.contains(id))
-        .map(|(number, id)| (*number, *id))
-        .collect();
-    pairs_text([pairs, dropped].concat())
-}
-
-/// `a:b` pairs, sorted, comma-separated: [`ATTNUMS`], [`RETYPED_AHEAD`].
-fn pairs_text<K: Ord + std::fmt::Display>(mut pairs: Vec<(K, i32)>) -> String {
-    pairs.sort_unstable();
-    pairs
-        .iter()
-        .map(|(from, id)| format!("{from}:{id}"))
-        .collect::<Vec<_>>()
-        .join(",")
-}
-
-/// A table's [`ATTNUMS`] (field ids by attribute number) or
-/// [`RETYPED_AHEAD`] (field ids by field id).
-fn parse_pairs<K: std::str::FromStr + std::hash::Hash + Eq>(text: &str) -> HashMap<K, i32> {
-    text.split(',')
-        .filter_map(|pair| {
-            let (from, id) = pair.split_once(':')?;
-            Some((from.parse().ok()?, id.parse().ok()?))
-        })
-        .collect()
-}
-
 /// What changed in the primary key, when it changed: silver, whose rows
 /// are keyed by it, is then loaded anew ([`Mode::SilverReload`]). A
 /// relation that names no key (the key dropped, or renamed in a catalog
@@ -893,27 +608,6 @@ pub(crate) fn as_table_holds(relation: &RelationInfo, schema: &Schema) -> Relati
         }
     }
     relation
-}
-
-fn list_depth(t: &Type) -> usize {
-    match t {
-        Type::List(list) => 1 + list_depth(&list.element_field.field_type),
-        _ => 0,
-    }
-}
-
-fn depth_of(t: &PgType) -> usize {
-    match t {
-        PgType::Array(inner) => 1 + depth_of(inner),
-        _ => 0,
-    }
-}
-
-fn innermost(t: &Type) -> &Type {
-    match t {
-        Type::List(list) => innermost(&list.element_field.field_type),
-        t => t,
-    }
 }
 
 fn unsupported(relation: &RelationInfo, change: String) -> Error {
