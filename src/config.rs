@@ -4,6 +4,9 @@
 //! option, where it came from and the rule it broke; unknown keys are
 //! errors. docs/configuration.md lists every option.
 
+mod duration;
+mod layers;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,6 +14,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use self::duration::parse_duration;
+use self::layers::{from_env, from_file};
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{CatalogChoice, LakeLocation, namespace};
@@ -180,59 +185,6 @@ impl std::fmt::Debug for CatalogSetting {
     }
 }
 
-/// How a value is written in an environment variable.
-enum Kind {
-    Text,
-    List,
-    Integer,
-    Bool,
-    Map,
-}
-
-const KEYS: &[(&str, Kind)] = &[
-    ("source", Kind::Text),
-    ("tables", Kind::List),
-    ("slot", Kind::Text),
-    ("publication", Kind::Text),
-    ("lake", Kind::Text),
-    ("catalog", Kind::Text),
-    ("catalog_type", Kind::Text),
-    ("catalog_uri", Kind::Text),
-    ("catalog_name", Kind::Text),
-    ("warehouse", Kind::Text),
-    ("catalog_property", Kind::List),
-    ("namespace", Kind::Text),
-    ("state_dir", Kind::Text),
-    ("table_names", Kind::Map),
-    ("flush_interval", Kind::Text),
-    ("max_batch_rows", Kind::Integer),
-    ("max_batch_bytes", Kind::Integer),
-    ("atomic_commits", Kind::Bool),
-    ("compact_after_files", Kind::Integer),
-    ("load_connections", Kind::Integer),
-    ("snapshot_retention", Kind::Text),
-    ("retain_snapshots", Kind::Integer),
-    ("exit_when_idle", Kind::Text),
-    ("metrics_addr", Kind::Text),
-    ("log_format", Kind::Text),
-    ("proto_version", Kind::Integer),
-    ("streaming", Kind::Bool),
-    ("heartbeat_interval", Kind::Text),
-    ("retained_wal_warn_bytes", Kind::Integer),
-    ("storage_retry_deadline", Kind::Text),
-];
-
-/// Environment variables with the prefix that are not settings.
-const OTHER_VARIABLES: &[&str] = &[
-    "WAL2ICEBERG_PG_BIN",
-    #[cfg(feature = "failpoints")]
-    crate::failpoint::VARIABLE,
-    #[cfg(feature = "failpoints")]
-    crate::failpoint::STALL_VARIABLE,
-];
-
-const ENV_PREFIX: &str = "WAL2ICEBERG_";
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -305,94 +257,6 @@ impl Settings {
         options.streaming = self.streaming;
         options
     }
-}
-
-fn from_file(path: &Path) -> Result<Raw> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Error::new(ErrorKind::Config, "cannot read the config file")
-            .with_context("file", path.display())
-            .with_source(e)
-    })?;
-    toml::from_str(&text).map_err(|e| {
-        Error::new(
-            ErrorKind::Config,
-            format!("config file {}: {}", path.display(), e.message()),
-        )
-        .with_context(
-            "line",
-            e.span()
-                .map_or(0, |s| text[..s.start].matches('\n').count() + 1),
-        )
-    })
-}
-
-/// The `WAL2ICEBERG_*` variables as a layer, and which variable set each key.
-fn from_env(
-    vars: impl IntoIterator<Item = (String, String)>,
-) -> Result<(Raw, BTreeMap<String, String>)> {
-    let mut table = toml::Table::new();
-    let mut names = BTreeMap::new();
-    for (name, value) in vars {
-        let Some(key) = name.strip_prefix(ENV_PREFIX) else {
-            continue;
-        };
-        if OTHER_VARIABLES.contains(&name.as_str()) {
-            continue;
-        }
-        let key = key.to_ascii_lowercase();
-        let Some((_, kind)) = KEYS.iter().find(|(k, _)| *k == key) else {
-            return Err(Error::new(
-                ErrorKind::Config,
-                format!(
-                    "environment variable {name} is not a wal2iceberg setting (docs/configuration.md lists them)"
-                ),
-            ));
-        };
-        let bad = |rule: &str| {
-            Error::new(
-                ErrorKind::Config,
-                format!("environment variable {name} {rule}"),
-            )
-        };
-        let value = match kind {
-            Kind::Text => toml::Value::String(value),
-            Kind::List => toml::Value::Array(
-                value
-                    .split(',')
-                    .map(|s| toml::Value::String(s.trim().to_owned()))
-                    .collect(),
-            ),
-            Kind::Integer => toml::Value::Integer(
-                value
-                    .trim()
-                    .parse()
-                    .map_err(|_| bad("must be a whole number"))?,
-            ),
-            Kind::Bool => toml::Value::Boolean(match value.trim() {
-                "true" | "1" => true,
-                "false" | "0" => false,
-                _ => return Err(bad("must be true or false")),
-            }),
-            Kind::Map => {
-                let mut map = toml::Table::new();
-                for pair in value.split(',').filter(|p| !p.trim().is_empty()) {
-                    let (k, v) = pair
-                        .split_once('=')
-                        .ok_or_else(|| bad("must be source=name pairs separated by commas"))?;
-                    map.insert(
-                        k.trim().to_owned(),
-                        toml::Value::String(v.trim().to_owned()),
-                    );
-                }
-                toml::Value::Table(map)
-            }
-        };
-        names.insert(key.clone(), name.clone());
-        table.insert(key, value);
-    }
-    let raw = Raw::deserialize(table)
-        .map_err(|e| Error::new(ErrorKind::Config, format!("environment: {}", e.message())))?;
-    Ok((raw, names))
 }
 
 /// The merged raw values, as the file's keys, and where each came from.
@@ -754,68 +618,6 @@ impl Problems {
                 ),
             )),
         }
-    }
-}
-
-/// The longest value each duration setting takes. Past it a value is a
-/// typo, not an intent (`150000000000d` for `15d`), and would overflow a
-/// clock: a cutoff in the future expires every snapshot, a deadline past
-/// `Instant`'s range panics. The ceilings are generous on purpose.
-const LONGEST: &[(&str, Duration)] = &[
-    ("flush_interval", Duration::from_secs(3_600)),
-    ("heartbeat_interval", Duration::from_secs(86_400)),
-    ("exit_when_idle", Duration::from_secs(365 * 86_400)),
-    ("storage_retry_deadline", Duration::from_secs(30 * 86_400)),
-    ("snapshot_retention", Duration::from_secs(3_650 * 86_400)),
-    ("older_than", Duration::from_secs(3_650 * 86_400)),
-    ("wait", Duration::from_secs(30 * 86_400)),
-];
-
-/// The duration setting `key`: a number with an optional unit, `ms`, `s`
-/// (the default), `m`, `h` or `d` (`6`, `6s`, `500ms`, `1.5m`, `7d`), at
-/// most the setting's ceiling in [`LONGEST`].
-pub fn parse_duration(key: &str, text: &str) -> std::result::Result<Duration, String> {
-    let longest = LONGEST
-        .iter()
-        .find(|(k, _)| *k == key)
-        .map_or(Duration::from_secs(3_650 * 86_400), |(_, d)| *d);
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let scale = match unit.trim() {
-        "ms" => 0.001,
-        "" | "s" => 1.0,
-        "m" => 60.0,
-        "h" => 3600.0,
-        "d" => 86400.0,
-        other => {
-            return Err(format!(
-                "unknown unit {other:?} in {text:?}: use ms, s, m, h or d (6s, 500ms, 2m, 7d)"
-            ));
-        }
-    };
-    let value: f64 = number.parse().map_err(|_| {
-        format!("{text:?} is not a duration: use a number and a unit (6s, 500ms, 2m)")
-    })?;
-    match Duration::try_from_secs_f64(value * scale) {
-        Ok(d) if d <= longest => Ok(d),
-        _ => Err(format!(
-            "{text:?} is longer than the {} this setting takes at most",
-            human_duration(longest)
-        )),
-    }
-}
-
-/// `d` in the largest whole unit that states it exactly: `30d`, `1h`, `90s`.
-fn human_duration(d: Duration) -> String {
-    let secs = d.as_secs();
-    match secs {
-        s if s >= 86_400 && s % 86_400 == 0 => format!("{}d", s / 86_400),
-        s if s >= 3_600 && s % 3_600 == 0 => format!("{}h", s / 3_600),
-        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
     }
 }
 

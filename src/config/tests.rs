@@ -1,3 +1,5 @@
+use super::duration::LONGEST;
+use super::layers::{KEYS, Kind};
 use super::*;
 use crate::lake::catalog::db::CatalogDb;
 use crate::lake::catalog::uri::CatalogUri;
