@@ -57,6 +57,37 @@ impl DropTableReport {
     pub fn incomplete(&self) -> bool {
         matches!(self.publication, PublicationMembership::NotPermitted(_))
     }
+
+    /// What became of the table's Iceberg tables, its place in the
+    /// publication and its slot, a line each.
+    pub fn to_text(&self, options: &DropTableOptions) -> String {
+        let table = &options.table;
+        let mut text = String::new();
+        if self.dropped.is_empty() {
+            text += &format!("the lake holds no tables of {table}\n");
+        }
+        for ident in &self.dropped {
+            text += &format!("table {ident}: dropped, files deleted\n");
+        }
+        let fate = match &self.publication {
+            PublicationMembership::Removed => format!("{table} removed"),
+            PublicationMembership::NotAMember => format!("did not hold {table}"),
+            PublicationMembership::NotOurs => format!("kept {table} (not created by wal2iceberg)"),
+            PublicationMembership::NotPermitted(sql) => format!(
+                "still holds {table}: only its owner or a superuser may change it; as one, run: \
+                 {sql}"
+            ),
+        };
+        text += &format!("publication {}: {fate}\n", options.publication);
+        if let Some(slot) = &self.slot_left {
+            text += &format!(
+                "slot {slot}: the lake holds no other table from it, and it retains WAL until \
+                 dropped; if nothing else reads it, drop it (wal2iceberg teardown --slot \
+                 {slot}); until then a run of this lake on it is refused as another lake's\n"
+            );
+        }
+        text
+    }
 }
 
 pub async fn drop_table(config: &PgConfig, options: &DropTableOptions) -> Result<DropTableReport> {

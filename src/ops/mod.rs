@@ -1,7 +1,9 @@
 //! What operators run.
 //!
+//! - `cli`: the command line, which `src/main.rs` runs.
 //! - `compact`: compaction on demand, under the lake's writer lock.
 //! - `demo`: the seed walkthrough against a throwaway PostgreSQL.
+//! - `expire`: snapshot expiry on demand, under the lake's writer lock.
 //! - `drop_table`: one source table out of the lake and the publication.
 //! - `tail`: prints the decoded change stream as JSON lines.
 //! - `resync`: asks for one table's silver to be reloaded beside a running run.
@@ -14,9 +16,11 @@
 //! - `verify`: compares the source with bronze and silver at one position.
 //! - `scratch`: a throwaway PostgreSQL server for the demo and the tests.
 
+pub mod cli;
 pub mod compact;
 pub mod demo;
 pub mod drop_table;
+pub mod expire;
 pub mod resync;
 pub mod run;
 pub mod scratch;

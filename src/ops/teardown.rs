@@ -60,6 +60,45 @@ impl TeardownReport {
     pub fn incomplete(&self) -> bool {
         matches!(self.publication, Publication::NotPermitted(_))
     }
+
+    /// What became of each thing `options` named, a line each.
+    pub fn to_text(&self, options: &TeardownOptions) -> String {
+        let (slot, publication) = (&options.slot, &options.publication);
+        let mut text = format!(
+            "slot {slot}: {}\n",
+            if self.slot_dropped {
+                "dropped"
+            } else {
+                "did not exist"
+            }
+        );
+        for table in &self.released {
+            text += &format!(
+                "table {table}: kept; it no longer claims slot {slot}, so a slot made later \
+                 under that name is not taken for its own (its history cannot go on from a new \
+                 slot)\n"
+            );
+        }
+        let fate = match &self.publication {
+            Publication::Dropped => "dropped".to_owned(),
+            Publication::DidNotExist => "did not exist".to_owned(),
+            Publication::NotOurs => "kept (not created by wal2iceberg)".to_owned(),
+            Publication::SharedWith(slots) => format!(
+                "kept: other slots of this database may read it ({}); a teardown of the last one \
+                 drops it",
+                slots.join(", ")
+            ),
+            Publication::NotPermitted(sql) => format!(
+                "NOT dropped: only its owner or a superuser may; as one, run teardown again or: \
+                 {sql}"
+            ),
+        };
+        text += &format!("publication {publication}: {fate}\n");
+        for table in &self.tables_dropped {
+            text += &format!("table {table}: dropped\n");
+        }
+        text
+    }
 }
 
 pub async fn teardown(config: &PgConfig, options: &TeardownOptions) -> Result<TeardownReport> {

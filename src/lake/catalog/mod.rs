@@ -371,6 +371,23 @@ impl Lake {
         )
     }
 
+    /// The tables `names` name ([`Lake::resolve_table`]), or when none is
+    /// named every table of `namespace` ([`Lake::tables`]).
+    pub async fn tables_named(
+        &self,
+        names: &[String],
+        namespace: Option<&str>,
+    ) -> Result<Vec<TableIdent>> {
+        if names.is_empty() {
+            return self.tables(namespace).await;
+        }
+        let mut idents = Vec::new();
+        for name in names {
+            idents.push(self.resolve_table(name, namespace).await?);
+        }
+        Ok(idents)
+    }
+
     /// The table `name` names: `namespace.table`, or `table` in
     /// `namespace`, or in the lake's only namespace.
     pub async fn resolve_table(&self, name: &str, namespace: Option<&str>) -> Result<TableIdent> {
