@@ -1,4 +1,5 @@
 use super::fixtures::{column, relation};
+use super::noted::REWRITE_ACCESS_METHOD;
 use super::*;
 
 #[test]
