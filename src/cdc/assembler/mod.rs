@@ -16,8 +16,9 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt, BufReader, BufWriter};
+use tokio::io::AsyncReadExt;
 
+use self::spool::{Replay, Spool};
 use super::event::{BeforeImage, Change, Datum, Event, ImageKind, Op, TxInfo};
 use super::partition_rows::{self, PartitionRow};
 use super::relation::{self, Catalog, Describe, RelationCache, RelationInfo, TupleRole};
@@ -26,69 +27,6 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::Lsn;
 use crate::model::TableName;
 use crate::pg::pgoutput::{Decoder, Message, OldTupleKind};
-
-/// Spooled messages of one streamed top-level transaction.
-struct Spool {
-    writer: BufWriter<tokio::fs::File>,
-    /// Subtransactions rolled back while streaming: their messages are skipped.
-    aborted: HashSet<u32>,
-    messages: u64,
-}
-
-impl Spool {
-    fn create() -> Result<Spool> {
-        let file = tempfile::tempfile().map_err(|e| {
-            Error::new(
-                ErrorKind::Io,
-                "cannot create a spool file for a streamed transaction",
-            )
-            .with_source(e)
-        })?;
-        Ok(Spool {
-            writer: BufWriter::new(tokio::fs::File::from_std(file)),
-            aborted: HashSet::new(),
-            messages: 0,
-        })
-    }
-
-    /// Frame: wal_start u64, subxid u32, length u32, payload.
-    async fn append(&mut self, lsn: Lsn, subxid: u32, payload: &[u8]) -> Result<()> {
-        let len = u32::try_from(payload.len())
-            .map_err(|_| Error::new(ErrorKind::Protocol, "a streamed message exceeds 4 GiB"))?;
-        self.writer.write_u64(lsn.0).await?;
-        self.writer.write_u32(subxid).await?;
-        self.writer.write_u32(len).await?;
-        self.writer.write_all(payload).await?;
-        self.messages += 1;
-        Ok(())
-    }
-
-    async fn into_replay(mut self, tx: TxInfo, end_lsn: Lsn) -> Result<Replay> {
-        self.writer.flush().await?;
-        let mut file = self.writer.into_inner();
-        file.rewind().await?;
-        Ok(Replay {
-            reader: BufReader::new(file),
-            remaining: self.messages,
-            aborted: self.aborted,
-            decoder: Decoder::streamed(),
-            tx,
-            end_lsn,
-            seq: 0,
-        })
-    }
-}
-
-/// A committed streamed transaction being read back from its spool.
-struct Replay {
-    reader: BufReader<tokio::fs::File>,
-    remaining: u64,
-    aborted: HashSet<u32>,
-    decoder: Decoder,
-    tx: TxInfo,
-    end_lsn: Lsn,
-    seq: u64,
-}
 
 /// The transaction whose messages are passing through now.
 struct OpenTx {
@@ -644,5 +582,6 @@ fn out_of_order(what: &str, lsn: Lsn) -> Error {
 mod ddl;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod script;
+mod spool;
 #[cfg(test)]
 mod tests;
