@@ -19,23 +19,75 @@ use self::layers::{from_env, from_file};
 use crate::cdc::capture::{CaptureOptions, DEFAULT_PUBLICATION, DEFAULT_SLOT};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{CatalogChoice, LakeLocation, namespace};
-use crate::lake::maintenance::compaction::DEFAULT_AFTER_FILES;
-use crate::lake::maintenance::expire::{DEFAULT_RETENTION, Retention};
+use crate::lake::maintenance::expire::Retention;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
 
-/// Flush a batch at least this often while changes arrive.
-pub(crate) const DEFAULT_FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// Flush once a batch holds this many changes (at the next transaction end).
-pub(crate) const DEFAULT_MAX_BATCH_ROWS: usize = 100_000;
-/// Flush once a batch holds about this many bytes of values.
-pub(crate) const DEFAULT_MAX_BATCH_BYTES: usize = 128 << 20;
-/// Connections reading the initial load, when there are that many tables.
-pub(crate) const DEFAULT_LOAD_CONNECTIONS: usize = 2;
-/// Transient storage faults are retried this long with no commit landing.
-pub(crate) const DEFAULT_STORAGE_RETRY_DEADLINE: Duration = Duration::from_secs(300);
-/// Warn when the slot keeps more WAL than this on the source's disk.
-pub(crate) const DEFAULT_RETAINED_WAL_WARN_BYTES: u64 = 1 << 30;
+/// How a run goes about its work, whatever it replicates: when it
+/// commits, compacts, expires, warns and gives up. `Settings` holds one
+/// and the pipeline's options the same one (`RunOptions::run`); each
+/// default is in [`RunSettings::DEFAULT`], beside its field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunSettings {
+    /// Commit a batch at least this often while changes arrive.
+    pub flush_interval: Duration,
+    /// Commit once a batch holds this many changes (at the next
+    /// transaction end).
+    pub max_batch_rows: usize,
+    /// Commit once a batch holds about this many bytes of values.
+    pub max_batch_bytes: usize,
+    /// Commit every table of a batch in one catalog commit, all or none
+    /// (`apply::flush`); else table by table, bronze then silver.
+    pub atomic_commits: bool,
+    /// Compact silver after a commit once this many data files were
+    /// committed since its last compaction, or it holds this many delete
+    /// files, and bronze every this many commits; 0 never
+    /// (src/lake/maintenance/compaction.rs, src/lake/table/silver/compaction.rs).
+    pub compact_after_files: usize,
+    /// Connections that read the initial load's tables in parallel, each a
+    /// table at a time, all in the slot's snapshot.
+    pub load_connections: usize,
+    /// Which snapshots the automatic expiry keeps; it runs for both tables
+    /// of a source table after silver's compaction, and every
+    /// `apply::EXPIRE_EVERY_COMMITS` commits.
+    pub retention: Retention,
+    /// Drain, commit, confirm and return once no change came for this long.
+    pub exit_when_idle: Option<Duration>,
+    /// Emit a logical message this often, so that the slot advances where
+    /// only other databases write WAL.
+    pub heartbeat_interval: Option<Duration>,
+    /// Warn when the slot keeps more WAL than this on the source's disk.
+    pub retained_wal_warn_bytes: u64,
+    /// How long the run retries the lake's storage while it fails for the
+    /// moment (timeouts, resets, 5xx, throttling) and no commit lands,
+    /// before it exits with the error.
+    pub storage_retry_deadline: Duration,
+}
+
+impl RunSettings {
+    pub const DEFAULT: RunSettings = RunSettings {
+        flush_interval: Duration::from_secs(1),
+        max_batch_rows: 100_000,
+        max_batch_bytes: 128 << 20,
+        atomic_commits: true,
+        compact_after_files: 16,
+        load_connections: 2,
+        retention: Retention {
+            older_than: Duration::from_secs(3600),
+            retain_last: 10,
+        },
+        exit_when_idle: None,
+        heartbeat_interval: None,
+        retained_wal_warn_bytes: 1 << 30,
+        storage_retry_deadline: Duration::from_secs(300),
+    };
+}
+
+impl Default for RunSettings {
+    fn default() -> RunSettings {
+        RunSettings::DEFAULT
+    }
+}
 
 /// One layer of raw values, as written in a file, the environment or
 /// flags: the settings' one definition, which clap reads as flags and
@@ -208,28 +260,12 @@ pub struct Settings {
     pub state_dir: PathBuf,
     /// Iceberg names chosen for source tables, instead of the default.
     pub table_names: BTreeMap<TableName, String>,
-    pub(crate) flush_interval: Duration,
-    pub(crate) max_batch_rows: usize,
-    pub(crate) max_batch_bytes: usize,
-    /// Every table of a batch in one catalog commit.
-    pub(crate) atomic_commits: bool,
-    /// Compact silver once this many data files were committed since its
-    /// last compaction, or it holds this many delete files, and bronze
-    /// every this many commits; 0 never.
-    pub(crate) compact_after_files: usize,
-    /// Connections reading the initial load's tables in parallel.
-    pub(crate) load_connections: usize,
-    /// Which snapshots the automatic expiry keeps.
-    pub(crate) retention: Retention,
-    pub exit_when_idle: Option<Duration>,
+    /// How a run goes about its work.
+    pub run: RunSettings,
     pub metrics_addr: Option<SocketAddr>,
     pub log_format: LogFormat,
     pub(crate) proto_version: u32,
     pub(crate) streaming: bool,
-    pub(crate) heartbeat_interval: Option<Duration>,
-    pub(crate) retained_wal_warn_bytes: u64,
-    /// How long transient storage faults are retried with no commit.
-    pub(crate) storage_retry_deadline: Duration,
 }
 
 impl Settings {
@@ -442,19 +478,20 @@ impl Merged {
                 )
             }))
         });
+        let defaults = RunSettings::DEFAULT;
         let retained_wal_warn_bytes = match raw.retained_wal_warn_bytes {
-            None => DEFAULT_RETAINED_WAL_WARN_BYTES,
+            None => defaults.retained_wal_warn_bytes,
             Some(n) if n >= 0 => n as u64,
             Some(n) => {
                 problems.add(self.error(
                     "retained_wal_warn_bytes",
                     format!("must not be negative, not {n}"),
                 ));
-                DEFAULT_RETAINED_WAL_WARN_BYTES
+                defaults.retained_wal_warn_bytes
             }
         };
         let compact_after_files = match raw.compact_after_files {
-            None => DEFAULT_AFTER_FILES,
+            None => defaults.compact_after_files,
             Some(n) => problems
                 .take(usize::try_from(n).map_err(|_| {
                     self.error(
@@ -462,7 +499,7 @@ impl Merged {
                         format!("must be 0 (never) or more, not {n}"),
                     )
                 }))
-                .unwrap_or(DEFAULT_AFTER_FILES),
+                .unwrap_or(defaults.compact_after_files),
         };
         let mut duration = |key: &str, value: Option<&String>, default: Option<Duration>| {
             problems
@@ -473,12 +510,12 @@ impl Merged {
         let flush_interval = duration(
             "flush_interval",
             raw.flush_interval.as_ref(),
-            Some(DEFAULT_FLUSH_INTERVAL),
+            Some(defaults.flush_interval),
         );
         let older_than = duration(
             "snapshot_retention",
             raw.snapshot_retention.as_ref(),
-            Some(DEFAULT_RETENTION.older_than),
+            Some(defaults.retention.older_than),
         );
         let exit_when_idle = duration("exit_when_idle", raw.exit_when_idle.as_ref(), None);
         let heartbeat_interval =
@@ -486,28 +523,32 @@ impl Merged {
         let storage_retry_deadline = duration(
             "storage_retry_deadline",
             raw.storage_retry_deadline.as_ref(),
-            Some(DEFAULT_STORAGE_RETRY_DEADLINE),
+            Some(defaults.storage_retry_deadline),
         );
         let mut positive = |key: &str, value: Option<i64>, default: usize| {
             problems
                 .take(self.positive(key, value, default))
                 .unwrap_or(default)
         };
-        let max_batch_rows = positive("max_batch_rows", raw.max_batch_rows, DEFAULT_MAX_BATCH_ROWS);
+        let max_batch_rows = positive(
+            "max_batch_rows",
+            raw.max_batch_rows,
+            defaults.max_batch_rows,
+        );
         let max_batch_bytes = positive(
             "max_batch_bytes",
             raw.max_batch_bytes,
-            DEFAULT_MAX_BATCH_BYTES,
+            defaults.max_batch_bytes,
         );
         let load_connections = positive(
             "load_connections",
             raw.load_connections,
-            DEFAULT_LOAD_CONNECTIONS,
+            defaults.load_connections,
         );
         let retain_last = positive(
             "retain_snapshots",
             raw.retain_snapshots,
-            DEFAULT_RETENTION.retain_last,
+            defaults.retention.retain_last,
         );
         let lake = problems.take(self.lake(raw));
         problems.finish()?;
@@ -530,25 +571,27 @@ impl Merged {
             lake,
             namespace: raw.namespace.clone(),
             table_names,
-            flush_interval: flush_interval.unwrap_or(DEFAULT_FLUSH_INTERVAL),
-            max_batch_rows,
-            max_batch_bytes,
-            atomic_commits: raw.atomic_commits.unwrap_or(true),
-            compact_after_files,
-            load_connections,
-            retention: Retention {
-                older_than: older_than.unwrap_or(DEFAULT_RETENTION.older_than),
-                retain_last,
+            run: RunSettings {
+                flush_interval: flush_interval.unwrap_or(defaults.flush_interval),
+                max_batch_rows,
+                max_batch_bytes,
+                atomic_commits: raw.atomic_commits.unwrap_or(defaults.atomic_commits),
+                compact_after_files,
+                load_connections,
+                retention: Retention {
+                    older_than: older_than.unwrap_or(defaults.retention.older_than),
+                    retain_last,
+                },
+                exit_when_idle,
+                heartbeat_interval,
+                retained_wal_warn_bytes,
+                storage_retry_deadline: storage_retry_deadline
+                    .unwrap_or(defaults.storage_retry_deadline),
             },
-            exit_when_idle,
             metrics_addr,
             log_format,
             proto_version,
             streaming,
-            heartbeat_interval,
-            retained_wal_warn_bytes,
-            storage_retry_deadline: storage_retry_deadline
-                .unwrap_or(DEFAULT_STORAGE_RETRY_DEADLINE),
         })
     }
 

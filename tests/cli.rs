@@ -1164,7 +1164,7 @@ async fn check_beside_a_running_run_says_a_run_holds_the_slot_and_exits_3() {
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("held");
     let mut opts = run_options(&db, &["customers"], &slot, dir.path());
-    opts.exit_when_idle = None;
+    opts.run.exit_when_idle = None;
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { wal2iceberg::apply::run(&config, &opts).await });
@@ -2056,7 +2056,7 @@ async fn drop_table_takes_one_table_out_of_the_lake_and_the_publication_and_it_c
 
     // Beside a running run: refused, nothing dropped.
     let mut streaming = run_options(&db, &["customers", "orders"], &slot, dir.path());
-    streaming.exit_when_idle = None;
+    streaming.run.exit_when_idle = None;
     let shutdown = streaming.shutdown.clone();
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { wal2iceberg::apply::run(&config, &streaming).await });

@@ -32,7 +32,7 @@ async fn eight_runs_started_at_once_on_a_fresh_database_all_load_and_stream() {
         }
         // Stopped once all confirmed the streamed changes: an idle exit
         // could end a run before the slowest of eight started.
-        opts.exit_when_idle = None;
+        opts.run.exit_when_idle = None;
         stops.push(opts.shutdown.clone());
         let config = db.config.clone();
         lakes.push((

@@ -305,7 +305,7 @@ async fn rows_a_partition_held_when_attached_reach_the_lake_at_the_attach_whethe
 
     // While streaming: a partition attached, its rows changed at once.
     let mut streaming = run_options(&db, &["ev"], &slot, dir.path());
-    streaming.exit_when_idle = None;
+    streaming.run.exit_when_idle = None;
     let shutdown = streaming.shutdown.clone();
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { run(&config, &streaming).await });

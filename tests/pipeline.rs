@@ -607,9 +607,9 @@ async fn a_large_transaction_is_spread_over_files_and_committed_as_one_snapshot(
         .await;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = options_for(&db, &["big"], &unique("big"), dir.path());
-    opts.max_batch_rows = 1;
+    opts.run.max_batch_rows = 1;
     // The snapshot read below is the transaction's, not a compaction's.
-    opts.compact_after_files = 0;
+    opts.run.compact_after_files = 0;
     run(&db.config, &opts).await.unwrap();
     db.exec(
         "BEGIN;
@@ -740,13 +740,13 @@ async fn a_hundred_batches_of_random_changes_on_100k_rows_read_back_correct() {
 
     // One source transaction per batch: a batch is flushed at the first
     // commit that reaches a batch limit, here the bytes.
-    opts.max_batch_bytes = 1;
-    opts.flush_interval = Duration::from_secs(60);
-    opts.exit_when_idle = Some(Duration::from_secs(3));
+    opts.run.max_batch_bytes = 1;
+    opts.run.flush_interval = Duration::from_secs(60);
+    opts.run.exit_when_idle = Some(Duration::from_secs(3));
     // Compaction of both tables every eighth file, expiry of all but the
     // newest three snapshots after each.
-    opts.compact_after_files = 8;
-    opts.retention = wal2iceberg::lake::maintenance::expire::Retention {
+    opts.run.compact_after_files = 8;
+    opts.run.retention = wal2iceberg::lake::maintenance::expire::Retention {
         older_than: Duration::ZERO,
         retain_last: 3,
     };
@@ -817,8 +817,8 @@ async fn the_slot_keeps_advancing_while_the_published_tables_are_quiet() {
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("quiet");
     let mut opts = options(&db, &slot, dir.path());
-    opts.exit_when_idle = None;
-    opts.heartbeat_interval = Some(Duration::from_millis(500));
+    opts.run.exit_when_idle = None;
+    opts.run.heartbeat_interval = Some(Duration::from_millis(500));
     opts.monitor_interval = Duration::from_millis(200);
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();
@@ -858,7 +858,7 @@ async fn a_terminated_walsender_is_reconnected_and_nothing_is_lost_or_repeated()
     let dir = tempfile::tempdir().unwrap();
     let slot = unique("reconnect");
     let mut opts = options(&db, &slot, dir.path());
-    opts.exit_when_idle = None;
+    opts.run.exit_when_idle = None;
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { run(&config, &opts).await });
@@ -1154,7 +1154,7 @@ async fn a_column_added_with_a_default_reaches_the_rows_before_it_in_silver_by_a
 
     // While a run streams.
     let mut streaming = options_for(&db, &["customers"], &slot, dir.path());
-    streaming.exit_when_idle = None;
+    streaming.run.exit_when_idle = None;
     let shutdown = streaming.shutdown.clone();
     let config = db.config.clone();
     let pipeline = tokio::spawn(async move { run(&config, &streaming).await });

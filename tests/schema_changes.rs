@@ -123,7 +123,7 @@ pub(crate) async fn streaming(
     idle_secs: u64,
 ) -> Running {
     let mut options = run_options(db, tables, slot, lake);
-    options.exit_when_idle = Some(Duration::from_secs(idle_secs));
+    options.run.exit_when_idle = Some(Duration::from_secs(idle_secs));
     spawn_run(db, options).await
 }
 
@@ -137,7 +137,7 @@ pub(crate) async fn streaming_until_stopped(
     lake: &std::path::Path,
 ) -> (Running, Shutdown) {
     let mut options = run_options(db, tables, slot, lake);
-    options.exit_when_idle = None;
+    options.run.exit_when_idle = None;
     let stop = options.shutdown.clone();
     (spawn_run(db, options).await, stop)
 }

@@ -249,7 +249,7 @@ async fn a_fast_shutdown_of_the_source_is_answered_with_a_mark_at_once() {
     customers(&db).await;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = run_options(&db, &["customers"], &unique("shutdown"), dir.path());
-    opts.exit_when_idle = None;
+    opts.run.exit_when_idle = None;
     let slot = opts.capture.slot.clone();
     let shutdown = opts.shutdown.clone();
     let config = db.config.clone();

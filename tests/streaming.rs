@@ -7,6 +7,7 @@ use wal2iceberg::apply::{RunOptions, run};
 use wal2iceberg::cdc::capture::CaptureOptions;
 use wal2iceberg::cdc::event::{Event, Op};
 use wal2iceberg::cdc::stream::Next;
+use wal2iceberg::config::RunSettings;
 
 use crate::support::alloc;
 use crate::support::*;
@@ -112,8 +113,11 @@ async fn a_run_that_exits_when_idle_waits_for_an_open_streamed_transaction() {
     capture.streaming = true;
     let options = RunOptions {
         namespace: Some("shop".into()),
-        flush_interval: Duration::from_millis(200),
-        exit_when_idle: Some(Duration::from_secs(1)),
+        run: RunSettings {
+            flush_interval: Duration::from_millis(200),
+            exit_when_idle: Some(Duration::from_secs(1)),
+            ..RunSettings::DEFAULT
+        },
         ..RunOptions::new(capture, lake.path().to_owned())
     };
     run(&db.config, &options).await.unwrap();

@@ -149,6 +149,7 @@ mod lake {
     use std::time::Duration;
 
     use wal2iceberg::apply::{RunOptions, run};
+    use wal2iceberg::config::RunSettings;
 
     use crate::support::*;
 
@@ -184,8 +185,11 @@ mod lake {
     fn options(db: &TestDb, tables: &[&str], lake: &std::path::Path) -> RunOptions {
         RunOptions {
             namespace: Some("shop".into()),
-            flush_interval: Duration::from_millis(200),
-            exit_when_idle: Some(Duration::from_secs(2)),
+            run: RunSettings {
+                flush_interval: Duration::from_millis(200),
+                exit_when_idle: Some(Duration::from_secs(2)),
+                ..RunSettings::DEFAULT
+            },
             ..RunOptions::new(db.options(tables), lake.to_owned())
         }
     }

@@ -124,7 +124,7 @@ impl Pipeline<'_> {
         let mut progress = ProgressLog::new();
         let tx = load.tx();
         let mut load = load
-            .in_parallel(config, options.load_connections, move |rows| {
+            .in_parallel(config, options.run.load_connections, move |rows| {
                 LoadBatch::decode(rows, tx.commit_lsn)
             })
             .await?;

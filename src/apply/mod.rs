@@ -25,14 +25,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::cdc::capture::CaptureOptions;
-use crate::config::{
-    DEFAULT_FLUSH_INTERVAL, DEFAULT_LOAD_CONNECTIONS, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_BATCH_ROWS, DEFAULT_RETAINED_WAL_WARN_BYTES, DEFAULT_STORAGE_RETRY_DEADLINE,
-    Settings,
-};
+use crate::config::{RunSettings, Settings};
 use crate::lake::catalog::LakeLocation;
-use crate::lake::maintenance::compaction::DEFAULT_AFTER_FILES;
-use crate::lake::maintenance::expire::{DEFAULT_RETENTION, Retention};
 use crate::model::Lsn;
 use crate::model::TableName;
 use crate::shutdown::Shutdown;
@@ -74,35 +68,10 @@ pub struct RunOptions {
     pub namespace: Option<String>,
     /// Iceberg names chosen for source tables instead of [`iceberg_name`].
     pub table_names: BTreeMap<TableName, String>,
-    pub flush_interval: Duration,
-    pub max_batch_rows: usize,
-    pub max_batch_bytes: usize,
-    /// Commit every table of a batch in one catalog commit, all or none
-    /// (`apply::flush`); else table by table, bronze then silver.
-    pub atomic_commits: bool,
-    /// Compact silver after a commit once this many data files were
-    /// committed since its last compaction, or it holds this many delete
-    /// files, and bronze every this many commits; 0 never
-    /// (src/lake/maintenance/compaction.rs, src/lake/table/silver/compaction.rs).
-    pub compact_after_files: usize,
-    /// Which snapshots the automatic expiry keeps; it runs for both tables
-    /// of a source table after silver's compaction, and every
-    /// [`EXPIRE_EVERY_COMMITS`] commits.
-    pub retention: Retention,
-    /// Drain, commit, confirm and return once no change came for this long.
-    pub exit_when_idle: Option<Duration>,
-    /// Heartbeat and retained-WAL warnings while streaming.
-    pub heartbeat_interval: Option<Duration>,
-    pub retained_wal_warn_bytes: u64,
-    /// How long the run retries the lake's storage while it fails for the
-    /// moment (timeouts, resets, 5xx, throttling) and no commit lands, before
-    /// it exits with the error.
-    pub storage_retry_deadline: Duration,
+    /// How the run goes about its work: the settings' own.
+    pub run: RunSettings,
     /// How often the slot's state is read for metrics and warnings.
     pub monitor_interval: Duration,
-    /// Connections that read the initial load's tables in parallel, each a
-    /// table at a time, all in the slot's snapshot.
-    pub load_connections: usize,
     /// Stop at the next safe point once requested: commit the batch if it
     /// holds only complete transactions, abandon it (to be streamed again
     /// after a restart) if a transaction is still arriving.
@@ -120,18 +89,8 @@ impl RunOptions {
             lake,
             namespace: None,
             table_names: BTreeMap::new(),
-            flush_interval: DEFAULT_FLUSH_INTERVAL,
-            max_batch_rows: DEFAULT_MAX_BATCH_ROWS,
-            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
-            atomic_commits: true,
-            compact_after_files: DEFAULT_AFTER_FILES,
-            retention: DEFAULT_RETENTION,
-            exit_when_idle: None,
-            heartbeat_interval: None,
-            retained_wal_warn_bytes: DEFAULT_RETAINED_WAL_WARN_BYTES,
-            storage_retry_deadline: DEFAULT_STORAGE_RETRY_DEADLINE,
+            run: RunSettings::DEFAULT,
             monitor_interval: monitor::DEFAULT_INTERVAL,
-            load_connections: DEFAULT_LOAD_CONNECTIONS,
             shutdown: Shutdown::default(),
         }
     }
@@ -145,18 +104,8 @@ impl RunOptions {
             state_dir: settings.state_dir.clone(),
             namespace: settings.namespace.clone(),
             table_names: settings.table_names.clone(),
-            flush_interval: settings.flush_interval,
-            max_batch_rows: settings.max_batch_rows,
-            max_batch_bytes: settings.max_batch_bytes,
-            atomic_commits: settings.atomic_commits,
-            compact_after_files: settings.compact_after_files,
-            retention: settings.retention,
-            exit_when_idle: settings.exit_when_idle,
-            heartbeat_interval: settings.heartbeat_interval,
-            retained_wal_warn_bytes: settings.retained_wal_warn_bytes,
-            storage_retry_deadline: settings.storage_retry_deadline,
+            run: settings.run.clone(),
             monitor_interval: monitor::DEFAULT_INTERVAL,
-            load_connections: settings.load_connections,
             shutdown: Shutdown::default(),
         }
     }

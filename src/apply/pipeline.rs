@@ -112,7 +112,7 @@ impl<'r> Pipeline<'r> {
         report: &'r mut RunReport,
     ) -> Pipeline<'r> {
         // Where the catalog has them (docs/configuration.md).
-        let atomic_commits = options.atomic_commits && lake.commits_tables_together();
+        let atomic_commits = options.run.atomic_commits && lake.commits_tables_together();
         Pipeline {
             lake,
             namespace,
@@ -125,8 +125,8 @@ impl<'r> Pipeline<'r> {
             committed: BTreeMap::new(),
             batch_end: None,
             atomic_commits,
-            compact_after_files: options.compact_after_files,
-            retention: options.retention,
+            compact_after_files: options.run.compact_after_files,
+            retention: options.run.retention,
             state_dir: options.state_dir.clone(),
             resyncing: HashMap::new(),
             resync_asked: false,
@@ -258,7 +258,8 @@ impl Pipeline<'_> {
                         && self.batch_changes == 0
                         && self.batch_end.is_none()
                         && now
-                            >= policy.last_event + options.flush_interval * IDLE_COMPACTION_FLUSHES;
+                            >= policy.last_event
+                                + options.run.flush_interval * IDLE_COMPACTION_FLUSHES;
                     if quiet {
                         settled = !self.compact_idle().await?;
                     }

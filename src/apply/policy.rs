@@ -53,10 +53,10 @@ pub(super) struct FlushPolicy {
 impl FlushPolicy {
     pub(super) fn new(options: &RunOptions, now: Instant) -> FlushPolicy {
         FlushPolicy {
-            interval: options.flush_interval,
-            max_rows: options.max_batch_rows,
-            max_bytes: options.max_batch_bytes,
-            exit_when_idle: options.exit_when_idle,
+            interval: options.run.flush_interval,
+            max_rows: options.run.max_batch_rows,
+            max_bytes: options.run.max_batch_bytes,
+            exit_when_idle: options.run.exit_when_idle,
             in_tx: false,
             in_streamed_tx: false,
             caught_up: false,
@@ -180,9 +180,9 @@ mod tests {
 
     fn policy(now: Instant) -> FlushPolicy {
         let mut options = RunOptions::new(CaptureOptions::new(Vec::new()), PathBuf::new());
-        options.flush_interval = Duration::from_secs(1);
-        options.max_batch_rows = 100;
-        options.exit_when_idle = Some(Duration::from_secs(5));
+        options.run.flush_interval = Duration::from_secs(1);
+        options.run.max_batch_rows = 100;
+        options.run.exit_when_idle = Some(Duration::from_secs(5));
         let mut policy = FlushPolicy::new(&options, now);
         policy.read_source(true);
         policy

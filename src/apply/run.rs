@@ -69,7 +69,7 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
         let ended = match &storage {
             Some(streak) => {
                 streak
-                    .bounded(attempt, options.storage_retry_deadline)
+                    .bounded(attempt, options.run.storage_retry_deadline)
                     .await
             }
             None => attempt.await,
@@ -96,10 +96,10 @@ pub async fn run(config: &PgConfig, options: &RunOptions) -> Result<RunReport> {
                     Some(streak) if !streak.committed_since() => streak,
                     _ => StorageStreak::new(),
                 };
-                let Some(wait) = streak.next_wait(options.storage_retry_deadline) else {
+                let Some(wait) = streak.next_wait(options.run.storage_retry_deadline) else {
                     return Err(streak.gave_up().with_source(err));
                 };
-                tracing::warn!(error = %err, attempt = streak.attempt, retry_in = ?wait, gives_up_in = ?options.storage_retry_deadline.saturating_sub(streak.since.elapsed()), "the lake's storage failed for the moment; starting again");
+                tracing::warn!(error = %err, attempt = streak.attempt, retry_in = ?wait, gives_up_in = ?options.run.storage_retry_deadline.saturating_sub(streak.since.elapsed()), "the lake's storage failed for the moment; starting again");
                 tokio::time::sleep(wait).await;
                 storage = Some(streak);
             }
@@ -522,8 +522,8 @@ async fn run_once(
         MonitorOptions {
             slot: options.capture.slot.clone(),
             interval: options.monitor_interval,
-            heartbeat: options.heartbeat_interval,
-            retained_wal_warn_bytes: options.retained_wal_warn_bytes,
+            heartbeat: options.run.heartbeat_interval,
+            retained_wal_warn_bytes: options.run.retained_wal_warn_bytes,
         },
     )
     .await?;

@@ -58,9 +58,9 @@ fn flags_override_the_environment_which_overrides_the_file() {
     };
     let s = resolve(Some(text), &env, flags).unwrap();
     assert_eq!(s.slot, "from_flag");
-    assert_eq!(s.max_batch_rows, 20);
+    assert_eq!(s.run.max_batch_rows, 20);
     assert_eq!(s.publication, "file_pub");
-    assert_eq!(s.flush_interval, Duration::from_secs(2));
+    assert_eq!(s.run.flush_interval, Duration::from_secs(2));
     assert_eq!(s.tables.len(), 2);
     assert_eq!(
         s.source.host, "envdb",
@@ -92,10 +92,10 @@ fn flags_override_the_environment_which_overrides_the_file() {
         Warehouse::Folder(PathBuf::from("/data/warehouse"))
     );
     // Defaults where nobody said anything.
-    assert_eq!(s.max_batch_bytes, 128 << 20);
-    assert_eq!(s.load_connections, 2);
+    assert_eq!(s.run.max_batch_bytes, 128 << 20);
+    assert_eq!(s.run.load_connections, 2);
     assert_eq!(s.log_format, LogFormat::Text);
-    assert_eq!(s.exit_when_idle, None);
+    assert_eq!(s.run.exit_when_idle, None);
 }
 
 #[test]

@@ -51,11 +51,10 @@ pub async fn demo(out: &mut dyn Write) -> Result<()> {
             name: "customers".into(),
         }]);
         capture.slot = slot.to_owned();
-        RunOptions {
-            flush_interval: Duration::from_millis(200),
-            exit_when_idle: Some(Duration::from_secs(1)),
-            ..RunOptions::new(capture, lake_dir.path().to_owned())
-        }
+        let mut options = RunOptions::new(capture, lake_dir.path().to_owned());
+        options.run.flush_interval = Duration::from_millis(200);
+        options.run.exit_when_idle = Some(Duration::from_secs(1));
+        options
     };
 
     writeln!(

@@ -14,6 +14,7 @@ use wal2iceberg::cdc::capture::{self, Capture, CaptureOptions};
 use wal2iceberg::cdc::event::{Change, Datum, Event};
 use wal2iceberg::cdc::stream::{ChangeStream, Next};
 use wal2iceberg::cdc::value::Value;
+use wal2iceberg::config::RunSettings;
 use wal2iceberg::model::Lsn;
 use wal2iceberg::model::TableName;
 use wal2iceberg::ops::scratch::ScratchPostgres;
@@ -387,8 +388,11 @@ pub fn run_options(db: &TestDb, tables: &[&str], slot: &str, lake: &std::path::P
     capture.slot = slot.to_owned();
     RunOptions {
         namespace: Some("shop".into()),
-        flush_interval: Duration::from_millis(200),
-        exit_when_idle: Some(Duration::from_secs(2)),
+        run: RunSettings {
+            flush_interval: Duration::from_millis(200),
+            exit_when_idle: Some(Duration::from_secs(2)),
+            ..RunSettings::DEFAULT
+        },
         ..RunOptions::new(capture, lake.to_owned())
     }
 }

@@ -24,9 +24,6 @@ pub(crate) const SMALL_FILE_BYTES: u64 = 32 << 20;
 /// At most this many bytes of data files are rewritten by one compaction;
 /// the rest waits for the next.
 pub(crate) const MAX_REWRITE_BYTES: u64 = 256 << 20;
-/// Default of `compact_after_files`.
-pub(crate) const DEFAULT_AFTER_FILES: usize = 16;
-
 /// What a compaction did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Compacted {

@@ -32,12 +32,6 @@ pub struct Retention {
     pub retain_last: usize,
 }
 
-/// Default retention of the automatic expiry.
-pub const DEFAULT_RETENTION: Retention = Retention {
-    older_than: Duration::from_secs(3600),
-    retain_last: 10,
-};
-
 /// The table property recording when an expiry last removed snapshots,
 /// milliseconds since the Unix epoch (`wal2iceberg status` shows it).
 pub(crate) const LAST_EXPIRY_PROPERTY: &str = "wal2iceberg.last-expiry-ms";

@@ -213,7 +213,7 @@ pub(super) async fn run(cli: Cli) -> Result<ExitCode, Error> {
             let settings = settings(args)?;
             let options = TailOptions {
                 capture: capture_options(&settings).await?,
-                exit_when_idle: settings.exit_when_idle,
+                exit_when_idle: settings.run.exit_when_idle,
                 slot: match (settings.slot_named, consume) {
                     (_, true) => TailSlot::Consume,
                     (true, false) => TailSlot::Peek,

@@ -25,9 +25,8 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 use crate::cdc::capture::{self, CaptureOptions};
-use crate::config::{LakeSettings, LogFormat, Raw, Settings};
+use crate::config::{LakeSettings, LogFormat, Raw, RunSettings, Settings};
 use crate::error::{Error, ErrorKind, OutputClosed};
-use crate::lake::maintenance::expire::DEFAULT_RETENTION;
 use crate::model::Lsn;
 use crate::ops::show::Format;
 
@@ -179,7 +178,7 @@ enum Command {
         #[arg(long, value_name = "DURATION")]
         older_than: String,
         /// Keep the newest this many snapshots however old (as run keeps).
-        #[arg(long, value_name = "N", default_value_t = DEFAULT_RETENTION.retain_last)]
+        #[arg(long, value_name = "N", default_value_t = RunSettings::DEFAULT.retention.retain_last)]
         retain_last: usize,
     },
     /// Compare the source, read in one snapshot while writers go on, with
