@@ -26,9 +26,9 @@ use std::collections::{HashMap, HashSet};
 
 use iceberg::TableIdent;
 use iceberg::spec::{
-    DataFile, MAIN_BRANCH, ManifestContentType, ManifestEntry, ManifestListWriter,
-    ManifestWriterBuilder, Operation, Snapshot, SnapshotReference, SnapshotRetention,
-    SnapshotSummaryCollector, Summary,
+    DataFile, MAIN_BRANCH, ManifestContentType, ManifestEntry, ManifestFile, ManifestListWriter,
+    ManifestWriterBuilder, Operation, PartitionSpecRef, SchemaRef, Snapshot, SnapshotRef,
+    SnapshotReference, SnapshotRetention, SnapshotSummaryCollector, Summary,
 };
 use iceberg::table::Table;
 
@@ -164,153 +164,39 @@ pub(crate) async fn commit_rewrite(
 /// The snapshot of `delta` on `base`: its manifests and manifest list
 /// written, the new metadata planned.
 async fn plan(base: &Table, delta: &RowDelta) -> Result<Planned> {
-    let context = |e: iceberg::Error| {
-        iceberg_error(e, "cannot write the snapshot").with_context("table", base.identifier())
-    };
+    let context = context(base);
     if let Some(snapshot) = delta.built_on {
         built_on(base, snapshot)?;
     }
     // The manifests and the snapshot are of the schema the commit makes.
     let evolved = delta.schema.over(base)?;
-    let table = &evolved;
-    let metadata = table.metadata();
-    let snapshot_id = unique_snapshot_id(table);
-    let sequence_number = metadata.next_sequence_number();
+    let metadata = evolved.metadata();
     let parent = metadata.current_snapshot();
-    let commit_uuid = uuid::Uuid::new_v4();
-
+    let new = NewSnapshot {
+        table: &evolved,
+        snapshot_id: unique_snapshot_id(&evolved),
+        sequence_number: metadata.next_sequence_number(),
+        commit_uuid: uuid::Uuid::new_v4(),
+        schema: metadata.current_schema().clone(),
+        spec: metadata.default_partition_spec().clone(),
+    };
+    let (mut manifests, kept) = new.read_parent(parent, delta).await?;
     let mut summary = SnapshotSummaryCollector::default();
-    let schema = metadata.current_schema().clone();
-    let spec = metadata.default_partition_spec().clone();
-    let mut manifests = Vec::new();
-    let mut kept: [Vec<ManifestEntry>; 2] = [Vec::new(), Vec::new()];
-    for manifest in match parent {
-        Some(s) => table
-            .manifest_list_reader(s)
-            .load()
-            .await
-            .map_err(context)?
-            .entries()
-            .to_vec(),
-        None => Vec::new(),
-    } {
-        if delta.removed.is_empty() && !delta.replace_all {
-            manifests.push(manifest);
-            continue;
-        }
-        let side = usize::from(manifest.content == ManifestContentType::Deletes);
-        let (entries, _) = manifest
-            .load_manifest(table.file_io())
-            .await
-            .map_err(context)?
-            .into_parts();
-        kept[side].extend(
-            entries
-                .iter()
-                .filter(|e| e.is_alive())
-                .map(|e| e.as_ref().clone()),
-        );
-    }
-    let mut found = 0;
-    for (side, (added, content)) in [
-        (&delta.data_files, ManifestContentType::Data),
-        (&delta.delete_files, ManifestContentType::Deletes),
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        if added.is_empty() && kept[side].is_empty() {
-            continue;
-        }
-        let path = format!(
-            "{}/metadata/{commit_uuid}-m{}.avro",
-            metadata.location(),
-            manifests.len()
-        );
-        let output = table.file_io().new_output(path).map_err(context)?;
-        let builder = ManifestWriterBuilder::new(
-            output,
-            Some(snapshot_id),
-            schema.clone(),
-            spec.as_ref().clone(),
-        );
-        let mut writer = match content {
-            ManifestContentType::Data => builder.build_v2_data(),
-            ManifestContentType::Deletes => builder.build_v2_deletes(),
-        };
-        for entry in std::mem::take(&mut kept[side]) {
-            let sequence = entry.sequence_number.unwrap_or_default();
-            if delta.replace_all || delta.removed.contains(entry.file_path()) {
-                found += 1;
-                summary.remove_file(&entry.data_file, schema.clone(), spec.clone());
-                writer
-                    .add_delete_file(entry.data_file, sequence, entry.file_sequence_number)
-                    .map_err(context)?;
-            } else {
-                let added_by = entry.snapshot_id.unwrap_or(snapshot_id);
-                writer
-                    .add_existing_file(
-                        entry.data_file,
-                        added_by,
-                        sequence,
-                        entry.file_sequence_number,
-                    )
-                    .map_err(context)?;
-            }
-        }
-        for file in added {
-            summary.add_file(file, schema.clone(), spec.clone());
-            writer
-                .add_file(file.clone(), sequence_number)
-                .map_err(context)?;
-        }
-        manifests.push(writer.write_manifest_file().await.map_err(context)?);
-    }
-    if !delta.replace_all && found != delta.removed.len() {
-        return Err(Error::new(
-            ErrorKind::Lake,
-            "a file the rewrite removes is no longer live in the table",
-        )
-        .with_context("table", table.identifier()));
-    }
-
-    let list_path = format!(
-        "{}/metadata/snap-{snapshot_id}-1-{commit_uuid}.avro",
-        metadata.location()
-    );
-    let list_output = table
-        .file_io()
-        .new_output(list_path.clone())
-        .map_err(context)?;
-    let mut list = ManifestListWriter::v2(
-        list_output.writer().await.map_err(context)?,
-        snapshot_id,
-        parent.map(|s| s.snapshot_id()),
-        sequence_number,
-    );
-    list.add_manifests(manifests.into_iter()).map_err(context)?;
-    list.close().await.map_err(context)?;
+    new.write_manifests(kept, delta, &mut summary, &mut manifests)
+        .await?;
+    let list_path = new.write_manifest_list(parent, manifests).await?;
 
     let mut properties = delta.properties.clone();
     let changed = summary.build();
     properties.extend(totals(parent.map(|s| s.summary()), &changed));
     properties.extend(changed);
-    let operation = if delta.replace_all {
-        Operation::Overwrite
-    } else if !delta.removed.is_empty() {
-        Operation::Replace
-    } else if delta.delete_files.is_empty() {
-        Operation::Append
-    } else {
-        Operation::Overwrite
-    };
     let snapshot = Snapshot::builder()
         .with_manifest_list(list_path)
-        .with_snapshot_id(snapshot_id)
+        .with_snapshot_id(new.snapshot_id)
         .with_parent_snapshot_id(parent.map(|s| s.snapshot_id()))
-        .with_sequence_number(sequence_number)
+        .with_sequence_number(new.sequence_number)
         .with_summary(Summary {
-            operation,
+            operation: delta.operation(),
             additional_properties: properties,
         })
         .with_schema_id(metadata.current_schema_id())
@@ -328,7 +214,10 @@ async fn plan(base: &Table, delta: &RowDelta) -> Result<Planned> {
         .and_then(|b| {
             b.set_ref(
                 MAIN_BRANCH,
-                SnapshotReference::new(snapshot_id, SnapshotRetention::branch(None, None, None)),
+                SnapshotReference::new(
+                    new.snapshot_id,
+                    SnapshotRetention::branch(None, None, None),
+                ),
             )
         })
         .and_then(|b| b.build())
@@ -337,6 +226,188 @@ async fn plan(base: &Table, delta: &RowDelta) -> Result<Planned> {
         table: base.clone(),
         built,
     })
+}
+
+/// The error of a snapshot of `table` that could not be written.
+fn context(table: &Table) -> impl Fn(iceberg::Error) -> Error + Copy + '_ {
+    move |e| iceberg_error(e, "cannot write the snapshot").with_context("table", table.identifier())
+}
+
+impl RowDelta {
+    /// The snapshot's operation, as readers tell what it did.
+    fn operation(&self) -> Operation {
+        if self.replace_all {
+            Operation::Overwrite
+        } else if !self.removed.is_empty() {
+            Operation::Replace
+        } else if self.delete_files.is_empty() {
+            Operation::Append
+        } else {
+            Operation::Overwrite
+        }
+    }
+}
+
+/// The snapshot being written on `table` (of the schema the commit makes).
+struct NewSnapshot<'a> {
+    table: &'a Table,
+    snapshot_id: i64,
+    sequence_number: i64,
+    commit_uuid: uuid::Uuid,
+    schema: SchemaRef,
+    spec: PartitionSpecRef,
+}
+
+impl NewSnapshot<'_> {
+    /// The parent's manifests the snapshot keeps as they are, and, when
+    /// `delta` removes files, the live entries of the others, data and
+    /// deletes, to be written again without them.
+    async fn read_parent(
+        &self,
+        parent: Option<&SnapshotRef>,
+        delta: &RowDelta,
+    ) -> Result<(Vec<ManifestFile>, [Vec<ManifestEntry>; 2])> {
+        let context = context(self.table);
+        let mut manifests = Vec::new();
+        let mut kept: [Vec<ManifestEntry>; 2] = [Vec::new(), Vec::new()];
+        let listed = match parent {
+            Some(s) => self
+                .table
+                .manifest_list_reader(s)
+                .load()
+                .await
+                .map_err(context)?
+                .entries()
+                .to_vec(),
+            None => Vec::new(),
+        };
+        for manifest in listed {
+            if delta.removed.is_empty() && !delta.replace_all {
+                manifests.push(manifest);
+                continue;
+            }
+            let side = usize::from(manifest.content == ManifestContentType::Deletes);
+            let (entries, _) = manifest
+                .load_manifest(self.table.file_io())
+                .await
+                .map_err(context)?
+                .into_parts();
+            kept[side].extend(
+                entries
+                    .iter()
+                    .filter(|e| e.is_alive())
+                    .map(|e| e.as_ref().clone()),
+            );
+        }
+        Ok((manifests, kept))
+    }
+
+    /// A data and a delete manifest, as needed: the `kept` entries (those
+    /// `delta` removes marked deleted) and the files it adds, each
+    /// counted into `summary`.
+    async fn write_manifests(
+        &self,
+        mut kept: [Vec<ManifestEntry>; 2],
+        delta: &RowDelta,
+        summary: &mut SnapshotSummaryCollector,
+        manifests: &mut Vec<ManifestFile>,
+    ) -> Result<()> {
+        let context = context(self.table);
+        let (schema, spec) = (&self.schema, &self.spec);
+        let mut found = 0;
+        for (side, (added, content)) in [
+            (&delta.data_files, ManifestContentType::Data),
+            (&delta.delete_files, ManifestContentType::Deletes),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            if added.is_empty() && kept[side].is_empty() {
+                continue;
+            }
+            let path = format!(
+                "{}/metadata/{}-m{}.avro",
+                self.table.metadata().location(),
+                self.commit_uuid,
+                manifests.len()
+            );
+            let output = self.table.file_io().new_output(path).map_err(context)?;
+            let builder = ManifestWriterBuilder::new(
+                output,
+                Some(self.snapshot_id),
+                schema.clone(),
+                spec.as_ref().clone(),
+            );
+            let mut writer = match content {
+                ManifestContentType::Data => builder.build_v2_data(),
+                ManifestContentType::Deletes => builder.build_v2_deletes(),
+            };
+            for entry in std::mem::take(&mut kept[side]) {
+                let sequence = entry.sequence_number.unwrap_or_default();
+                if delta.replace_all || delta.removed.contains(entry.file_path()) {
+                    found += 1;
+                    summary.remove_file(&entry.data_file, schema.clone(), spec.clone());
+                    writer
+                        .add_delete_file(entry.data_file, sequence, entry.file_sequence_number)
+                        .map_err(context)?;
+                } else {
+                    let added_by = entry.snapshot_id.unwrap_or(self.snapshot_id);
+                    writer
+                        .add_existing_file(
+                            entry.data_file,
+                            added_by,
+                            sequence,
+                            entry.file_sequence_number,
+                        )
+                        .map_err(context)?;
+                }
+            }
+            for file in added {
+                summary.add_file(file, schema.clone(), spec.clone());
+                writer
+                    .add_file(file.clone(), self.sequence_number)
+                    .map_err(context)?;
+            }
+            manifests.push(writer.write_manifest_file().await.map_err(context)?);
+        }
+        if !delta.replace_all && found != delta.removed.len() {
+            return Err(Error::new(
+                ErrorKind::Lake,
+                "a file the rewrite removes is no longer live in the table",
+            )
+            .with_context("table", self.table.identifier()));
+        }
+        Ok(())
+    }
+
+    /// The manifest list of `manifests`; its path.
+    async fn write_manifest_list(
+        &self,
+        parent: Option<&SnapshotRef>,
+        manifests: Vec<ManifestFile>,
+    ) -> Result<String> {
+        let context = context(self.table);
+        let list_path = format!(
+            "{}/metadata/snap-{}-1-{}.avro",
+            self.table.metadata().location(),
+            self.snapshot_id,
+            self.commit_uuid
+        );
+        let list_output = self
+            .table
+            .file_io()
+            .new_output(list_path.clone())
+            .map_err(context)?;
+        let mut list = ManifestListWriter::v2(
+            list_output.writer().await.map_err(context)?,
+            self.snapshot_id,
+            parent.map(|s| s.snapshot_id()),
+            self.sequence_number,
+        );
+        list.add_manifests(manifests.into_iter()).map_err(context)?;
+        list.close().await.map_err(context)?;
+        Ok(list_path)
+    }
 }
 
 /// Checks that every snapshot of `base` after `snapshot` only appended;

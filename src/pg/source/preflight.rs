@@ -7,8 +7,8 @@ use tokio_postgres::Client;
 use super::install::{is_superuser, partition_rows_ready};
 use super::publication::published_relations;
 use super::{CheckFailure, PARTITION_ROWS_MIGRATION, published_tables, slot_info, wal_level};
-use crate::error::{Result, postgres};
-use crate::model::TableName;
+use crate::error::{Error, Result, postgres};
+use crate::model::{SlotInfo, TableName};
 use crate::pg::config::DEFAULT_APPLICATION_NAME;
 use crate::pg::replication::quote_ident;
 
@@ -27,10 +27,24 @@ pub async fn preflight(
     to_lake: bool,
 ) -> Result<Vec<CheckFailure>> {
     let mut failures = Vec::new();
-    let q = |e| postgres(e, "preflight check query failed");
-
     failures.extend(wal_level(client).await?);
+    failures.extend(role_failures(client).await?);
+    failures.extend(match slot_info(client, slot).await? {
+        None => free_slot_failures(client).await?,
+        Some(info) => slot_failures(client, slot, &info).await?,
+    });
+    failures.extend(table_failures(client, tables, publication, to_lake).await?);
+    failures.extend(publication_failures(client, publication).await?);
+    Ok(failures)
+}
 
+fn q(e: tokio_postgres::Error) -> Error {
+    postgres(e, "preflight check query failed")
+}
+
+/// The role's privilege to replicate.
+async fn role_failures(client: &Client) -> Result<Vec<CheckFailure>> {
+    let mut failures = Vec::new();
     let role = client
         .query_one(
             "SELECT current_user::text, rolreplication, rolsuper FROM pg_roles WHERE rolname = current_user",
@@ -47,126 +61,138 @@ pub async fn preflight(
             fix: format!("ALTER ROLE {} REPLICATION;", quote_ident(&user)),
         });
     }
+    Ok(failures)
+}
 
-    let existing_slot = slot_info(client, slot).await?;
-    match &existing_slot {
-        None => {
-            let row = client
-                .query_one(
-                    "SELECT current_setting('max_replication_slots')::int, \
-                            (SELECT count(*)::int FROM pg_replication_slots), \
-                            current_setting('max_wal_senders')::int, \
-                            (SELECT count(*)::int FROM pg_stat_replication)",
-                    &[],
-                )
-                .await
-                .map_err(q)?;
-            let (max_slots, slots, max_senders, senders): (i32, i32, i32, i32) =
-                (row.get(0), row.get(1), row.get(2), row.get(3));
-            if slots >= max_slots {
-                failures.push(CheckFailure {
-                    check: "free_replication_slot",
-                    problem: format!(
-                        "all {max_slots} replication slots are taken (max_replication_slots)"
-                    ),
-                    fix: "raise max_replication_slots and restart, or drop an unused slot: \
-                          SELECT pg_drop_replication_slot(name)"
-                        .to_owned(),
-                });
-            }
-            if senders >= max_senders {
-                failures.push(CheckFailure {
-                    check: "free_wal_sender",
-                    problem: format!("all {max_senders} WAL senders are busy (max_wal_senders)"),
-                    fix: "raise max_wal_senders and restart, or stop another replication client"
-                        .to_owned(),
-                });
-            }
-        }
-        Some(info) => {
-            // A SQL function reading the slot holds it for a moment only.
-            if let Some(pid) = info.active_pid.filter(|_| info.streamed) {
-                let (holder, from): (String, String) = client
-                    .query_opt(
-                        "SELECT application_name::text, \
-                                COALESCE(host(client_addr) || ':' || client_port, 'a local socket') \
-                         FROM pg_stat_activity WHERE pid = $1",
-                        &[&pid],
-                    )
-                    .await
-                    .map_err(q)?
-                    .map(|r| (r.get(0), r.get(1)))
-                    .unwrap_or_default();
-                failures.push(if holder.starts_with(DEFAULT_APPLICATION_NAME) {
-                    CheckFailure {
-                        check: SLOT_HELD_BY_RUN,
-                        problem: format!(
-                            "replication slot {slot:?} is in use by a wal2iceberg run \
-                             (application_name {holder:?}, connected from {from}; the server's \
-                             walsender process {pid}): nothing else can stream from it meanwhile"
-                        ),
-                        fix: "nothing, while that run is meant to go on; to start another, stop \
-                              that run first (SIGTERM to the wal2iceberg process, or its service \
-                              manager), which commits and confirms what it holds"
-                            .to_owned(),
-                    }
-                } else {
-                    CheckFailure {
-                        check: "slot_in_use",
-                        problem: format!(
-                            "replication slot {slot:?} is in use by process {pid} \
-                             (application_name {holder:?})"
-                        ),
-                        fix: format!(
-                            "stop the other consumer of the slot (SELECT pg_terminate_backend({pid}) \
-                             if it is stale), or use another slot name"
-                        ),
-                    }
-                });
-            }
-            if info.plugin.as_deref() != Some("pgoutput") {
-                failures.push(CheckFailure {
-                    check: "slot_plugin",
-                    problem: format!(
-                        "replication slot {slot:?} exists but is not a pgoutput logical slot ({})",
-                        match &info.plugin {
-                            Some(plugin) => format!("its plugin is {plugin}"),
-                            None => "a physical slot".to_owned(),
-                        }
-                    ),
-                    fix: "use another slot name".to_owned(),
-                });
-            }
-            let dbname: String = client
-                .query_one("SELECT current_database()::text", &[])
-                .await
-                .map_err(q)?
-                .get(0);
-            if info.database.as_deref().is_some_and(|d| d != dbname) {
-                failures.push(CheckFailure {
-                    check: "slot_database",
-                    problem: format!(
-                        "replication slot {slot:?} belongs to database {:?}, not {dbname:?}",
-                        info.database.as_deref().unwrap_or_default()
-                    ),
-                    fix: "use another slot name".to_owned(),
-                });
-            }
-            if info.wal_status.as_deref() == Some("lost") {
-                failures.push(CheckFailure {
-                    check: "slot_invalidated",
-                    problem: format!(
-                        "replication slot {slot:?} was invalidated: the WAL it needed is gone \
-                         (max_slot_wal_keep_size)"
-                    ),
-                    fix: format!(
-                        "drop it (SELECT pg_drop_replication_slot('{slot}')) and start again with a new initial load"
-                    ),
-                });
-            }
-        }
+/// A slot yet to be made: a free slot and a free WAL sender for it.
+async fn free_slot_failures(client: &Client) -> Result<Vec<CheckFailure>> {
+    let mut failures = Vec::new();
+    let row = client
+        .query_one(
+            "SELECT current_setting('max_replication_slots')::int, \
+                    (SELECT count(*)::int FROM pg_replication_slots), \
+                    current_setting('max_wal_senders')::int, \
+                    (SELECT count(*)::int FROM pg_stat_replication)",
+            &[],
+        )
+        .await
+        .map_err(q)?;
+    let (max_slots, slots, max_senders, senders): (i32, i32, i32, i32) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if slots >= max_slots {
+        failures.push(CheckFailure {
+            check: "free_replication_slot",
+            problem: format!("all {max_slots} replication slots are taken (max_replication_slots)"),
+            fix: "raise max_replication_slots and restart, or drop an unused slot: \
+                  SELECT pg_drop_replication_slot(name)"
+                .to_owned(),
+        });
     }
+    if senders >= max_senders {
+        failures.push(CheckFailure {
+            check: "free_wal_sender",
+            problem: format!("all {max_senders} WAL senders are busy (max_wal_senders)"),
+            fix: "raise max_wal_senders and restart, or stop another replication client".to_owned(),
+        });
+    }
+    Ok(failures)
+}
 
+/// The existing slot `slot` (`info`): held by another consumer, of
+/// another plugin or database, or invalidated.
+async fn slot_failures(client: &Client, slot: &str, info: &SlotInfo) -> Result<Vec<CheckFailure>> {
+    let mut failures = Vec::new();
+    // A SQL function reading the slot holds it for a moment only.
+    if let Some(pid) = info.active_pid.filter(|_| info.streamed) {
+        let (holder, from): (String, String) = client
+            .query_opt(
+                "SELECT application_name::text, \
+                        COALESCE(host(client_addr) || ':' || client_port, 'a local socket') \
+                 FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .map_err(q)?
+            .map(|r| (r.get(0), r.get(1)))
+            .unwrap_or_default();
+        failures.push(if holder.starts_with(DEFAULT_APPLICATION_NAME) {
+            CheckFailure {
+                check: SLOT_HELD_BY_RUN,
+                problem: format!(
+                    "replication slot {slot:?} is in use by a wal2iceberg run \
+                     (application_name {holder:?}, connected from {from}; the server's \
+                     walsender process {pid}): nothing else can stream from it meanwhile"
+                ),
+                fix: "nothing, while that run is meant to go on; to start another, stop \
+                      that run first (SIGTERM to the wal2iceberg process, or its service \
+                      manager), which commits and confirms what it holds"
+                    .to_owned(),
+            }
+        } else {
+            CheckFailure {
+                check: "slot_in_use",
+                problem: format!(
+                    "replication slot {slot:?} is in use by process {pid} \
+                     (application_name {holder:?})"
+                ),
+                fix: format!(
+                    "stop the other consumer of the slot (SELECT pg_terminate_backend({pid}) \
+                     if it is stale), or use another slot name"
+                ),
+            }
+        });
+    }
+    if info.plugin.as_deref() != Some("pgoutput") {
+        failures.push(CheckFailure {
+            check: "slot_plugin",
+            problem: format!(
+                "replication slot {slot:?} exists but is not a pgoutput logical slot ({})",
+                match &info.plugin {
+                    Some(plugin) => format!("its plugin is {plugin}"),
+                    None => "a physical slot".to_owned(),
+                }
+            ),
+            fix: "use another slot name".to_owned(),
+        });
+    }
+    let dbname: String = client
+        .query_one("SELECT current_database()::text", &[])
+        .await
+        .map_err(q)?
+        .get(0);
+    if info.database.as_deref().is_some_and(|d| d != dbname) {
+        failures.push(CheckFailure {
+            check: "slot_database",
+            problem: format!(
+                "replication slot {slot:?} belongs to database {:?}, not {dbname:?}",
+                info.database.as_deref().unwrap_or_default()
+            ),
+            fix: "use another slot name".to_owned(),
+        });
+    }
+    if info.wal_status.as_deref() == Some("lost") {
+        failures.push(CheckFailure {
+            check: "slot_invalidated",
+            problem: format!(
+                "replication slot {slot:?} was invalidated: the WAL it needed is gone \
+                 (max_slot_wal_keep_size)"
+            ),
+            fix: format!(
+                "drop it (SELECT pg_drop_replication_slot('{slot}')) and start again with a new initial load"
+            ),
+        });
+    }
+    Ok(failures)
+}
+
+/// Each table's checks, and those of the partitions.
+async fn table_failures(
+    client: &Client,
+    tables: &[TableName],
+    publication: &str,
+    to_lake: bool,
+) -> Result<Vec<CheckFailure>> {
+    let mut failures = Vec::new();
     let published = published_tables(client, publication).await?;
     for table in tables {
         for failure in check_table(client, table, to_lake).await? {
@@ -189,7 +215,12 @@ pub async fn preflight(
         }
     }
     failures.extend(check_partitions(client, tables, publication).await?);
+    Ok(failures)
+}
 
+/// The publication's operations: one that leaves one out loses its changes.
+async fn publication_failures(client: &Client, publication: &str) -> Result<Vec<CheckFailure>> {
+    let mut failures = Vec::new();
     let publishes = client
         .query_opt(
             "SELECT pubinsert, pubupdate, pubdelete, pubtruncate FROM pg_publication WHERE pubname = $1",

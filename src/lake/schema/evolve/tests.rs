@@ -1,7 +1,9 @@
+use iceberg::spec::PrimitiveType;
+
 use super::*;
 use crate::cdc::relation::fixtures::{column, relation, typmod};
 use crate::cdc::value::PgType;
-use crate::lake::schema::{bronze_schema, silver_schema};
+use crate::lake::schema::{BEFORE, VERBATIM, bronze_schema, iceberg_type, silver_schema};
 
 /// `public.customers (id int4 key, tags text[], amount numeric(12,2))`,
 /// columns numbered from 1.
