@@ -67,35 +67,51 @@ pub(crate) async fn commit_all(lake: &Lake, planned: Vec<Planned>) -> Result<boo
     // The metadata files at once: on object storage each is a round trip.
     let swaps =
         crate::lake::each_table(planned.iter().map(|Planned { table, built }| async move {
-            let context = |e: iceberg::Error| {
-                iceberg_error(e, "cannot write the table metadata")
-                    .with_context("table", table.identifier())
-            };
-            let current = current_location(table)?;
-            let new_location = MetadataLocation::from_str(&current)
-                .map_err(context)?
-                .with_next_version()
-                .with_new_metadata(&built.metadata);
-            built
-                .metadata
-                .write_to(table.file_io(), &new_location)
-                .await
-                .map_err(context)?;
-            Ok::<_, Error>((table.identifier(), current, new_location.to_string()))
+            let (current, new_location) = write_next_metadata(table, built).await?;
+            Ok::<_, Error>((table.identifier(), current, new_location))
         }))
         .await?;
     failpoint::hit("before-catalog-commit");
     if !swap_metadata_locations(pool, (db, name), &swaps).await? {
         return Ok(false);
     }
-    for Planned { table, built } in planned {
-        for old in built.expired_metadata_logs {
-            if let Err(e) = table.file_io().delete(&old.metadata_file).await {
-                tracing::warn!(table = %table.identifier(), file = %old.metadata_file, error = %e, "cannot delete an old metadata file");
-            }
-        }
+    for Planned { table, built } in &planned {
+        delete_expired_metadata(table, built).await;
     }
     Ok(true)
+}
+
+/// Writes the metadata `built` plans for `table` as the table's next
+/// metadata file: the table's current location, and the new one.
+pub(crate) async fn write_next_metadata(
+    table: &Table,
+    built: &TableMetadataBuildResult,
+) -> Result<(String, String)> {
+    let context = |e: iceberg::Error| {
+        iceberg_error(e, "cannot write the table metadata")
+            .with_context("table", table.identifier())
+    };
+    let current = current_location(table)?;
+    let new_location = MetadataLocation::from_str(&current)
+        .map_err(context)?
+        .with_next_version()
+        .with_new_metadata(&built.metadata);
+    built
+        .metadata
+        .write_to(table.file_io(), &new_location)
+        .await
+        .map_err(context)?;
+    Ok((current, new_location.to_string()))
+}
+
+/// Deletes the metadata files that `built`, committed, dropped from
+/// `table`'s log; one that cannot be deleted is left, and logged.
+pub(crate) async fn delete_expired_metadata(table: &Table, built: &TableMetadataBuildResult) {
+    for old in &built.expired_metadata_logs {
+        if let Err(e) = table.file_io().delete(&old.metadata_file).await {
+            tracing::warn!(table = %table.identifier(), file = %old.metadata_file, error = %e, "cannot delete an old metadata file");
+        }
+    }
 }
 
 /// The compare-and-swap of each `(table, expected, new)` pointer in the

@@ -9,19 +9,17 @@
 //! `timestamptz`). Kept narrow so an upstream public `TableCommit` and a
 //! fuller type mapping can replace it.
 
-use std::str::FromStr;
-
 use aws_sdk_glue::error::SdkError;
 use aws_sdk_glue::operation::get_table::GetTableError;
 use aws_sdk_glue::operation::update_table::UpdateTableError;
 use aws_sdk_glue::types::{Column, StorageDescriptor, Table as GlueTable, TableInput};
+use iceberg::TableIdent;
 use iceberg::spec::{PrimitiveType, Schema, TableMetadata, TableMetadataBuildResult, Type};
 use iceberg::table::Table;
-use iceberg::{MetadataLocation, TableIdent};
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::failpoint;
-use crate::lake::{current_location, iceberg_error};
+use crate::lake::catalog::commit::{delete_expired_metadata, write_next_metadata};
 
 /// The parameters Glue keeps an Iceberg table's kind and pointer in.
 const TABLE_TYPE: &str = "table_type";
@@ -45,28 +43,15 @@ impl GlueCommits {
         built: &TableMetadataBuildResult,
     ) -> Result<bool> {
         let ident = table.identifier();
-        let current = current_location(table)?;
-        let new_location = MetadataLocation::from_str(&current)
-            .map_err(|e| metadata_error(ident, e))?
-            .with_next_version()
-            .with_new_metadata(&built.metadata);
-        built
-            .metadata
-            .write_to(table.file_io(), &new_location)
-            .await
-            .map_err(|e| metadata_error(ident, e))?;
+        let (current, new_location) = write_next_metadata(table, built).await?;
         failpoint::hit("before-catalog-commit");
         if !self
-            .swap(ident, current, &new_location.to_string(), &built.metadata)
+            .swap(ident, current, &new_location, &built.metadata)
             .await?
         {
             return Ok(false);
         }
-        for old in &built.expired_metadata_logs {
-            if let Err(e) = table.file_io().delete(&old.metadata_file).await {
-                tracing::warn!(table = %ident, file = %old.metadata_file, error = %e, "cannot delete an old metadata file");
-            }
-        }
+        delete_expired_metadata(table, built).await;
         Ok(true)
     }
 
@@ -213,10 +198,6 @@ fn table_input(
         .storage_descriptor(storage)
         .build()
         .map_err(|e| glue_error(ident, "cannot describe the table to Glue", e))
-}
-
-fn metadata_error(ident: &TableIdent, e: iceberg::Error) -> Error {
-    iceberg_error(e, "cannot write the table metadata").with_context("table", ident)
 }
 
 fn vanished(ident: &TableIdent) -> Error {
