@@ -86,12 +86,6 @@ impl RunSettings {
     };
 }
 
-impl Default for RunSettings {
-    fn default() -> RunSettings {
-        RunSettings::DEFAULT
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,

@@ -8,5 +8,6 @@ mod slot;
 mod table_name;
 
 pub use lsn::{Lsn, ParseLsnError};
+pub(crate) use slot::SlotHealth;
 pub use slot::SlotInfo;
 pub use table_name::TableName;

@@ -15,3 +15,19 @@ pub struct SlotInfo {
     /// `reserved`, `extended`, `unreserved` or `lost`.
     pub(crate) wal_status: Option<String>,
 }
+
+/// How much WAL a slot keeps and how far its consumer is behind, read
+/// together from `pg_replication_slots`.
+#[derive(Debug, Clone)]
+pub(crate) struct SlotHealth {
+    /// WAL kept from the slot's `restart_lsn` to the end written.
+    pub(crate) retained_bytes: Option<i64>,
+    /// WAL inserted past the slot's `confirmed_flush_lsn`.
+    pub(crate) lag_bytes: Option<i64>,
+    /// `reserved`, `extended`, `unreserved` or `lost`.
+    pub(crate) wal_status: Option<String>,
+    /// WAL that can still be written before the slot is at risk.
+    pub(crate) safe_wal_size: Option<i64>,
+    /// The server's WAL end, flushed.
+    pub(crate) wal_end: u64,
+}

@@ -17,7 +17,7 @@ use tokio_postgres::{Client, NoTls};
 
 use super::config::PgConfig;
 use crate::error::{Error, ErrorKind, Result, postgres};
-use crate::model::SlotInfo;
+use crate::model::{SlotHealth, SlotInfo};
 
 mod catalog;
 mod install;
@@ -137,6 +137,36 @@ pub(crate) async fn slot_info(client: &Client, slot: &str) -> Result<Option<Slot
         wal_status: r.get(4),
         streamed: r.get(5),
     }))
+}
+
+/// What `slot` keeps and lags, read together from `pg_replication_slots`.
+pub(crate) async fn slot_health(client: &Client, slot: &str) -> Result<Option<SlotHealth>> {
+    let row = client
+        .query_opt(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8, \
+             pg_wal_lsn_diff(pg_current_wal_insert_lsn(), confirmed_flush_lsn)::int8, \
+             wal_status, safe_wal_size, \
+             pg_wal_lsn_diff(pg_current_wal_flush_lsn(), '0/0')::int8 \
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read pg_replication_slots"))?;
+    Ok(row.map(|row| SlotHealth {
+        retained_bytes: row.get(0),
+        lag_bytes: row.get(1),
+        wal_status: row.get(2),
+        safe_wal_size: row.get(3),
+        wal_end: row.get::<_, i64>(4) as u64,
+    }))
+}
+
+/// The heartbeat: a logical message in the WAL.
+pub(crate) async fn emit_heartbeat(client: &Client) -> Result<()> {
+    client
+        .batch_execute("SELECT pg_logical_emit_message(false, 'wal2iceberg', 'heartbeat')")
+        .await
+        .map_err(|e| postgres(e, "heartbeat failed"))
 }
 
 /// The server's `wal_level`, when it is not `logical`.
