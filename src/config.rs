@@ -50,6 +50,10 @@ pub struct RunSettings {
     /// Connections that read the initial load's tables in parallel, each a
     /// table at a time, all in the slot's snapshot.
     pub load_connections: usize,
+    /// How tables with a primary key are loaded.
+    pub backfill: Backfill,
+    /// Rows of a chunked backfill's chunk.
+    pub backfill_chunk_rows: usize,
     /// Which snapshots the automatic expiry keeps; it runs for both tables
     /// of a source table after silver's compaction, and every
     /// `apply::EXPIRE_EVERY_COMMITS` commits.
@@ -75,6 +79,8 @@ impl RunSettings {
         atomic_commits: true,
         compact_after_files: 16,
         load_connections: 2,
+        backfill: Backfill::Snapshot,
+        backfill_chunk_rows: 100_000,
         retention: Retention {
             older_than: Duration::from_secs(3600),
             retain_last: 10,
@@ -84,6 +90,15 @@ impl RunSettings {
         retained_wal_warn_bytes: 1 << 30,
         storage_retry_deadline: Duration::from_secs(300),
     };
+}
+
+/// How a table with a primary key is loaded (docs/backfill.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backfill {
+    /// One COPY inside the slot's exported snapshot.
+    Snapshot,
+    /// Key-range chunks beside the stream, where the key allows.
+    Chunked,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -394,11 +409,26 @@ impl Merged {
             raw.load_connections,
             defaults.load_connections,
         );
+        let backfill_chunk_rows = positive(
+            "backfill_chunk_rows",
+            raw.backfill_chunk_rows,
+            defaults.backfill_chunk_rows,
+        );
         let retain_last = positive(
             "retain_snapshots",
             raw.retain_snapshots,
             defaults.retention.retain_last,
         );
+        let backfill = match raw.backfill.as_deref() {
+            None => defaults.backfill,
+            Some("snapshot") => Backfill::Snapshot,
+            Some("chunked") => Backfill::Chunked,
+            Some(other) => {
+                problems
+                    .add(self.error("backfill", format!("{other:?} is not snapshot or chunked")));
+                defaults.backfill
+            }
+        };
         let lake = problems.take(self.lake(raw));
         problems.finish()?;
         let (Some(source), Some(lake)) = (source, lake) else {
@@ -427,6 +457,8 @@ impl Merged {
                 atomic_commits: raw.atomic_commits.unwrap_or(defaults.atomic_commits),
                 compact_after_files,
                 load_connections,
+                backfill,
+                backfill_chunk_rows,
                 retention: Retention {
                     older_than: older_than.unwrap_or(defaults.retention.older_than),
                     retain_last,

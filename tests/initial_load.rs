@@ -253,10 +253,11 @@ async fn the_load_reports_its_progress_against_the_planners_estimate() {
     .await;
     // VACUUM counts the rows exactly; ANALYZE would sample them.
     db.exec("VACUUM big").await;
-    let Capture::Fresh { mut load, pending } =
-        capture::open(&db.config, &db.options(&["big", "fresh"]))
-            .await
-            .unwrap()
+    let Capture::Fresh {
+        mut load, pending, ..
+    } = capture::open(&db.config, &db.options(&["big", "fresh"]))
+        .await
+        .unwrap()
     else {
         panic!("a new slot");
     };
@@ -368,9 +369,10 @@ async fn tables_load_in_parallel_on_connections_that_share_the_snapshot() {
          CREATE TABLE c(id int PRIMARY KEY); INSERT INTO c VALUES (1);",
     )
     .await;
-    let Capture::Fresh { load, pending } = capture::open(&db.config, &db.options(&["a", "b", "c"]))
-        .await
-        .unwrap()
+    let Capture::Fresh { load, pending, .. } =
+        capture::open(&db.config, &db.options(&["a", "b", "c"]))
+            .await
+            .unwrap()
     else {
         panic!("a new slot");
     };
@@ -431,7 +433,7 @@ async fn a_failure_on_one_load_connection_stops_the_parallel_load() {
          INSERT INTO a SELECT generate_series(1, 200000); INSERT INTO b VALUES (1);",
     )
     .await;
-    let Capture::Fresh { load, pending } =
+    let Capture::Fresh { load, pending, .. } =
         capture::open(&db.config, &db.options(&["public.a", "public.b"]))
             .await
             .unwrap()

@@ -7,6 +7,7 @@ static ALLOCATOR: support::alloc::ThreadCounting = support::alloc::ThreadCountin
 
 mod atomic_commits;
 mod auth;
+mod backfill;
 mod before_images;
 mod catalog_glue;
 mod catalog_postgres;

@@ -52,6 +52,7 @@ impl Pipeline<'_> {
         let Some(position) = self.batch_end.take() else {
             return Ok(false);
         };
+        self.stage_backfill_progress().await?;
         let m = metrics();
         self.committed.clear();
         // A resync commits on its own: its silver replaces every row.

@@ -57,12 +57,13 @@ impl Pipeline<'_> {
         self.beside_load() == Some(Load::Landed)
     }
 
-    /// `step`, except that a stream idle while a load runs beside it does
-    /// not end: the load's tables are not done until it lands.
+    /// `step`, except that a stream idle while a load or a backfill runs
+    /// beside it does not end: their tables are not done until they land.
     pub(super) fn beside_step(&self, step: Step) -> Step {
+        let reading = self.loading() || self.backfilling();
         match step {
-            Step::Exit if self.loading() => Step::Wait,
-            Step::FlushAndExit if self.loading() => Step::Flush,
+            Step::Exit if reading => Step::Wait,
+            Step::FlushAndExit if reading => Step::Flush,
             step => step,
         }
     }
@@ -70,7 +71,7 @@ impl Pipeline<'_> {
     /// `deadline`, or a little later while a load runs beside the stream:
     /// an idle stream waiting for it does not spin.
     pub(super) fn beside_deadline(&self, deadline: Instant, now: Instant) -> Instant {
-        match self.loading() {
+        match self.loading() || self.backfilling() {
             true => deadline.max(now + IDLE_WAIT),
             false => deadline,
         }

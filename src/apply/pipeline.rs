@@ -9,6 +9,7 @@ use iceberg::TableIdent;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::backfill::{Plan, Route};
 use super::naming::{idents, state_folder};
 use super::policy::{FlushPolicy, IDLE_COMPACTION_FLUSHES, Step};
 use super::resync;
@@ -30,6 +31,7 @@ use crate::lake::table::gap::Gap;
 use crate::metrics::metrics;
 use crate::model::Lsn;
 use crate::model::TableName;
+use crate::pg::source::chunk;
 
 pub struct Pipeline<'r> {
     pub(super) lake: Lake,
@@ -373,6 +375,17 @@ impl Pipeline<'_> {
                     )
                     .await?;
                 let to_silver = to_silver && !sink.reloading;
+                // A table under backfill: silver takes the change by its
+                // key's range (`apply::backfill`).
+                let plan = match (&mut sink.backfill, &sink.silver) {
+                    (Some(backfill), Some(silver)) if to_silver => {
+                        change.fill_unchanged_from_before_image();
+                        Some(backfill.plan(silver, &change)?)
+                    }
+                    _ => None,
+                };
+                let backfilled = plan.is_some();
+                let to_silver = to_silver && matches!(plan, None | Some(Plan::Whole(Route::Apply)));
                 match &mut sink.silver {
                     Some(silver) if to_silver => {
                         sink.gap = Gap::default();
@@ -405,9 +418,12 @@ impl Pipeline<'_> {
                         .stage(&self.lake, change.clone(), change_bytes)
                         .await?;
                     sink.bronze_dirty = true;
-                    if sink.silver.is_some() && !to_silver && !sink.reloading {
+                    if sink.silver.is_some() && !to_silver && !sink.reloading && !backfilled {
                         sink.gap.record(&change)?;
                     }
+                }
+                if let Some(plan) = plan {
+                    sink.take_backfilled(&self.lake, plan, &change).await?;
                 }
                 if let Some(silver) = sink.silver.as_mut().filter(|_| to_silver) {
                     silver.stage(&self.lake, change, change_bytes).await?;
@@ -421,6 +437,9 @@ impl Pipeline<'_> {
                 taken = change_bytes;
             }
             Event::Commit { tx, end_lsn } => {
+                for backfill in self.sinks.values_mut().filter_map(|s| s.backfill.as_mut()) {
+                    backfill.committed(tx.xid);
+                }
                 if tx.xid != 0 {
                     if self.batch_commit_times.is_empty() {
                         metrics()
@@ -439,6 +458,12 @@ impl Pipeline<'_> {
             Event::Described { tx, relation, .. } => {
                 self.follow_ddl(&relation, tx.commit_lsn).await?
             }
+            Event::Message {
+                tx: Some(tx),
+                lsn,
+                prefix,
+                content,
+            } if prefix == chunk::WATERMARK => self.watermark(tx, lsn, &content).await?,
             Event::Begin(_) | Event::Message { .. } => {}
         }
         Ok(taken)

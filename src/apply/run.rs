@@ -21,6 +21,7 @@ use super::{RunOptions, RunReport};
 use crate::cdc::capture::{self, Capture, CaptureOptions, preflight_error};
 use crate::cdc::snapshot::SnapshotLoad;
 use crate::cdc::source::{Source, slot_in_use};
+use crate::config::Backfill;
 use crate::error::{Error, ErrorKind, Result, StorageFault};
 use crate::failpoint;
 use crate::lake::catalog::{Lake, namespace};
@@ -474,6 +475,7 @@ async fn run_once(
     let mut pipeline = Pipeline::new(lake, namespace, names, options, total);
     pipeline.commit_under(writer.insert(lock));
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
+    capture_options.backfill_chunked = options.run.backfill == Backfill::Chunked;
     // The lake claims a slot before it is made: its bronze tables record
     // the slot from the start, so a later run tells its own slot (one a
     // crash left before the load landed too) from another lake's.
@@ -497,7 +499,17 @@ async fn run_once(
         pipeline.adopt(adoption).await?;
     }
     let (load, mut pending, new_slot) = match opened {
-        Capture::Fresh { load, pending } => (Some(load), pending, true),
+        Capture::Fresh {
+            load,
+            pending,
+            chunked,
+        } => {
+            let relations = capture::describe(config, &chunked).await?;
+            pipeline
+                .begin_backfills(&relations, options.run.backfill_chunk_rows)
+                .await?;
+            (Some(load), pending, true)
+        }
         Capture::Resume { load, pending } => (load, pending, false),
     };
     // A slot just made has nothing to stream before its load; on one that
@@ -532,6 +544,7 @@ async fn run_once(
     pipeline.mark_unmarked(pending.start_lsn()).await?;
     let mut stream = pending.start().await?;
     *started = true;
+    pipeline.start_backfills(config);
     stream.record(stream.confirmed()).await?;
     pipeline.confirmed(stream.confirmed());
     let streamed = match beside {

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 
+use super::backfill::{Backfill, Progress};
 use super::naming::remove_state_folder;
 use super::{resync, table_set};
 use crate::cdc::event::{Change, TxInfo};
@@ -51,6 +52,8 @@ pub(super) struct TableSink {
     /// Silver commits since the last snapshot expiry, bronze commits since
     /// its last compaction.
     pub(super) commits_since_expiry: usize,
+    /// The table's chunked backfill, while it is not done.
+    pub(super) backfill: Option<Backfill>,
     pub(super) bronze_commits: usize,
 }
 
@@ -134,6 +137,13 @@ impl TableSink {
         if let Some(silver) = silver.as_mut().filter(|_| resync.is_some()) {
             silver.delete_all();
         }
+        // A backfill not done goes on from what bronze records of it.
+        let backfill = match (&silver, Progress::of(&bronze_table)) {
+            (Some(silver), Some(progress)) if !progress.done && resync.is_none() => {
+                Some(Backfill::new(progress, silver, Arc::new(relation.clone()))?)
+            }
+            _ => None,
+        };
         let bronze_at = Position::of(&bronze_table)?;
         if let Some(at) = bronze_at {
             metrics()
@@ -154,6 +164,7 @@ impl TableSink {
             silver_dirty: false,
             ops: HashMap::new(),
             commits_since_expiry: 0,
+            backfill,
             // Half a cycle ahead of silver's count, so that the two
             // compactions fall on different flushes and the stream waits
             // for one at a time.

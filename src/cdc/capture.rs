@@ -30,6 +30,9 @@ pub struct CaptureOptions {
     pub streaming: bool,
     /// Also deliver logical decoding messages.
     pub(crate) messages: bool,
+    /// Read each table whose key allows it by the chunked backfill
+    /// (docs/backfill.md) rather than in a new slot's snapshot.
+    pub(crate) backfill_chunked: bool,
     /// Create the slot as TEMPORARY (dropped when the connection closes).
     pub temporary_slot: bool,
     /// The tables the consumer already holds a complete copy of, or `None`
@@ -74,6 +77,7 @@ impl CaptureOptions {
             proto_version: 2,
             streaming: false,
             messages: true,
+            backfill_chunked: false,
             temporary_slot: false,
             held_tables: None,
             claimed: false,
@@ -122,6 +126,8 @@ pub enum Capture {
     Fresh {
         load: SnapshotLoad,
         pending: PendingStream,
+        /// The tables left out of the load for the chunked backfill.
+        chunked: Vec<TableName>,
     },
     /// The slot existed: load the tables the consumer lacks (from a
     /// temporary slot's snapshot, a later position than the slot's), then
@@ -440,8 +446,26 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         consistent_point = %created.consistent_point,
         "created replication slot; starting the initial load"
     );
-    let load = begin_load(config, &catalog, &created, options.tables.clone(), None).await?;
+    let mut chunked = Vec::new();
+    let mut snapshot = Vec::new();
+    for table in &options.tables {
+        if options.backfill_chunked {
+            let described = source::describe_table(catalog.client(), table).await?;
+            match source::chunk::chunk_key(catalog.client(), &described).await? {
+                Ok(_) => {
+                    chunked.push(table.clone());
+                    continue;
+                }
+                Err(why) => {
+                    tracing::info!(%table, reason = %why, "read in the slot's snapshot, not in chunks");
+                }
+            }
+        }
+        snapshot.push(table.clone());
+    }
+    let load = begin_load(config, &catalog, &created, snapshot, None).await?;
     Ok(Capture::Fresh {
+        chunked,
         load,
         pending: PendingStream {
             connection,

@@ -6,11 +6,13 @@
 //! - `assembler`: pgoutput messages to events, streamed transactions spooled.
 //! - `partition_rows`: attached and truncated partitions' rows, from the messages of their triggers.
 //! - `snapshot`: the initial load from the slot's exported snapshot.
+//! - `backfill`: a table read in key-range chunks beside the stream.
 //! - `stream`: the running change stream and its confirmation rules.
 //! - `capture`: preflight, publication and slot, then load or resume.
 //! - `source`: what the pipeline asks of the source outside the stream.
 
 pub mod assembler;
+pub(crate) mod backfill;
 pub mod capture;
 pub mod event;
 pub(crate) mod partition_rows;

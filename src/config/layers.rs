@@ -39,6 +39,8 @@ pub(super) const KEYS: &[(&str, Kind)] = &[
     ("atomic_commits", Kind::Bool),
     ("compact_after_files", Kind::Integer),
     ("load_connections", Kind::Integer),
+    ("backfill", Kind::Text),
+    ("backfill_chunk_rows", Kind::Integer),
     ("snapshot_retention", Kind::Text),
     ("retain_snapshots", Kind::Integer),
     ("exit_when_idle", Kind::Text),

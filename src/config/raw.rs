@@ -90,6 +90,15 @@ pub struct Raw {
     /// the slot's snapshot [default: 2].
     #[arg(long, value_name = "N")]
     pub(crate) load_connections: Option<i64>,
+    /// How a table with a primary key is loaded: `snapshot` (one COPY in
+    /// the slot's exported snapshot) or `chunked` (key-range chunks beside
+    /// the stream, no transaction held long; docs/backfill.md)
+    /// [default: snapshot].
+    #[arg(long, value_name = "snapshot|chunked")]
+    pub(crate) backfill: Option<String>,
+    /// Rows of a chunked backfill's chunk [default: 100000].
+    #[arg(long, value_name = "ROWS")]
+    pub(crate) backfill_chunk_rows: Option<i64>,
     /// Expire snapshots older than this (2h, 7d), keeping the newest
     /// --retain-snapshots however old [default: 1h].
     #[arg(long, value_name = "DURATION")]

@@ -101,7 +101,9 @@ pub async fn tail(config: &PgConfig, options: &TailOptions, out: &mut dyn Write)
     let confirms = options.slot != TailSlot::Peek;
     let mut written = 0u64;
     let mut stream = match capture::open(config, &capture_options).await? {
-        Capture::Fresh { mut load, pending } => {
+        Capture::Fresh {
+            mut load, pending, ..
+        } => {
             while let Some(event) = load.next_event().await? {
                 write_event(out, &event)?;
                 written += 1;

@@ -468,8 +468,9 @@ pub async fn open_fresh_as(
     config: &PgConfig,
     options: &CaptureOptions,
 ) -> (Vec<Event>, ChangeStream) {
-    let Capture::Fresh { mut load, pending } =
-        capture::open(config, options).await.expect("open capture")
+    let Capture::Fresh {
+        mut load, pending, ..
+    } = capture::open(config, options).await.expect("open capture")
     else {
         panic!("expected a new slot");
     };

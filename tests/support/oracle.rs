@@ -231,6 +231,9 @@ pub struct Oracle {
     readers: Vec<(&'static str, String)>,
     /// Flags every run gets after [`Self::run_args`]'.
     run_flags: Vec<String>,
+    /// The table is loaded by the chunked backfill: its reads come
+    /// among the changes, one per key read.
+    chunked: bool,
 }
 
 impl Oracle {
@@ -278,7 +281,27 @@ impl Oracle {
             remote: RemoteSettings::default(),
             readers: Vec::new(),
             run_flags: Vec::new(),
+            chunked: false,
         }
+    }
+
+    /// A scenario whose table the runs load by the chunked backfill
+    /// (docs/backfill.md), `chunk_rows` rows a chunk: `REPLICA IDENTITY
+    /// FULL`, as its out-of-line `note` needs for that.
+    pub async fn chunked(initial_rows: u64, chunk_rows: u64) -> Oracle {
+        let mut oracle = Oracle::new(initial_rows).await;
+        oracle
+            .db
+            .exec("ALTER TABLE accounts REPLICA IDENTITY FULL")
+            .await;
+        oracle.run_flags.extend([
+            "--backfill".to_owned(),
+            "chunked".to_owned(),
+            "--backfill-chunk-rows".to_owned(),
+            chunk_rows.to_string(),
+        ]);
+        oracle.chunked = true;
+        oracle
     }
 
     /// Runs from now on commit table by table (`--atomic-commits=false`),
@@ -591,13 +614,21 @@ impl Oracle {
             .pyiceberg(&format!("{NAMESPACE}.accounts_changes"), "rows")
             .await;
         let rows = bronze.as_array().unwrap();
-        // The load comes first, at the slot's consistent point; later reads
-        // are rows of attached partitions, which the audit records as `r`.
-        let (load, changes) = rows.split_at(rows.len().min(self.initial_rows as usize));
-        assert!(
-            load.len() as u64 == self.initial_rows && load.iter().all(|r| r["_cdc_op"] == "r"),
-            "the initial load, once"
-        );
+        let changes: Vec<Value> = match self.chunked {
+            true => self.backfill_reads(rows, &audit),
+            false => {
+                // The load comes first, at the slot's consistent point; later
+                // reads are rows of attached partitions, which the audit
+                // records as `r`.
+                let (load, changes) = rows.split_at(rows.len().min(self.initial_rows as usize));
+                assert!(
+                    load.len() as u64 == self.initial_rows
+                        && load.iter().all(|r| r["_cdc_op"] == "r"),
+                    "the initial load, once"
+                );
+                changes.to_vec()
+            }
+        };
         // A resync's reads, all at its snapshot's position, once (none
         // when the workload's TRUNCATE had left the table empty then).
         let (reads, changes): (Vec<&Value>, Vec<&Value>) = changes
@@ -670,6 +701,49 @@ impl Oracle {
             );
         }
         (audit.len(), digest.rows)
+    }
+}
+
+impl Oracle {
+    /// Bronze's changes without the chunked backfill's reads, which come
+    /// among them: at most one read of a key, and one of every key of the
+    /// first rows that no audited change touched (a key the workload
+    /// changed before its chunk was read may be read once or never).
+    fn backfill_reads(
+        &self,
+        rows: &[Value],
+        audit: &[(String, Option<Value>, Option<Value>)],
+    ) -> Vec<Value> {
+        let (reads, changes): (Vec<&Value>, Vec<&Value>) =
+            rows.iter().partition(|r| r["_cdc_op"] == "r");
+        let mut read = std::collections::HashSet::new();
+        for row in &reads {
+            assert!(
+                read.insert(row["id"].to_string()),
+                "key {} read twice; the runs logged:\n{}",
+                row["id"],
+                self.run_log()
+            );
+        }
+        let mut touched = std::collections::HashSet::new();
+        let mut truncated = false;
+        for (op, old, new) in audit {
+            truncated |= op == "t";
+            for image in [old, new].into_iter().flatten() {
+                touched.insert(image["id"].to_string());
+            }
+        }
+        if !truncated {
+            for id in 1..=self.initial_rows {
+                let id = id.to_string();
+                assert!(
+                    touched.contains(&id) || read.contains(&id),
+                    "key {id}, never changed, was never read; the runs logged:\n{}",
+                    self.run_log()
+                );
+            }
+        }
+        changes.into_iter().cloned().collect()
     }
 }
 

@@ -252,6 +252,8 @@ const RUN_TUNING: &[&str] = &[
     "max_batch_bytes",
     "compact_after_files",
     "load_connections",
+    "backfill",
+    "backfill_chunk_rows",
     "snapshot_retention",
     "retain_snapshots",
     "metrics_addr",

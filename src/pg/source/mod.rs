@@ -20,6 +20,7 @@ use crate::error::{Error, ErrorKind, Result, postgres};
 use crate::model::{SlotHealth, SlotInfo};
 
 mod catalog;
+pub(crate) mod chunk;
 mod install;
 mod preflight;
 mod publication;

@@ -143,7 +143,20 @@ pub(crate) async fn copy_out(
     table: &CatalogTable,
     casts: &[bool],
 ) -> Result<CopyOutStream> {
-    let columns = table
+    let columns = select_list(table, casts);
+    let only = if table.partitioned { "" } else { "ONLY " };
+    client
+        .copy_out(&format!(
+            "COPY (SELECT {columns} FROM {only}{}) TO STDOUT (FORMAT binary)",
+            table.name.quoted()
+        ))
+        .await
+        .map_err(|e| postgres(e, "cannot start COPY").with_context("table", &table.name))
+}
+
+/// The columns a load reads, those `casts` flags as their text output.
+pub(super) fn select_list(table: &CatalogTable, casts: &[bool]) -> String {
+    table
         .columns
         .iter()
         .zip(casts)
@@ -156,15 +169,7 @@ pub(crate) async fn copy_out(
             }
         })
         .collect::<Vec<_>>()
-        .join(", ");
-    let only = if table.partitioned { "" } else { "ONLY " };
-    client
-        .copy_out(&format!(
-            "COPY (SELECT {columns} FROM {only}{}) TO STDOUT (FORMAT binary)",
-            table.name.quoted()
-        ))
-        .await
-        .map_err(|e| postgres(e, "cannot start COPY").with_context("table", &table.name))
+        .join(", ")
 }
 
 /// Reads the next chunk of a COPY stream.

@@ -15,6 +15,8 @@ use parquet::schema::types::SchemaDescriptor;
 
 use super::{FileCounts, SilverTable, lake_error};
 use crate::cdc::event::{Change, Datum};
+use crate::cdc::relation::RelationInfo;
+use crate::cdc::value::Value;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::files::align::{align, field_id};
 use crate::lake::files::position_deletes::DeleteReader;
@@ -169,6 +171,44 @@ impl SilverTable {
                 .with_context("lsn", change.lsn)
                 .with_context("xid", change.tx.xid)
         })
+    }
+
+    /// The key of a backfill chunk's bound: each key column's text output
+    /// (`named`: column name and text), parsed as `relation` types it.
+    pub(crate) fn key_of_text(
+        &self,
+        relation: &RelationInfo,
+        named: &[(&str, &str)],
+    ) -> Result<Key> {
+        let mut fields = Vec::with_capacity(self.key_fields.len());
+        let mut values = Vec::with_capacity(self.key_fields.len());
+        for &i in &self.key_fields {
+            let field = self.schema.field(i);
+            let bound_error = |m: &str| {
+                Error::new(ErrorKind::Decode, m.to_owned())
+                    .with_context("table", &relation.name)
+                    .with_context("column", field.name())
+            };
+            let text = named
+                .iter()
+                .find(|(name, _)| name == field.name())
+                .map(|(_, text)| *text)
+                .ok_or_else(|| bound_error("a chunk bound lacks a key column"))?;
+            let column = relation
+                .columns
+                .iter()
+                .find(|c| &c.name == field.name())
+                .ok_or_else(|| bound_error("the table lacks a key column of silver"))?;
+            let value = column.pg_type.parse(text).map_err(|e| {
+                bound_error("a chunk bound is not of its key column's type").with_source(e)
+            })?;
+            fields.push(field);
+            values.push(value);
+        }
+        let values: Vec<&Value> = values.iter().collect();
+        self.codec
+            .encode_values(&fields, &values)
+            .map_err(|e| e.with_context("table", &relation.name))
     }
 }
 
