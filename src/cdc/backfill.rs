@@ -181,6 +181,7 @@ async fn read_range(
     range: &Range,
 ) -> Result<(Vec<LoadRows>, ReadSnapshot)> {
     let snapshot = chunk::begin_read(client, table).await?;
+    crate::failpoint::stall("chunk-read").await;
     // The columns as they are in the read's snapshot.
     let described = source::describe_table(client, &table.name).await?;
     let relation: Arc<RelationInfo> = Arc::new(catalog.relation_from_table(&described).await?);

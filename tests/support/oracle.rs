@@ -84,8 +84,9 @@ const TRIGGERS: &str = "
 /// The namespace the runs write to.
 pub const NAMESPACE: &str = "shop";
 
-/// One random transaction of the workload.
-fn transaction(rng: &mut impl Rng, next_id: &mut i64) -> String {
+/// One random transaction of the workload; with `truncates`, one in a
+/// hundred is a TRUNCATE.
+fn transaction(rng: &mut impl Rng, next_id: &mut i64, truncates: bool) -> String {
     let pick = "(SELECT id FROM accounts ORDER BY random() LIMIT 1)";
     let mut statement = |rng: &mut dyn rand::RngCore| -> String {
         match rng.random_range(0..100) {
@@ -119,7 +120,8 @@ fn transaction(rng: &mut impl Rng, next_id: &mut i64) -> String {
                 "INSERT INTO accounts SELECT i, 'bulk ' || i, 1, NULL FROM generate_series({from}, {next_id}) i;"
             )
         }
-        _ => "TRUNCATE accounts;".to_owned(),
+        _ if truncates => "TRUNCATE accounts;".to_owned(),
+        _ => statement(rng),
     };
     format!("BEGIN; {body} COMMIT;")
 }
@@ -135,13 +137,14 @@ async fn workload(
     commits: Arc<AtomicU64>,
     seed: u64,
     mut next_id: i64,
+    truncates: bool,
 ) -> i64 {
     let config = config_for(&url);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut client = SourceClient::connect(&config).await.expect("connect");
     while !stop.load(Ordering::Relaxed) {
         match client
-            .batch_execute(&transaction(&mut rng, &mut next_id))
+            .batch_execute(&transaction(&mut rng, &mut next_id, truncates))
             .await
         {
             Ok(()) => {
@@ -231,8 +234,11 @@ pub struct Oracle {
     readers: Vec<(&'static str, String)>,
     /// Flags every run gets after [`Self::run_args`]'.
     run_flags: Vec<String>,
+    /// Environment every run gets (failpoint stalls).
+    run_env: Vec<(&'static str, String)>,
     /// The table is loaded by the chunked backfill: its reads come
-    /// among the changes, one per key read.
+    /// among the changes, one per key read, and the workload truncates
+    /// nothing (a TRUNCATE would leave no row to read).
     chunked: bool,
 }
 
@@ -281,6 +287,7 @@ impl Oracle {
             remote: RemoteSettings::default(),
             readers: Vec::new(),
             run_flags: Vec::new(),
+            run_env: Vec::new(),
             chunked: false,
         }
     }
@@ -288,7 +295,10 @@ impl Oracle {
     /// A scenario whose table the runs load by the chunked backfill
     /// (docs/backfill.md), `chunk_rows` rows a chunk: `REPLICA IDENTITY
     /// FULL`, as its out-of-line `note` needs for that.
-    pub async fn chunked(initial_rows: u64, chunk_rows: u64) -> Oracle {
+    /// Each chunk's read waits `read_wait` between taking its snapshot
+    /// and reading (`chunk-read`, src/failpoint.rs): the workload's changes
+    /// then fall inside chunks' windows, after their snapshots.
+    pub async fn chunked(initial_rows: u64, chunk_rows: u64, read_wait: Duration) -> Oracle {
         let mut oracle = Oracle::new(initial_rows).await;
         oracle
             .db
@@ -301,6 +311,10 @@ impl Oracle {
             chunk_rows.to_string(),
         ]);
         oracle.chunked = true;
+        oracle.run_env.push((
+            wal2iceberg::failpoint::STALL_VARIABLE,
+            format!("chunk-read:{}", read_wait.as_millis()),
+        ));
         oracle
     }
 
@@ -407,6 +421,7 @@ impl Oracle {
             .args(self.run_args())
             .args(extra)
             .env("RUST_LOG", "wal2iceberg=info")
+            .envs(self.run_env.iter().cloned())
             .stdout(Stdio::null())
             .stderr(log)
             .kill_on_drop(true);
@@ -511,6 +526,7 @@ impl Oracle {
             self.commits.clone(),
             self.seed,
             self.next_id,
+            !self.chunked,
         ));
         self.workload = Some(Workload { stop, handle });
     }
