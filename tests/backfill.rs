@@ -7,7 +7,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 
 use crate::support::oracle::Oracle;
-use crate::support::{assert_success, verify_lake};
+use crate::support::{TestDb, assert_success, unique, verify_lake};
 
 /// The oracle's checks, and `verify`: bronze replayed, and silver, each
 /// equal to the source (a read of a key changed inside its chunk's
@@ -70,4 +70,139 @@ async fn a_chunked_backfill_under_a_random_workload_and_kills_loses_and_doubles_
         resumed.iter().any(|&rows| rows > 0),
         "a run went on where the lake stood: {resumed:?}"
     );
+}
+
+/// Dead rows of `junk` a VACUUM could not remove, after 1000 rows were
+/// inserted and deleted: rows some snapshot may still see. From VACUUM
+/// VERBOSE's report, which comes as notices.
+async fn dead_after_vacuum(db: &TestDb) -> u64 {
+    db.exec("INSERT INTO junk SELECT generate_series(1, 1000)")
+        .await;
+    db.exec("DELETE FROM junk").await;
+    let (client, mut connection) = tokio_postgres::connect(&db.config_url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let notices = tokio::spawn(async move {
+        let mut notices = Vec::new();
+        while let Some(message) = std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            if let Ok(tokio_postgres::AsyncMessage::Notice(notice)) = message {
+                notices.push(notice.message().to_owned());
+            }
+        }
+        notices
+    });
+    client.batch_execute("VACUUM (VERBOSE) junk").await.unwrap();
+    drop(client);
+    let notices = notices.await.unwrap().join("\n");
+    // PostgreSQL 15 on: "N are dead but not yet removable"; 14: "N dead
+    // row versions cannot be removed yet".
+    let count = |marker: &str| {
+        notices
+            .split(marker)
+            .next()
+            .filter(|before| before.len() < notices.len())
+            .and_then(|before| before.rsplit(' ').find(|w| !w.is_empty())?.parse().ok())
+    };
+    count(" are dead but not yet removable")
+        .or_else(|| count(" dead row versions cannot be removed yet"))
+        .unwrap_or_else(|| panic!("VACUUM VERBOSE said: {notices}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_remove_dead_rows() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE big(id int8 PRIMARY KEY, v int NOT NULL);
+         INSERT INTO big SELECT i, i FROM generate_series(1, 30000) i;
+         CREATE TABLE junk(id int);",
+    )
+    .await;
+    // The measure sees a snapshot held: a transaction open meanwhile keeps
+    // the deleted rows.
+    let holder = TestDb::connect(db.config_url()).await;
+    holder
+        .exec("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM big;")
+        .await;
+    assert_eq!(
+        dead_after_vacuum(&db).await,
+        1000,
+        "a held snapshot keeps dead rows"
+    );
+    holder.exec("COMMIT").await;
+    let lake = tempfile::tempdir().unwrap();
+    let slot = unique("backfill_xmin");
+    let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([
+            "run",
+            "--source",
+            &db.config_url(),
+            "--slot",
+            &slot,
+            "--lake",
+            &lake.path().display().to_string(),
+            "--namespace",
+            "shop",
+            "--tables",
+            "public.big",
+            "--backfill",
+            "chunked",
+            "--backfill-chunk-rows",
+            "1000",
+            "--exit-when-idle",
+            "1s",
+        ])
+        .env(wal2iceberg::failpoint::STALL_VARIABLE, "chunk-read:150")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let (mut oldest, mut horizons, mut vacuumed) =
+        (0.0f64, std::collections::BTreeSet::new(), None);
+    while run.try_wait().unwrap().is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(180),
+            "the backfill of 30,000 rows never ended"
+        );
+        for row in db
+            .client
+            .query(
+                "SELECT extract(epoch FROM now() - xact_start)::float8, backend_xmin::text \
+                 FROM pg_stat_activity WHERE application_name = 'wal2iceberg backfill' \
+                   AND xact_start IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            oldest = oldest.max(row.get(0));
+            if let Some(xmin) = row.get::<_, Option<String>>(1) {
+                horizons.insert(xmin);
+            }
+        }
+        if vacuumed.is_none() && started.elapsed() > Duration::from_secs(2) {
+            vacuumed = Some(dead_after_vacuum(&db).await);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = run.wait_with_output().await.unwrap();
+    assert_success(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    let chunks = log.matches("backfill chunk taken").count();
+    assert!(
+        chunks >= 30,
+        "30 chunks and the empty last one: {chunks}\n{log}"
+    );
+    assert!(oldest < 3.0, "a backfill transaction was {oldest} s old");
+    assert!(
+        horizons.len() >= 5,
+        "the reader's xmin moved on: {horizons:?}"
+    );
+    assert_eq!(
+        vacuumed,
+        Some(0),
+        "VACUUM removed the dead rows during the backfill"
+    );
+    assert_success(&verify_lake(&db, &slot, lake.path(), "public.big").await);
 }

@@ -196,7 +196,10 @@ impl Backfill {
             next,
         };
         tracing::info!(%table, rows = self.progress.rows, ranges_applied = self.progress.applied.len(), "backfill reads the table in chunks beside the stream");
-        let task = tokio::spawn(backfill::read(config.clone(), plan, asked, out));
+        // Told apart in pg_stat_activity.
+        let mut config = config.clone();
+        config.application_name = format!("{} backfill", config.application_name);
+        let task = tokio::spawn(backfill::read(config, plan, asked, out));
         self.reader = Some(Reader {
             chunks,
             again: Some(again),

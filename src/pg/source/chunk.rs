@@ -282,7 +282,13 @@ pub(crate) async fn begin_read(client: &Client, table: &CatalogTable) -> Result<
             });
         }
         client.batch_execute("ROLLBACK").await.map_err(context)?;
-        tracing::debug!(table = %table.name, attempt, "a chunk's snapshot missed a committed transaction: taken again");
+        if attempt % 500 == 0 {
+            tracing::warn!(
+                table = %table.name, attempts = attempt,
+                "a chunk's snapshot keeps counting committed transactions as running (are \
+                 commits waiting for a synchronous standby?): the backfill waits for them"
+            );
+        }
         tokio::time::sleep(RETRY_WAIT.min(Duration::from_millis(u64::from(attempt)))).await;
     }
     unreachable!("the attempts never run out")
