@@ -34,10 +34,13 @@ fn resumed_at(log: &str) -> Vec<u64> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_chunked_backfill_under_a_random_workload_and_kills_loses_and_doubles_nothing() {
-    let mut oracle = Oracle::chunked(20_000, 1_000, Duration::from_millis(300)).await;
-    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+/// A backfill of `oracle`'s table while the workload writes and five runs
+/// are killed 1 to 2.5 s apart; then the checks.
+async fn killed_five_times(mut oracle: Oracle, seed: u64) {
+    oracle
+        .load_in_chunks(1_000, Duration::from_millis(300))
+        .await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut run = oracle.spawn();
     oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
@@ -70,6 +73,16 @@ async fn a_chunked_backfill_under_a_random_workload_and_kills_loses_and_doubles_
         resumed.iter().any(|&rows| rows > 0),
         "a run went on where the lake stood: {resumed:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chunked_backfill_under_a_random_workload_and_kills_loses_and_doubles_nothing() {
+    killed_five_times(Oracle::new(20_000).await, 11).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partitioned_table_backfilled_in_chunks_while_rows_move_between_partitions() {
+    killed_five_times(Oracle::partitioned(20_000).await, 12).await;
 }
 
 /// Dead rows of `junk` a VACUUM could not remove, after 1000 rows were

@@ -292,30 +292,35 @@ impl Oracle {
         }
     }
 
-    /// A scenario whose table the runs load by the chunked backfill
-    /// (docs/backfill.md), `chunk_rows` rows a chunk: `REPLICA IDENTITY
-    /// FULL`, as its out-of-line `note` needs for that.
-    /// Each chunk's read waits `read_wait` between taking its snapshot
-    /// and reading (`chunk-read`, src/failpoint.rs): the workload's changes
-    /// then fall inside chunks' windows, after their snapshots.
-    pub async fn chunked(initial_rows: u64, chunk_rows: u64, read_wait: Duration) -> Oracle {
-        let mut oracle = Oracle::new(initial_rows).await;
-        oracle
-            .db
-            .exec("ALTER TABLE accounts REPLICA IDENTITY FULL")
+    /// Runs from now on load the table by the chunked backfill
+    /// (docs/backfill.md), `chunk_rows` rows a chunk, each chunk's read
+    /// waiting `read_wait` between taking its snapshot and reading
+    /// (`chunk-read`, src/failpoint.rs), so that the workload's changes
+    /// fall inside chunks' windows after their snapshots. The table and
+    /// its partitions get `REPLICA IDENTITY FULL`, which its out-of-line
+    /// `note` needs for that.
+    pub async fn load_in_chunks(&mut self, chunk_rows: u64, read_wait: Duration) {
+        self.db
+            .exec(
+                "ALTER TABLE accounts REPLICA IDENTITY FULL;
+                 DO $$ DECLARE r record; BEGIN
+                   FOR r IN SELECT relid FROM pg_partition_tree('accounts') LOOP
+                     EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', r.relid::regclass);
+                   END LOOP;
+                 END $$",
+            )
             .await;
-        oracle.run_flags.extend([
+        self.run_flags.extend([
             "--backfill".to_owned(),
             "chunked".to_owned(),
             "--backfill-chunk-rows".to_owned(),
             chunk_rows.to_string(),
         ]);
-        oracle.chunked = true;
-        oracle.run_env.push((
+        self.run_env.push((
             wal2iceberg::failpoint::STALL_VARIABLE,
             format!("chunk-read:{}", read_wait.as_millis()),
         ));
-        oracle
+        self.chunked = true;
     }
 
     /// Runs from now on commit table by table (`--atomic-commits=false`),

@@ -95,26 +95,32 @@ pub(crate) async fn chunk_key(
         }
         key.push(KeyColumn { name, sql_type });
     }
-    if table.replica_identity != b'f' {
-        let toastable: bool = client
-            .query_one(
-                "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = $1 AND attnum > 0 \
-                   AND NOT attisdropped AND attstorage <> 'p')",
-                &[&table.oid],
+    // The identity that counts is each leaf partition's, whose changes
+    // the stream carries.
+    let row = client
+        .query_one(
+            "SELECT bool_and(c.relreplident = 'f'), bool_or(EXISTS (SELECT FROM pg_attribute a \
+               WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped \
+               AND a.attstorage <> 'p')) \
+             FROM pg_class c WHERE c.oid = $1 OR c.oid IN \
+               (SELECT relid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf)",
+            &[&table.oid],
+        )
+        .await
+        .map_err(|e| {
+            postgres(
+                e,
+                "cannot read the table's replica identity and column storage",
             )
-            .await
-            .map_err(|e| {
-                postgres(e, "cannot read the table's column storage")
-                    .with_context("table", &table.name)
-            })?
-            .get(0);
-        if toastable {
-            return Ok(Err(
-                "a column may be stored out of line (TOAST) and the replica identity is not \
-                 FULL: an update of a row not read yet could leave its value out"
-                    .into(),
-            ));
-        }
+            .with_context("table", &table.name)
+        })?;
+    let (full, toastable): (Option<bool>, Option<bool>) = (row.get(0), row.get(1));
+    if !full.unwrap_or(false) && toastable.unwrap_or(false) {
+        return Ok(Err(
+            "a column may be stored out of line (TOAST) and the replica identity is not \
+             FULL: an update of a row not read yet could leave its value out"
+                .into(),
+        ));
     }
     Ok(Ok(key))
 }
