@@ -219,3 +219,53 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
     );
     assert_success(&verify_lake(&db, &slot, lake.path(), "public.big").await);
 }
+
+/// The premise of the backfill's key comparisons (src/lake/table/key.rs
+/// tests the encoding's side): PostgreSQL orders `int4` as numbers, text
+/// under the `C` collation and `uuid` byte by byte, column by column.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_orders_the_key_types_the_backfill_admits_as_the_lake_encodes_them() {
+    let db = TestDb::new().await;
+    db.exec("CREATE TABLE k(a int4, b text COLLATE \"C\", c uuid)")
+        .await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(5);
+    let alphabet = ["a", "B", "é", "z", "Ω", " ", "0", "~", "😀", "ab"];
+    let mut rows = Vec::new();
+    for _ in 0..400 {
+        let a: i32 = *[i32::MIN, -1, 0, 1, i32::MAX]
+            .get(rng.random_range(0..8))
+            .unwrap_or(&rng.random());
+        let b: String = (0..rng.random_range(0..3))
+            .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+            .collect();
+        let c: [u8; 16] = rng.random();
+        rows.push((a, b, c));
+    }
+    for (a, b, c) in &rows {
+        let uuid: String = c.iter().map(|x| format!("{x:02x}")).collect();
+        db.client
+            .execute(
+                "INSERT INTO k VALUES ($1, $2, $3::text::uuid)",
+                &[a, b, &uuid],
+            )
+            .await
+            .unwrap();
+    }
+    let server: Vec<(i32, String, String)> = db
+        .client
+        .query(
+            "SELECT a, b, replace(c::text, '-', '') FROM k ORDER BY a, b, c",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    rows.sort_by(|x, y| (x.0, x.1.as_bytes(), x.2).cmp(&(y.0, y.1.as_bytes(), y.2)));
+    let ours: Vec<(i32, String, String)> = rows
+        .into_iter()
+        .map(|(a, b, c)| (a, b, c.iter().map(|x| format!("{x:02x}")).collect()))
+        .collect();
+    assert_eq!(server, ours);
+}
