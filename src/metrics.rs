@@ -95,6 +95,8 @@ pub(crate) struct Metrics {
     silver_files: Family<TableContent, Gauge>,
     lake_table_files: Family<TableContent, Gauge>,
     lake_table_bytes: Family<TableLabel, Gauge>,
+    backfill_rows: Family<TableLabel, Counter>,
+    backfill_rows_estimated: Family<TableLabel, Gauge>,
 }
 
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
@@ -133,6 +135,8 @@ impl Metrics {
             silver_files: Family::default(),
             lake_table_files: Family::default(),
             lake_table_bytes: Family::default(),
+            backfill_rows: Family::default(),
+            backfill_rows_estimated: Family::default(),
         };
         let r = &mut m.registry;
         for (name, help, gauge) in [
@@ -244,6 +248,16 @@ impl Metrics {
             m.lake_table_bytes.clone(),
         );
         r.register(
+            "wal2iceberg_backfill_rows",
+            "rows the chunked backfill read into the lake, by source table",
+            m.backfill_rows.clone(),
+        );
+        r.register(
+            "wal2iceberg_backfill_rows_estimated",
+            "the source's estimate of the rows of a table under chunked backfill (pg_class.reltuples)",
+            m.backfill_rows_estimated.clone(),
+        );
+        r.register(
             "wal2iceberg_changes_applied",
             "changes committed to the lake, by source table and op",
             m.changes.clone(),
@@ -267,6 +281,19 @@ impl Metrics {
             op,
         };
         self.changes.get_or_create(&labels).inc_by(n);
+    }
+
+    /// A chunk of `rows` taken by a table's backfill, of about `estimate`.
+    pub(crate) fn backfill_chunk(&self, table: &str, rows: u64, estimate: Option<u64>) {
+        let label = TableLabel {
+            table: table.to_owned(),
+        };
+        self.backfill_rows.get_or_create(&label).inc_by(rows);
+        if let Some(estimate) = estimate {
+            self.backfill_rows_estimated
+                .get_or_create(&label)
+                .set(gauge_value(estimate));
+        }
     }
 
     /// The live data and delete files of a source table's silver table.

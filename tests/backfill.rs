@@ -7,7 +7,7 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 
 use crate::support::oracle::Oracle;
-use crate::support::{TestDb, assert_success, unique, verify_lake};
+use crate::support::{TestDb, assert_success, at_lake, unique, verify_lake};
 
 /// The oracle's checks, and `verify`: bronze replayed, and silver, each
 /// equal to the source (a read of a key changed inside its chunk's
@@ -165,12 +165,17 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
             "1s",
         ])
         .env(wal2iceberg::failpoint::STALL_VARIABLE, "chunk-read:150")
+        .env(
+            "RUST_LOG",
+            "wal2iceberg=info,wal2iceberg::apply::backfill=debug",
+        )
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let started = std::time::Instant::now();
+    let mut status = None;
     let (mut oldest, mut horizons, mut vacuumed) =
         (0.0f64, std::collections::BTreeSet::new(), None);
     while run.try_wait().unwrap().is_none() {
@@ -196,6 +201,7 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
         }
         if vacuumed.is_none() && started.elapsed() > Duration::from_secs(2) {
             vacuumed = Some(dead_after_vacuum(&db).await);
+            status = Some(at_lake("status", &db, &slot, lake.path(), "public.big").await);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -14,11 +14,13 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
 use iceberg::TableUpdate;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use super::pipeline::Pipeline;
 use super::sink::TableSink;
@@ -30,12 +32,16 @@ use crate::lake::catalog::Lake;
 use crate::lake::schema::evolve::Mode;
 use crate::lake::table::key::Key;
 use crate::lake::table::silver::SilverTable;
+use crate::metrics::metrics;
 use crate::model::{Lsn, TableName};
 use crate::pg::config::PgConfig;
 use crate::pg::source::chunk::Bound;
 
 /// Bronze's property recording a table's backfill ([`Progress`]).
 pub(crate) const PROGRESS: &str = "wal2iceberg.backfill";
+/// How often the backfill's progress is logged at least.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
 /// Silver's property while its backfill is not done.
 pub(crate) const INCOMPLETE: (&str, &str) = ("wal2iceberg.incomplete", "backfill");
 
@@ -47,6 +53,10 @@ pub(crate) struct Progress {
     pub(crate) applied: Vec<Range>,
     /// Rows read into the lake so far.
     pub(crate) rows: u64,
+    /// The source's estimate of the table's rows when the last chunk was
+    /// read (`pg_class.reltuples`), once the table was ever analyzed.
+    #[serde(default)]
+    pub(crate) estimate: Option<u64>,
     pub(crate) chunk_rows: u64,
     pub(crate) done: bool,
 }
@@ -134,6 +144,10 @@ pub(super) struct Backfill {
     commits: HashSet<u32>,
     /// The progress changed since the last commit.
     changed: bool,
+    /// When this run's first chunk came, and the rows applied then; when
+    /// progress was last logged.
+    started: Option<(Instant, u64)>,
+    logged: Instant,
     reader: Option<Reader>,
 }
 
@@ -179,6 +193,8 @@ impl Backfill {
             window: None,
             commits: HashSet::new(),
             changed: false,
+            started: None,
+            logged: Instant::now(),
             reader: None,
         })
     }
@@ -341,6 +357,30 @@ impl Backfill {
         self.changed = true;
     }
 
+    /// A log line on the backfill's progress every few seconds, and when
+    /// it is done: rows, the estimate, rate and time left.
+    fn log_progress(&mut self, table: &TableName) {
+        let now = Instant::now();
+        let (since, rows_then) = *self.started.get_or_insert((now, self.progress.rows));
+        if !self.progress.done && now < self.logged + PROGRESS_EVERY {
+            return;
+        }
+        self.logged = now;
+        let rows = self.progress.rows;
+        let rate = (rows - rows_then) as f64 / (now - since).as_secs_f64().max(0.001);
+        let estimate = self.progress.estimate;
+        tracing::info!(
+            %table,
+            rows,
+            estimate,
+            percent = estimate.filter(|&e| e > 0).map(|e| (rows as f64 * 1000.0 / e as f64).round() / 10.0),
+            rows_per_second = rate.round(),
+            seconds_left = estimate.map(|e| (e.saturating_sub(rows) as f64 / rate.max(1.0)).round()),
+            done = self.progress.done,
+            "backfill progress"
+        );
+    }
+
     fn read_again(&mut self, range: Range) {
         if let Some(again) = self.reader.as_ref().and_then(|r| r.again.as_ref()) {
             // A reader gone is told by its chunks' channel.
@@ -418,6 +458,7 @@ impl Pipeline<'_> {
             let progress = Progress {
                 applied: Vec::new(),
                 rows: 0,
+                estimate: None,
                 chunk_rows: chunk_rows as u64,
                 done: false,
             };
@@ -485,9 +526,11 @@ impl Pipeline<'_> {
                     chunk,
                     rows,
                     snapshot,
+                    estimate,
                 },
                 true,
             ) if chunk == mark.chunk => {
+                backfill.progress.estimate = estimate.or(backfill.progress.estimate);
                 let window = backfill
                     .window
                     .take()
@@ -588,7 +631,8 @@ impl Pipeline<'_> {
             .as_mut()
             .expect("the watermark found the backfill");
         backfill.apply_range(window.range, window.keys, taken);
-        tracing::info!(
+        metrics().backfill_chunk(&table.to_string(), taken, backfill.progress.estimate);
+        tracing::debug!(
             %table,
             chunk = window.chunk,
             rows = taken,
@@ -597,6 +641,7 @@ impl Pipeline<'_> {
             done = backfill.progress.done,
             "backfill chunk taken"
         );
+        backfill.log_progress(table);
         Ok(())
     }
 

@@ -31,7 +31,7 @@ use crate::model::Lsn;
 use crate::model::TableName;
 use crate::shutdown::Shutdown;
 
-mod backfill;
+pub(crate) mod backfill;
 mod flush;
 mod housekeeping;
 mod index_persistence;

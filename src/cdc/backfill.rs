@@ -49,6 +49,8 @@ pub(crate) enum Chunk {
         chunk: u64,
         rows: Vec<LoadRows>,
         snapshot: ReadSnapshot,
+        /// The table's row estimate then, once it was ever analyzed.
+        estimate: Option<u64>,
     },
 }
 
@@ -156,15 +158,14 @@ pub(crate) async fn read(
         }
         chunk::emit_watermark(&client, &watermark(false)).await?;
         let (rows, snapshot) = read_range(&client, &mut catalog, &described, &key, &range).await?;
-        if out
-            .send(Chunk::Read {
-                chunk,
-                rows,
-                snapshot,
-            })
-            .await
-            .is_err()
-        {
+        let estimate = chunk::row_estimate(&client, &described).await?;
+        let read = Chunk::Read {
+            chunk,
+            rows,
+            snapshot,
+            estimate,
+        };
+        if out.send(read).await.is_err() {
             return Ok(());
         }
         chunk::emit_watermark(&client, &watermark(true)).await?;

@@ -22,6 +22,7 @@ use iceberg::table::Table;
 use serde::Serialize;
 use tokio_postgres::error::SqlState;
 
+use crate::apply::backfill::Progress;
 use crate::apply::table_set::SOURCE_SLOT;
 use crate::cdc::capture::temporary_slot_name;
 use crate::cdc::temporal::{format_timestamp_utc, pg_micros_to_unix};
@@ -92,6 +93,20 @@ pub(crate) struct TableStatus {
     pub(crate) last_expiry: Option<String>,
     /// The slot a bronze table records it is replicated from.
     pub(crate) replicated_from: Option<String>,
+    /// A bronze table's chunked backfill, while it is not done.
+    pub(crate) backfill: Option<BackfillStatus>,
+}
+
+/// Where a table's chunked backfill stands, as its bronze records it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BackfillStatus {
+    /// Rows read into the lake.
+    pub(crate) rows: u64,
+    /// The source's estimate of the table's rows (`pg_class.reltuples`)
+    /// when the last chunk was read; null before it was ever analyzed.
+    pub(crate) rows_estimated: Option<u64>,
+    pub(crate) percent: Option<f64>,
+    pub(crate) chunk_rows: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -401,6 +416,17 @@ async fn table_statuses(
                 .and_then(|ms| ms.parse::<i64>().ok())
                 .map(|ms| format_timestamp_utc(ms * 1000)),
             replicated_from: table.metadata().properties().get(SOURCE_SLOT).cloned(),
+            backfill: Progress::of(&table)
+                .filter(|p| !p.done)
+                .map(|p| BackfillStatus {
+                    rows: p.rows,
+                    rows_estimated: p.estimate,
+                    percent: p
+                        .estimate
+                        .filter(|&e| e > 0)
+                        .map(|e| (p.rows as f64 * 100.0 / e as f64).min(100.0)),
+                    chunk_rows: p.chunk_rows,
+                }),
             table: ident.to_string(),
             commit_lsn: position.commit_lsn.to_string(),
             source_commit_time: format_timestamp_utc(position.commit_ts),
@@ -542,6 +568,21 @@ impl Status {
                 t.last_compaction.as_deref().unwrap_or("-"),
                 t.last_expiry.as_deref().unwrap_or("-")
             );
+        }
+        for t in &self.tables {
+            if let Some(b) = &t.backfill {
+                let _ = writeln!(
+                    out,
+                    "{}: backfill in chunks of {} rows, {} rows read{}; silver is incomplete until it ends",
+                    t.table,
+                    b.chunk_rows,
+                    b.rows,
+                    match (b.rows_estimated, b.percent) {
+                        (Some(e), Some(p)) => format!(" of about {e} ({p:.1}%)"),
+                        _ => String::new(),
+                    }
+                );
+            }
         }
         out
     }

@@ -316,10 +316,17 @@ impl Oracle {
             "--backfill-chunk-rows".to_owned(),
             chunk_rows.to_string(),
         ]);
-        self.run_env.push((
-            wal2iceberg::failpoint::STALL_VARIABLE,
-            format!("chunk-read:{}", read_wait.as_millis()),
-        ));
+        self.run_env.extend([
+            (
+                wal2iceberg::failpoint::STALL_VARIABLE,
+                format!("chunk-read:{}", read_wait.as_millis()),
+            ),
+            // Each chunk's line, which the checks read.
+            (
+                "RUST_LOG",
+                "wal2iceberg=info,wal2iceberg::apply::backfill=debug".to_owned(),
+            ),
+        ]);
         self.chunked = true;
     }
 

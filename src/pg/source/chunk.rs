@@ -333,6 +333,28 @@ pub(crate) async fn copy_chunk(
         .map_err(|e| postgres(e, "cannot start a chunk's COPY").with_context("table", &table.name))
 }
 
+/// The planner's estimate of the table's rows (`pg_class.reltuples`, its
+/// partitions' for a partitioned table); `None` before it was ever
+/// analyzed or vacuumed.
+pub(crate) async fn row_estimate(client: &Client, table: &CatalogTable) -> Result<Option<u64>> {
+    let row = client
+        .query_one(
+            "SELECT sum(reltuples) FILTER (WHERE reltuples >= 0)::int8, \
+                    bool_or(reltuples >= 0) \
+             FROM pg_class WHERE oid = $1 OR oid IN \
+               (SELECT relid FROM pg_partition_tree($1::oid::regclass) WHERE isleaf)",
+            &[&table.oid],
+        )
+        .await
+        .map_err(|e| {
+            postgres(e, "cannot read the table's row estimate").with_context("table", &table.name)
+        })?;
+    let (sum, known): (Option<i64>, Option<bool>) = (row.get(0), row.get(1));
+    Ok(sum
+        .filter(|_| known == Some(true))
+        .and_then(|n| u64::try_from(n).ok()))
+}
+
 /// Ends a chunk's read.
 pub(crate) async fn end_read(client: &Client, table: &TableName) -> Result<()> {
     client
