@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
+use wal2iceberg::ops::scratch::ScratchPostgres;
 
 use crate::support::oracle::Oracle;
 use crate::support::{TestDb, assert_success, at_lake, unique, verify_lake};
@@ -123,7 +124,10 @@ async fn dead_after_vacuum(db: &TestDb) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_remove_dead_rows() {
-    let db = TestDb::new().await;
+    // A server of its own: other tests' slots and snapshots hold back
+    // what VACUUM may remove in every database of theirs.
+    let pg = ScratchPostgres::start(&[], &[]).expect("a server of this test's own");
+    let db = TestDb::create_on(&pg).await;
     db.exec(
         "CREATE TABLE big(id int8 PRIMARY KEY, v int NOT NULL);
          INSERT INTO big SELECT i, i FROM generate_series(1, 30000) i;
@@ -223,6 +227,18 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
         Some(0),
         "VACUUM removed the dead rows during the backfill"
     );
+    // Meanwhile status told the backfill's progress.
+    let status = status.expect("status ran during the backfill");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        text.contains("shop.big_changes: backfill in chunks of 1000 rows")
+            && text.contains("silver is incomplete until it ends"),
+        "{text}"
+    );
+    // Done, the table is no longer under backfill.
+    let after = at_lake("status", &db, &slot, lake.path(), "public.big").await;
+    let after = String::from_utf8_lossy(&after.stdout);
+    assert!(!after.contains("backfill in chunks"), "{after}");
     assert_success(&verify_lake(&db, &slot, lake.path(), "public.big").await);
 }
 
