@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use wal2iceberg::ops::scratch::ScratchPostgres;
 
 use crate::support::oracle::Oracle;
-use crate::support::{TestDb, assert_success, at_lake, unique, verify_lake};
+use crate::support::{TestDb, assert_success, at_lake, request_resync, unique, verify_lake};
 
 /// The oracle's checks, and `verify`: bronze replayed, and silver, each
 /// equal to the source (a read of a key changed inside its chunk's
@@ -148,36 +148,7 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
     holder.exec("COMMIT").await;
     let lake = tempfile::tempdir().unwrap();
     let slot = unique("backfill_xmin");
-    let mut run = tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args([
-            "run",
-            "--source",
-            &db.config_url(),
-            "--slot",
-            &slot,
-            "--lake",
-            &lake.path().display().to_string(),
-            "--namespace",
-            "shop",
-            "--tables",
-            "public.big",
-            "--backfill",
-            "chunked",
-            "--backfill-chunk-rows",
-            "1000",
-            "--exit-when-idle",
-            "1s",
-        ])
-        .env(wal2iceberg::failpoint::STALL_VARIABLE, "chunk-read:150")
-        .env(
-            "RUST_LOG",
-            "wal2iceberg=info,wal2iceberg::apply::backfill=debug",
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut run = backfill_run(&db, &slot, lake.path(), "public.big", 150);
     let started = std::time::Instant::now();
     let mut status = None;
     let (mut oldest, mut horizons, mut vacuumed) =
@@ -239,6 +210,109 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
     let after = at_lake("status", &db, &slot, lake.path(), "public.big").await;
     let after = String::from_utf8_lossy(&after.stdout);
     assert!(!after.contains("backfill in chunks"), "{after}");
+    assert_success(&verify_lake(&db, &slot, lake.path(), "public.big").await);
+}
+
+/// `wal2iceberg run` of `table` by the chunked backfill, 1000 rows a
+/// chunk, each read waiting `read_wait_ms`, until idle for 1 s; the
+/// chunks' lines in its stderr.
+fn backfill_run(
+    db: &TestDb,
+    slot: &str,
+    lake: &std::path::Path,
+    table: &str,
+    read_wait_ms: u64,
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
+        .args([
+            "run",
+            "--source",
+            &db.config_url(),
+            "--slot",
+            slot,
+            "--lake",
+            &lake.display().to_string(),
+            "--namespace",
+            "shop",
+            "--tables",
+            table,
+            "--backfill",
+            "chunked",
+            "--backfill-chunk-rows",
+            "1000",
+            "--exit-when-idle",
+            "1s",
+        ])
+        .env(
+            wal2iceberg::failpoint::STALL_VARIABLE,
+            format!("chunk-read:{read_wait_ms}"),
+        )
+        .env(
+            "RUST_LOG",
+            "wal2iceberg=info,wal2iceberg::apply::backfill=debug",
+        )
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resync_during_a_chunked_backfill_reloads_the_table_and_ends_the_backfill() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE big(id int8 PRIMARY KEY, v int NOT NULL);
+         INSERT INTO big SELECT i, i FROM generate_series(1, 30000) i;",
+    )
+    .await;
+    let lake = tempfile::tempdir().unwrap();
+    let slot = unique("backfill_resync");
+    let run = backfill_run(&db, &slot, lake.path(), "public.big", 300);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    db.exec("UPDATE big SET v = v + 1 WHERE id % 7 = 0").await;
+    request_resync(&db, lake.path(), "public.big").await;
+    // The resync's load reads from a temporary slot's snapshot: once that
+    // is gone, silver holds the table whole, and rows the backfill had not
+    // read change.
+    let temporary = "SELECT count(*) FROM pg_replication_slots WHERE temporary \
+                     AND database = current_database()";
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = false;
+    loop {
+        let n: i64 = db.client.query_one(temporary, &[]).await.unwrap().get(0);
+        if seen && n == 0 {
+            break;
+        }
+        seen |= n > 0;
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the resync never loaded"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    db.exec(
+        "DELETE FROM big WHERE id > 25000 AND id % 11 = 0; UPDATE big SET v = -v WHERE id > 26000",
+    )
+    .await;
+    let out = tokio::time::timeout(Duration::from_secs(180), run.wait_with_output())
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert_success(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("backfill chunk taken") && log.contains("resynced"),
+        "{log}"
+    );
+    let chunks = log.matches("backfill chunk taken").count();
+    assert!(
+        chunks < 30,
+        "the resync ended the backfill: {chunks} chunks\n{log}"
+    );
+    let status = at_lake("status", &db, &slot, lake.path(), "public.big").await;
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.contains("backfill in chunks"), "{status}");
     assert_success(&verify_lake(&db, &slot, lake.path(), "public.big").await);
 }
 

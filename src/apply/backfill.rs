@@ -30,6 +30,7 @@ use crate::cdc::relation::RelationInfo;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::Lake;
 use crate::lake::schema::evolve::Mode;
+use crate::lake::table::bronze::BronzeTable;
 use crate::lake::table::key::Key;
 use crate::lake::table::silver::SilverTable;
 use crate::metrics::metrics;
@@ -310,16 +311,6 @@ impl Backfill {
         .with_context("table", table))
     }
 
-    /// The progress to record, once changed: bronze's property, and for
-    /// silver whether it is complete now.
-    pub(super) fn take_progress(&mut self) -> Option<(String, bool)> {
-        if !std::mem::take(&mut self.changed) {
-            return None;
-        }
-        let text = serde_json::to_string(&self.progress).expect("progress serializes");
-        Some((text, self.progress.done))
-    }
-
     fn apply_range(&mut self, range: Range, keys: Keys, rows: u64) {
         let at = self
             .applied
@@ -387,6 +378,48 @@ impl Backfill {
             let _ = again.send(range);
         }
     }
+}
+
+/// Ends a backfill not done for a reload of the whole table (a resync):
+/// its commits record the backfill done and silver complete.
+pub(super) async fn end_with_reload(
+    lake: &Lake,
+    (bronze, table): (&mut BronzeTable, &iceberg::table::Table),
+    silver: &mut SilverTable,
+    progress: Progress,
+) -> Result<()> {
+    let done = Progress {
+        done: true,
+        ..progress
+    };
+    stage_progress(lake, (bronze, table), silver, &done).await
+}
+
+/// Stages `progress` into bronze's properties, and once it is done the
+/// end of silver's mark.
+async fn stage_progress(
+    lake: &Lake,
+    (bronze, table): (&mut BronzeTable, &iceberg::table::Table),
+    silver: &mut SilverTable,
+    progress: &Progress,
+) -> Result<()> {
+    let text = serde_json::to_string(progress).expect("progress serializes");
+    bronze.stage_schema(
+        table,
+        vec![TableUpdate::SetProperties {
+            updates: [(PROGRESS.to_owned(), text)].into(),
+        }],
+    );
+    if progress.done {
+        let table = silver.table(lake).await?;
+        silver.stage_schema(
+            &table,
+            vec![TableUpdate::RemoveProperties {
+                removals: vec![INCOMPLETE.0.to_owned()],
+            }],
+        );
+    }
+    Ok(())
 }
 
 /// A range's keys in silver's encoding.
@@ -649,29 +682,24 @@ impl Pipeline<'_> {
     /// bronze's record, and silver's mark gone once it is complete.
     pub(super) async fn stage_backfill_progress(&mut self) -> Result<()> {
         for sink in self.sinks.values_mut() {
-            let Some((text, done)) = sink.backfill.as_mut().and_then(Backfill::take_progress)
+            let (Some(backfill), Some(silver)) = (sink.backfill.as_mut(), sink.silver.as_mut())
             else {
                 continue;
             };
+            if !std::mem::take(&mut backfill.changed) {
+                continue;
+            }
             let bronze = sink.bronze.table(&self.lake).await?;
-            sink.bronze.stage_schema(
-                &bronze,
-                vec![TableUpdate::SetProperties {
-                    updates: [(PROGRESS.to_owned(), text)].into(),
-                }],
-            );
+            stage_progress(
+                &self.lake,
+                (&mut sink.bronze, &bronze),
+                silver,
+                &backfill.progress,
+            )
+            .await?;
             sink.bronze_dirty = true;
-            if done {
-                if let Some(silver) = sink.silver.as_mut() {
-                    let table = silver.table(&self.lake).await?;
-                    silver.stage_schema(
-                        &table,
-                        vec![TableUpdate::RemoveProperties {
-                            removals: vec![INCOMPLETE.0.to_owned()],
-                        }],
-                    );
-                    sink.silver_dirty = true;
-                }
+            if backfill.progress.done {
+                sink.silver_dirty = true;
                 sink.backfill = None;
             }
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use futures_util::TryStreamExt;
 use iceberg::TableIdent;
 
-use super::backfill::{Backfill, Progress};
+use super::backfill::{self, Backfill, Progress};
 use super::naming::remove_state_folder;
 use super::{resync, table_set};
 use crate::cdc::event::{Change, TxInfo};
@@ -137,11 +137,23 @@ impl TableSink {
         if let Some(silver) = silver.as_mut().filter(|_| resync.is_some()) {
             silver.delete_all();
         }
-        // A backfill not done goes on from what bronze records of it.
-        let backfill = match (&silver, Progress::of(&bronze_table)) {
-            (Some(silver), Some(progress)) if !progress.done && resync.is_none() => {
-                Some(Backfill::new(progress, silver, Arc::new(relation.clone()))?)
-            }
+        // A backfill not done goes on from what bronze records of it; a
+        // resync's load reads the table whole, and ends it.
+        let mut bronze_writer = BronzeTable::new(bronze);
+        let backfill = match (silver.as_mut(), Progress::of(&bronze_table)) {
+            (Some(silver), Some(progress)) if !progress.done => match resync {
+                None => Some(Backfill::new(progress, silver, Arc::new(relation.clone()))?),
+                Some(_) => {
+                    backfill::end_with_reload(
+                        lake,
+                        (&mut bronze_writer, &bronze_table),
+                        silver,
+                        progress,
+                    )
+                    .await?;
+                    None
+                }
+            },
             _ => None,
         };
         let bronze_at = Position::of(&bronze_table)?;
@@ -154,7 +166,7 @@ impl TableSink {
             bronze_relation: None,
             silver_relation: None,
             reloading: false,
-            bronze: BronzeTable::new(bronze),
+            bronze: bronze_writer,
             bronze_at,
             silver_at: silver_at.filter(|_| resync.is_none()),
             silver,
