@@ -1,0 +1,288 @@
+//! The pipeline's side of a backfill: its tables begun and their
+//! readers started, the watermarks the stream meets, and a chunk's rows
+//! taken at its high one.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use iceberg::TableUpdate;
+
+use super::{Backfill, Chunk, INCOMPLETE, Plan, Progress, Route, Window, keys};
+use crate::apply::pipeline::Pipeline;
+use crate::apply::sink::TableSink;
+use crate::cdc::backfill::Watermark;
+use crate::cdc::event::{Change, Op, TxInfo};
+use crate::cdc::relation::RelationInfo;
+use crate::error::{Error, ErrorKind, Result};
+use crate::lake::catalog::Lake;
+use crate::lake::schema::evolve::Mode;
+use crate::metrics::metrics;
+use crate::model::{Lsn, TableName};
+use crate::pg::config::PgConfig;
+
+impl Pipeline<'_> {
+    /// Whether a backfill reads beside the stream still.
+    pub(in crate::apply) fn backfilling(&self) -> bool {
+        self.sinks
+            .values()
+            .any(|s| s.backfill.as_ref().is_some_and(Backfill::reading))
+    }
+
+    /// Begins the backfill of `relations`' tables, which a new slot's load
+    /// left out: their first commit, at the slot's consistent point, records
+    /// nothing applied and marks silver incomplete.
+    pub(crate) async fn begin_backfills(
+        &mut self,
+        relations: &[RelationInfo],
+        chunk_rows: usize,
+    ) -> Result<()> {
+        for relation in relations {
+            self.ensure_sink(relation).await?;
+            let sink = self
+                .sinks
+                .get_mut(&relation.name)
+                .expect("ensure_sink just ran");
+            let Some(silver) = sink.silver.as_mut() else {
+                continue;
+            };
+            let progress = Progress {
+                applied: Vec::new(),
+                rows: 0,
+                estimate: None,
+                chunk_rows: chunk_rows as u64,
+                done: false,
+            };
+            let mut backfill = Backfill::new(progress, silver, Arc::new(relation.clone()))?;
+            backfill.changed = true;
+            let table = silver.table(&self.lake).await?;
+            silver.stage_schema(
+                &table,
+                vec![TableUpdate::SetProperties {
+                    updates: [(INCOMPLETE.0.to_owned(), INCOMPLETE.1.to_owned())].into(),
+                }],
+            );
+            sink.backfill = Some(backfill);
+        }
+        Ok(())
+    }
+
+    /// Starts the reader of every table whose backfill is not done.
+    pub(crate) fn start_backfills(&mut self, config: &PgConfig) {
+        for (table, sink) in &mut self.sinks {
+            if let Some(backfill) = sink.backfill.as_mut().filter(|b| !b.progress.done) {
+                backfill.start(config, table);
+            }
+        }
+    }
+
+    /// A watermark of a backfill's reader: its chunk's window opens at the
+    /// low one and its rows are taken at the high one. Watermarks of
+    /// another run's reader (a replay after a restart) are passed by.
+    pub(in crate::apply) async fn watermark(
+        &mut self,
+        tx: TxInfo,
+        lsn: Lsn,
+        content: &[u8],
+    ) -> Result<()> {
+        let Some(mark) = Watermark::parse(content) else {
+            tracing::warn!(%lsn, "a backfill watermark is not one wal2iceberg wrote: ignored");
+            return Ok(());
+        };
+        let table = TableName {
+            schema: mark.schema,
+            name: mark.name,
+        };
+        let Some(sink) = self.sinks.get_mut(&table) else {
+            return Ok(());
+        };
+        let (Some(backfill), Some(silver)) = (sink.backfill.as_mut(), sink.silver.as_ref()) else {
+            return Ok(());
+        };
+        if backfill.run != mark.run || backfill.reader.is_none() {
+            return Ok(());
+        }
+        let chunk = backfill.next_chunk(&table).await?;
+        match (chunk, mark.high) {
+            (Chunk::Planned { chunk, range }, false) if chunk == mark.chunk => {
+                let keys = keys(silver, &backfill.relation, &range)?;
+                backfill.window = Some(Window {
+                    chunk,
+                    range,
+                    keys,
+                    before_low: std::mem::take(&mut backfill.commits),
+                    dirty: HashSet::new(),
+                    held: Vec::new(),
+                    truncated: false,
+                });
+                Ok(())
+            }
+            (
+                Chunk::Read {
+                    chunk,
+                    rows,
+                    snapshot,
+                    estimate,
+                },
+                true,
+            ) if chunk == mark.chunk => {
+                backfill.progress.estimate = estimate.or(backfill.progress.estimate);
+                let window = backfill
+                    .window
+                    .take()
+                    .filter(|w| w.chunk == chunk)
+                    .ok_or_else(|| {
+                        Error::new(
+                            ErrorKind::Protocol,
+                            "a chunk's rows came with no window open",
+                        )
+                        .with_context("table", &table)
+                    })?;
+                let missed = window.before_low.iter().any(|&xid| snapshot.misses(xid));
+                let relation = rows.first().map(|r| r.relation.clone());
+                let moved = relation.as_ref().is_some_and(|read| {
+                    sink.silver_relation
+                        .as_ref()
+                        .is_some_and(|r| r.columns != read.columns)
+                        || window
+                            .held
+                            .iter()
+                            .any(|c| c.relation.columns != read.columns)
+                });
+                if missed || moved {
+                    tracing::info!(%table, chunk, missed, schema_changed = moved, "a chunk's read is void and is read again");
+                    backfill.read_again(window.range);
+                    return Ok(());
+                }
+                self.take_chunk(&table, tx, lsn, window, rows).await
+            }
+            _ => Err(Error::new(
+                ErrorKind::Protocol,
+                "a backfill watermark does not match its reader's chunk",
+            )
+            .with_context("table", &table)
+            .with_context("lsn", lsn)),
+        }
+    }
+
+    /// The rows of a chunk whose window closed at `lsn` of `tx`: those of
+    /// keys not dirty into both tables, the window's changes into silver
+    /// after them.
+    async fn take_chunk(
+        &mut self,
+        table: &TableName,
+        tx: TxInfo,
+        lsn: Lsn,
+        window: Window,
+        rows: Vec<crate::cdc::snapshot::LoadRows>,
+    ) -> Result<()> {
+        let lake = &self.lake;
+        let sink = self
+            .sinks
+            .get_mut(table)
+            .expect("the watermark found the sink");
+        let mut seq = 0;
+        let mut taken = 0u64;
+        for run in &rows {
+            sink.follow(lake, &run.relation, Some(Mode::Bronze), Some(Mode::Silver))
+                .await?;
+            let mut changes = Vec::with_capacity(run.rows.len());
+            run.for_each_row(tx.commit_lsn, |row| {
+                changes.push(Change {
+                    op: Op::Read,
+                    relation: run.relation.clone(),
+                    tx,
+                    seq: 0,
+                    lsn,
+                    before: None,
+                    after: Some(row),
+                    truncate_options: 0,
+                });
+            })?;
+            for mut change in changes {
+                if window.truncated {
+                    continue;
+                }
+                let silver = sink.silver.as_mut().expect("a backfill has silver");
+                let after = change.after.as_deref().unwrap_or_default();
+                if window.dirty.contains(&silver.key_of(&change, after)?) {
+                    continue;
+                }
+                change.seq = seq;
+                seq += 1;
+                stage_read(lake, sink, Arc::new(change)).await?;
+                taken += 1;
+            }
+        }
+        let silver = sink.silver.as_mut().expect("a backfill has silver");
+        for change in window.held {
+            let bytes = change.approx_bytes();
+            silver.stage(lake, change, bytes).await?;
+        }
+        sink.silver_dirty = true;
+        sink.bronze_dirty = true;
+        self.batch_changes += taken as usize;
+        let backfill = sink
+            .backfill
+            .as_mut()
+            .expect("the watermark found the backfill");
+        backfill.apply_range(window.range, window.keys, taken);
+        metrics().backfill_chunk(&table.to_string(), taken, backfill.progress.estimate);
+        tracing::debug!(
+            %table,
+            chunk = window.chunk,
+            rows = taken,
+            dropped = window.dirty.len(),
+            rows_so_far = backfill.progress.rows,
+            done = backfill.progress.done,
+            "backfill chunk taken"
+        );
+        backfill.log_progress(table);
+        Ok(())
+    }
+}
+
+impl TableSink {
+    /// Holds or stages for silver what `plan` says of `change`, which
+    /// bronze took.
+    pub(in crate::apply) async fn take_backfilled(
+        &mut self,
+        lake: &Lake,
+        plan: Plan,
+        change: &Arc<Change>,
+    ) -> Result<()> {
+        let halves = match plan {
+            Plan::Whole(Route::Hold) => vec![(Route::Hold, change.clone())],
+            Plan::Whole(_) => Vec::new(),
+            Plan::Split { delete, insert } => vec![delete, insert],
+        };
+        for (route, half) in halves {
+            match route {
+                Route::Apply => {
+                    if let Some(silver) = self.silver.as_mut() {
+                        let bytes = half.approx_bytes();
+                        silver.stage(lake, half, bytes).await?;
+                        self.silver_dirty = true;
+                    }
+                }
+                Route::Hold => {
+                    if let Some(backfill) = self.backfill.as_mut() {
+                        backfill.hold(half);
+                    }
+                }
+                Route::Leave => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A row a chunk read, into both tables.
+async fn stage_read(lake: &Lake, sink: &mut TableSink, change: Arc<Change>) -> Result<()> {
+    let bytes = change.approx_bytes();
+    sink.bronze.stage(lake, change.clone(), bytes).await?;
+    if let Some(silver) = sink.silver.as_mut() {
+        silver.stage(lake, change, bytes).await?;
+    }
+    *sink.ops.entry(Op::Read.code()).or_default() += 1;
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! What bronze records of a table's backfill, and how it is staged
+//! into a batch's commits.
+
+use std::collections::VecDeque;
+
+use iceberg::TableUpdate;
+use serde::{Deserialize, Serialize};
+
+use crate::apply::pipeline::Pipeline;
+use crate::cdc::backfill::Range;
+use crate::error::Result;
+use crate::lake::catalog::Lake;
+use crate::lake::table::bronze::BronzeTable;
+use crate::lake::table::silver::SilverTable;
+use crate::pg::source::chunk::Bound;
+
+/// Bronze's property recording a table's backfill ([`Progress`]).
+pub(crate) const PROGRESS: &str = "wal2iceberg.backfill";
+
+/// Silver's property while its backfill is not done.
+pub(crate) const INCOMPLETE: (&str, &str) = ("wal2iceberg.incomplete", "backfill");
+
+/// What bronze records of a table's backfill, in the commit of each
+/// chunk's rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Progress {
+    /// The ranges silver holds, in key order.
+    pub(crate) applied: Vec<Range>,
+    /// Rows read into the lake so far.
+    pub(crate) rows: u64,
+    /// The source's estimate of the table's rows when the last chunk was
+    /// read (`pg_class.reltuples`), once the table was ever analyzed.
+    #[serde(default)]
+    pub(crate) estimate: Option<u64>,
+    pub(crate) chunk_rows: u64,
+    pub(crate) done: bool,
+}
+
+impl Progress {
+    pub(crate) fn of(table: &iceberg::table::Table) -> Option<Progress> {
+        let text = table.metadata().properties().get(PROGRESS)?;
+        serde_json::from_str(text).ok()
+    }
+
+    /// The ranges not applied yet, in key order, the last one (to the
+    /// table's end) apart: where the reader plans chunks from.
+    pub(super) fn left(&self) -> (VecDeque<Range>, Option<Option<Bound>>) {
+        let mut gaps = VecDeque::new();
+        // Where the next applied range should start; `None` past the end.
+        let mut cursor: Option<Option<Bound>> = Some(None);
+        for range in &self.applied {
+            let Some(at) = cursor else { break };
+            if at != range.after {
+                gaps.push_back(Range {
+                    after: at,
+                    upto: range.after.clone(),
+                });
+            }
+            cursor = range.upto.clone().map(Some);
+        }
+        (gaps, cursor)
+    }
+}
+
+/// Ends a backfill not done for a reload of the whole table (a resync):
+/// its commits record the backfill done and silver complete.
+pub(in crate::apply) async fn end_with_reload(
+    lake: &Lake,
+    (bronze, table): (&mut BronzeTable, &iceberg::table::Table),
+    silver: &mut SilverTable,
+    progress: Progress,
+) -> Result<()> {
+    let done = Progress {
+        done: true,
+        ..progress
+    };
+    stage_progress(lake, (bronze, table), silver, &done).await
+}
+
+/// Stages `progress` into bronze's properties, and once it is done the
+/// end of silver's mark.
+async fn stage_progress(
+    lake: &Lake,
+    (bronze, table): (&mut BronzeTable, &iceberg::table::Table),
+    silver: &mut SilverTable,
+    progress: &Progress,
+) -> Result<()> {
+    let text = serde_json::to_string(progress).expect("progress serializes");
+    bronze.stage_schema(
+        table,
+        vec![TableUpdate::SetProperties {
+            updates: [(PROGRESS.to_owned(), text)].into(),
+        }],
+    );
+    if progress.done {
+        let table = silver.table(lake).await?;
+        silver.stage_schema(
+            &table,
+            vec![TableUpdate::RemoveProperties {
+                removals: vec![INCOMPLETE.0.to_owned()],
+            }],
+        );
+    }
+    Ok(())
+}
+
+impl Pipeline<'_> {
+    /// Stages every backfill's progress that changed into the open batch:
+    /// bronze's record, and silver's mark gone once it is complete.
+    pub(in crate::apply) async fn stage_backfill_progress(&mut self) -> Result<()> {
+        for sink in self.sinks.values_mut() {
+            let (Some(backfill), Some(silver)) = (sink.backfill.as_mut(), sink.silver.as_mut())
+            else {
+                continue;
+            };
+            if !std::mem::take(&mut backfill.changed) {
+                continue;
+            }
+            let bronze = sink.bronze.table(&self.lake).await?;
+            stage_progress(
+                &self.lake,
+                (&mut sink.bronze, &bronze),
+                silver,
+                &backfill.progress,
+            )
+            .await?;
+            sink.bronze_dirty = true;
+            if backfill.progress.done {
+                sink.silver_dirty = true;
+                sink.backfill = None;
+            }
+        }
+        Ok(())
+    }
+}
