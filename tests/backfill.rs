@@ -8,7 +8,7 @@ use rand::{Rng, SeedableRng};
 use wal2iceberg::ops::scratch::ScratchPostgres;
 
 use crate::support::oracle::Oracle;
-use crate::support::{TestDb, assert_success, at_lake, request_resync, unique, verify_lake};
+use crate::support::{TestDb, assert_success, at_lake, cli, request_resync, unique, verify_lake};
 
 /// The oracle's checks, and `verify`: bronze replayed, and silver, each
 /// equal to the source (a read of a key changed inside its chunk's
@@ -35,8 +35,23 @@ fn resumed_at(log: &str) -> Vec<u64> {
         .collect()
 }
 
+/// The rows the lake records its table's backfill read; `None` before
+/// its first commit and once it is done.
+async fn backfilled_rows(oracle: &Oracle) -> Option<u64> {
+    let mut args = vec!["status".to_owned(), "--json".to_owned()];
+    args.extend(oracle.place_args());
+    let out = cli(&args).await;
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    status["tables"]
+        .as_array()?
+        .iter()
+        .find(|t| t["table"] == "shop.accounts_changes")?["backfill"]["rows"]
+        .as_u64()
+}
+
 /// A backfill of `oracle`'s table while the workload writes and five runs
-/// are killed 1 to 2.5 s apart; then the checks.
+/// are killed, each at a random moment after it recorded progress; then
+/// the checks.
 async fn killed_five_times(mut oracle: Oracle, seed: u64) {
     oracle
         .load_in_chunks(1_000, Duration::from_millis(300))
@@ -45,8 +60,28 @@ async fn killed_five_times(mut oracle: Oracle, seed: u64) {
     let mut run = oracle.spawn();
     oracle.wait_loaded(&mut run).await;
     oracle.start_workload();
+    // Each run is killed at a random moment once it moved the recorded
+    // progress on, so that the next one has something to resume from.
+    let mut recorded = 0;
     for _ in 0..5 {
-        tokio::time::sleep(Duration::from_millis(rng.random_range(1000..2500))).await;
+        let give_up = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            match backfilled_rows(&oracle).await {
+                Some(rows) if rows > recorded => {
+                    recorded = rows;
+                    break;
+                }
+                None if recorded > 0 => break,
+                _ => {}
+            }
+            assert!(
+                std::time::Instant::now() < give_up,
+                "no chunk landed in two minutes:\n{}",
+                oracle.run_log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..700))).await;
         run.kill().await.unwrap();
         run = oracle.spawn();
     }

@@ -142,11 +142,8 @@ impl Pipeline<'_> {
                 let moved = relation.as_ref().is_some_and(|read| {
                     sink.silver_relation
                         .as_ref()
-                        .is_some_and(|r| r.columns != read.columns)
-                        || window
-                            .held
-                            .iter()
-                            .any(|c| c.relation.columns != read.columns)
+                        .is_some_and(|r| !same_columns(r, read))
+                        || window.held.iter().any(|c| !same_columns(&c.relation, read))
                 });
                 if missed || moved {
                     tracing::info!(%table, chunk, missed, schema_changed = moved, "a chunk's read is void and is read again");
@@ -239,6 +236,15 @@ impl Pipeline<'_> {
         backfill.log_progress(table);
         Ok(())
     }
+}
+
+/// Whether two descriptions of a table have the same columns, by name
+/// and type (how the stream and the catalog mark keys may differ).
+fn same_columns(a: &RelationInfo, b: &RelationInfo) -> bool {
+    a.columns.len() == b.columns.len()
+        && a.columns.iter().zip(&b.columns).all(|(x, y)| {
+            (&x.name, x.type_oid, x.type_modifier) == (&y.name, y.type_oid, y.type_modifier)
+        })
 }
 
 impl TableSink {
