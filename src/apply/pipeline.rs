@@ -16,6 +16,7 @@ use super::resync;
 use super::sink::{TableSink, wants};
 use super::tally::Tally;
 use super::{RunOptions, RunReport};
+use crate::cdc::backfill;
 use crate::cdc::event::Event;
 use crate::cdc::relation::RelationInfo;
 use crate::cdc::stream::{ChangeStream, Next};
@@ -31,7 +32,6 @@ use crate::lake::table::gap::Gap;
 use crate::metrics::metrics;
 use crate::model::Lsn;
 use crate::model::TableName;
-use crate::pg::source::chunk;
 
 pub struct Pipeline<'r> {
     pub(super) lake: Lake,
@@ -463,7 +463,7 @@ impl Pipeline<'_> {
                 lsn,
                 prefix,
                 content,
-            } if prefix == chunk::WATERMARK => self.watermark(tx, lsn, &content).await?,
+            } if prefix == backfill::WATERMARK => self.watermark(tx, lsn, &content).await?,
             Event::Begin(_) | Event::Message { .. } => {}
         }
         Ok(taken)

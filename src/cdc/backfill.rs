@@ -21,7 +21,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::copy::BinaryCopyReader;
-use crate::pg::source::chunk::{self, Bound, KeyColumn, ReadSnapshot};
+use crate::pg::source::chunk::{self, KeyColumn, ReadSnapshot};
+/// The pipeline meets the watermarks and bounds through the domain.
+pub(crate) use crate::pg::source::chunk::{Bound, WATERMARK};
 use crate::pg::source::{self, CatalogTable, SourceClient};
 
 /// A key range `(after, upto]`; `None` is the table's start, or its end.

@@ -23,7 +23,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cdc::backfill::{self, Chunk, Range, ReadPlan};
+use crate::cdc::backfill::{self, Bound, Chunk, Range, ReadPlan};
 use crate::cdc::event::{Change, Op};
 use crate::cdc::relation::RelationInfo;
 use crate::error::{Error, ErrorKind, Result};
@@ -31,7 +31,6 @@ use crate::lake::table::key::Key;
 use crate::lake::table::silver::SilverTable;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
-use crate::pg::source::chunk::Bound;
 
 use progress::INCOMPLETE;
 pub(crate) use progress::Progress;

@@ -7,12 +7,11 @@ use iceberg::TableUpdate;
 use serde::{Deserialize, Serialize};
 
 use crate::apply::pipeline::Pipeline;
-use crate::cdc::backfill::Range;
+use crate::cdc::backfill::{Bound, Range};
 use crate::error::Result;
 use crate::lake::catalog::Lake;
 use crate::lake::table::bronze::BronzeTable;
 use crate::lake::table::silver::SilverTable;
-use crate::pg::source::chunk::Bound;
 
 /// Bronze's property recording a table's backfill ([`Progress`]).
 pub(crate) const PROGRESS: &str = "wal2iceberg.backfill";
