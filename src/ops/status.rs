@@ -421,10 +421,7 @@ async fn table_statuses(
                 .map(|p| BackfillStatus {
                     rows: p.rows,
                     rows_estimated: p.estimate,
-                    percent: p
-                        .estimate
-                        .filter(|&e| e > 0)
-                        .map(|e| (p.rows as f64 * 100.0 / e as f64).min(100.0)),
+                    percent: p.percent(),
                     chunk_rows: p.chunk_rows,
                 }),
             table: ident.to_string(),

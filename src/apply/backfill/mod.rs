@@ -315,7 +315,7 @@ impl Backfill {
             %table,
             rows,
             estimate,
-            percent = estimate.filter(|&e| e > 0).map(|e| (rows as f64 * 1000.0 / e as f64).round() / 10.0),
+            percent = self.progress.percent().map(|p| (p * 10.0).round() / 10.0),
             rows_per_second = rate.round(),
             seconds_left = estimate.map(|e| (e.saturating_sub(rows) as f64 / rate.max(1.0)).round()),
             done = self.progress.done,
@@ -333,9 +333,9 @@ impl Backfill {
 
 /// A range's keys in silver's encoding.
 fn keys(silver: &SilverTable, relation: &RelationInfo, range: &Range) -> Result<Keys> {
+    let names = relation_key_names(relation);
     let encode = |bound: &Option<Bound>| -> Result<Option<Key>> {
         let Some(bound) = bound else { return Ok(None) };
-        let names = relation_key_names(relation);
         let named: Vec<(&str, &str)> = names
             .iter()
             .map(String::as_str)
