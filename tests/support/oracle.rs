@@ -597,12 +597,20 @@ impl Oracle {
 
     /// The usual end of a scenario: a run picks up while the workload goes
     /// on for a second and is killed, the workload stops, a last run
-    /// drains the slot, and the check.
+    /// drains the slot, and the check. A last insert after the workload
+    /// keeps a row to compare even when its last transaction truncated.
     pub async fn finish(&mut self) -> (usize, u64) {
         let mut next = self.spawn();
         tokio::time::sleep(Duration::from_secs(1)).await;
         next.kill().await.unwrap();
         self.stop_workload().await;
+        self.next_id += 1;
+        let id = self.next_id;
+        self.db
+            .exec(&format!(
+                "INSERT INTO accounts VALUES ({id}, 'last', 1, NULL)"
+            ))
+            .await;
         self.drain().await;
         self.check().await
     }
