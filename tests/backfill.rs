@@ -49,13 +49,10 @@ async fn backfilled_rows(oracle: &Oracle) -> Option<u64> {
         .as_u64()
 }
 
-/// A backfill of `oracle`'s table while the workload writes and five runs
-/// are killed, each at a random moment after it recorded progress; then
-/// the checks.
-async fn killed_five_times(mut oracle: Oracle, seed: u64) {
-    oracle
-        .load_in_chunks(1_000, Duration::from_millis(300))
-        .await;
+/// A backfill of `oracle`'s table, set up for it, while the workload
+/// writes and five runs are killed, each at a random moment after it
+/// recorded progress; then the checks. The runs' log.
+async fn killed_five_times(mut oracle: Oracle, seed: u64) -> String {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut run = oracle.spawn();
     oracle.wait_loaded(&mut run).await;
@@ -109,16 +106,46 @@ async fn killed_five_times(mut oracle: Oracle, seed: u64) {
         resumed.iter().any(|&rows| rows > 0),
         "a run went on where the lake stood: {resumed:?}"
     );
+    log
+}
+
+/// `oracle`'s table read in chunks of 1,000, each read waiting 300 ms
+/// after its snapshot so that the workload's changes fall inside windows.
+async fn in_chunks(mut oracle: Oracle) -> Oracle {
+    oracle
+        .load_in_chunks(1_000, Duration::from_millis(300))
+        .await;
+    oracle
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_chunked_backfill_under_a_random_workload_and_kills_loses_and_doubles_nothing() {
-    killed_five_times(Oracle::new(20_000).await, 11).await;
+    killed_five_times(in_chunks(Oracle::new(20_000).await).await, 11).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partitioned_table_backfilled_in_chunks_while_rows_move_between_partitions() {
-    killed_five_times(Oracle::partitioned(20_000).await, 12).await;
+    killed_five_times(in_chunks(Oracle::partitioned(20_000).await).await, 12).await;
+}
+
+/// A table that joins the table set of a lake streaming from its slot is
+/// read in chunks beside the stream too, not in a temporary slot's
+/// snapshot, with the same checks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_added_to_a_streaming_lake_is_backfilled_in_chunks_under_kills() {
+    let mut oracle = in_chunks(Oracle::new(20_000).await).await;
+    oracle
+        .db
+        .exec("CREATE TABLE other(id int PRIMARY KEY, v int); INSERT INTO other VALUES (1, 1)")
+        .await;
+    oracle.set("--tables", "public.other");
+    assert_success(&oracle.run_until_idle("2s").await);
+    oracle.set("--tables", "public.other,public.accounts");
+    let log = killed_five_times(oracle, 13).await;
+    assert!(
+        !log.contains("temporary slot's snapshot"),
+        "no table was read in a snapshot:\n{log}"
+    );
 }
 
 /// Dead rows of `junk` a VACUUM could not remove, after 1000 rows were

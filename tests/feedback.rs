@@ -63,6 +63,7 @@ async fn resume(db: &TestDb, options: &capture::CaptureOptions) -> ChangeStream 
         Capture::Resume {
             load: None,
             pending,
+            ..
         } => pending.start().await.unwrap(),
         Capture::Resume { load: Some(_), .. } => panic!("nothing to load"),
         Capture::Fresh { .. } => panic!("the slot should exist"),

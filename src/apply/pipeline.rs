@@ -507,6 +507,11 @@ impl Pipeline<'_> {
         Ok(loaded)
     }
 
+    /// The tables [`Self::loaded_tables`] found a resync pending on.
+    pub(crate) fn resyncing_tables(&self) -> Vec<TableName> {
+        self.resyncing.keys().cloned().collect()
+    }
+
     /// Opens the sink of `relation`'s table unless it is open.
     pub(super) async fn ensure_sink(&mut self, relation: &RelationInfo) -> Result<()> {
         if self.sinks.contains_key(&relation.name) {

@@ -476,6 +476,7 @@ async fn run_once(
     pipeline.commit_under(writer.insert(lock));
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
     capture_options.backfill_chunked = options.run.backfill == Backfill::Chunked;
+    capture_options.reloads = pipeline.resyncing_tables();
     // The lake claims a slot before it is made: its bronze tables record
     // the slot from the start, so a later run tells its own slot (one a
     // crash left before the load landed too) from another lake's.
@@ -498,20 +499,22 @@ async fn run_once(
     if let Some(adoption) = &adoption {
         pipeline.adopt(adoption).await?;
     }
-    let (load, mut pending, new_slot) = match opened {
+    let (load, mut pending, new_slot, chunked) = match opened {
         Capture::Fresh {
             load,
             pending,
             chunked,
-        } => {
-            let relations = capture::describe(config, &chunked).await?;
-            pipeline
-                .begin_backfills(&relations, options.run.backfill_chunk_rows)
-                .await?;
-            (Some(load), pending, true)
-        }
-        Capture::Resume { load, pending } => (load, pending, false),
+        } => (Some(load), pending, true, chunked),
+        Capture::Resume {
+            load,
+            pending,
+            chunked,
+        } => (load, pending, false, chunked),
     };
+    let relations = capture::describe(config, &chunked).await?;
+    pipeline
+        .begin_backfills(&relations, options.run.backfill_chunk_rows)
+        .await?;
     // A slot just made has nothing to stream before its load; on one that
     // streamed, the tables to load are loaded beside the stream.
     let (beside, first) = match load {

@@ -33,6 +33,9 @@ pub struct CaptureOptions {
     /// Read each table whose key allows it by the chunked backfill
     /// (docs/backfill.md) rather than in a new slot's snapshot.
     pub(crate) backfill_chunked: bool,
+    /// Tables a resync reloads: read whole in a snapshot, never in chunks
+    /// (silver's rows are replaced in one commit).
+    pub(crate) reloads: Vec<TableName>,
     /// Create the slot as TEMPORARY (dropped when the connection closes).
     pub temporary_slot: bool,
     /// The tables the consumer already holds a complete copy of, or `None`
@@ -78,6 +81,7 @@ impl CaptureOptions {
             streaming: false,
             messages: true,
             backfill_chunked: false,
+            reloads: Vec::new(),
             temporary_slot: false,
             held_tables: None,
             claimed: false,
@@ -137,6 +141,8 @@ pub enum Capture {
     Resume {
         load: Option<SnapshotLoad>,
         pending: PendingStream,
+        /// The tables the consumer lacks left to the chunked backfill.
+        chunked: Vec<TableName>,
     },
 }
 
@@ -407,6 +413,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
                 .cloned()
                 .collect(),
         };
+        let (chunked, missing) = chunked_or_snapshot(&catalog, options, missing).await?;
         let load = if missing.is_empty() {
             None
         } else {
@@ -424,6 +431,7 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         let start_lsn = info.confirmed_flush_lsn.unwrap_or_default();
         return Ok(Capture::Resume {
             load,
+            chunked,
             pending: PendingStream {
                 connection,
                 start: StartOptions { start_lsn, ..start },
@@ -446,23 +454,8 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
         consistent_point = %created.consistent_point,
         "created replication slot; starting the initial load"
     );
-    let mut chunked = Vec::new();
-    let mut snapshot = Vec::new();
-    for table in &options.tables {
-        if options.backfill_chunked {
-            let described = source::describe_table(catalog.client(), table).await?;
-            match source::chunk::chunk_key(catalog.client(), &described).await? {
-                Ok(_) => {
-                    chunked.push(table.clone());
-                    continue;
-                }
-                Err(why) => {
-                    tracing::info!(%table, reason = %why, "read in the slot's snapshot, not in chunks");
-                }
-            }
-        }
-        snapshot.push(table.clone());
-    }
+    let (chunked, snapshot) =
+        chunked_or_snapshot(&catalog, options, options.tables.clone()).await?;
     let load = begin_load(config, &catalog, &created, snapshot, None).await?;
     Ok(Capture::Fresh {
         chunked,
@@ -477,6 +470,34 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
             tables: options.tables.clone(),
         },
     })
+}
+
+/// `tables` parted into those the chunked backfill reads (with
+/// `backfill_chunked`, each whose key allows it and no resync reloads)
+/// and those read in a snapshot; each of the latter says why.
+async fn chunked_or_snapshot(
+    catalog: &Catalog,
+    options: &CaptureOptions,
+    tables: Vec<TableName>,
+) -> Result<(Vec<TableName>, Vec<TableName>)> {
+    let mut chunked = Vec::new();
+    let mut snapshot = Vec::new();
+    for table in tables {
+        if options.backfill_chunked && !options.reloads.contains(&table) {
+            let described = source::describe_table(catalog.client(), &table).await?;
+            match source::chunk::chunk_key(catalog.client(), &described).await? {
+                Ok(_) => {
+                    chunked.push(table);
+                    continue;
+                }
+                Err(why) => {
+                    tracing::info!(%table, reason = %why, "read in a snapshot, not in chunks");
+                }
+            }
+        }
+        snapshot.push(table);
+    }
+    Ok((chunked, snapshot))
 }
 
 /// SQLSTATE of CREATE_REPLICATION_SLOT for a slot that exists, which

@@ -28,9 +28,11 @@ impl Pipeline<'_> {
             .any(|s| s.backfill.as_ref().is_some_and(Backfill::reading))
     }
 
-    /// Begins the backfill of `relations`' tables, which a new slot's load
-    /// left out: their first commit, at the slot's consistent point, records
-    /// nothing applied and marks silver incomplete.
+    /// Begins the backfill of `relations`' tables, which the lake lacks (a
+    /// new slot's load left them out, or they joined the table set): their
+    /// first commit records nothing applied and marks silver incomplete.
+    /// A silver that an earlier try's commit left without bronze's record
+    /// of what it holds is emptied in that commit.
     pub(crate) async fn begin_backfills(
         &mut self,
         relations: &[RelationInfo],
@@ -52,6 +54,7 @@ impl Pipeline<'_> {
                 chunk_rows: chunk_rows as u64,
                 done: false,
             };
+            silver.delete_all();
             let mut backfill = Backfill::new(progress, silver, Arc::new(relation.clone()))?;
             backfill.changed = true;
             let table = silver.table(&self.lake).await?;

@@ -41,14 +41,15 @@ impl Progress {
         serde_json::from_str(text).ok()
     }
 
-    /// The ranges not applied yet, in key order, the last one (to the
-    /// table's end) apart: where the reader plans chunks from.
     /// Rows read as a share of the estimate, in percent (at most 100).
     pub(crate) fn percent(&self) -> Option<f64> {
         self.estimate
             .filter(|&e| e > 0)
             .map(|e| (self.rows as f64 * 100.0 / e as f64).min(100.0))
     }
+
+    /// The ranges not applied yet, in key order, the last one (to the
+    /// table's end) apart: where the reader plans chunks from.
 
     pub(super) fn left(&self) -> (VecDeque<Range>, Option<Option<Bound>>) {
         let mut gaps = VecDeque::new();
