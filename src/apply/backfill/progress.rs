@@ -50,7 +50,6 @@ impl Progress {
 
     /// The ranges not applied yet, in key order, the last one (to the
     /// table's end) apart: where the reader plans chunks from.
-
     pub(super) fn left(&self) -> (VecDeque<Range>, Option<Option<Bound>>) {
         let mut gaps = VecDeque::new();
         // Where the next applied range should start; `None` past the end.
