@@ -62,6 +62,9 @@ pub struct Pipeline<'r> {
     pub(super) state_dir: std::path::PathBuf,
     /// The tables this start resyncs ([`resync`]), by request.
     pub(super) resyncing: HashMap<TableName, String>,
+    /// Those of them a schema change or a rewrite asked for: silver is
+    /// loaded in one snapshot, never in chunks.
+    pub(crate) reload_whole: Vec<TableName>,
     /// Whether this run asked for a resync itself (a new column with a
     /// default), to be done at the next transaction boundary.
     pub(super) resync_asked: bool,
@@ -131,6 +134,7 @@ impl<'r> Pipeline<'r> {
             retention: options.run.retention,
             state_dir: options.state_dir.clone(),
             resyncing: HashMap::new(),
+            reload_whole: Vec::new(),
             resync_asked: false,
             replay_after_resync: false,
             beside: None,
@@ -491,6 +495,9 @@ impl Pipeline<'_> {
             if let Some(id) = resync::pending(&bronze) {
                 if !resync::committed(&bronze, &id) {
                     tracing::info!(%table, request = %id, "resyncing: silver is loaded again from a new snapshot");
+                    if !resync::in_chunks(&bronze, &id) {
+                        self.reload_whole.push(table.clone());
+                    }
                     self.resyncing.insert(table.clone(), id);
                     continue;
                 }
@@ -505,11 +512,6 @@ impl Pipeline<'_> {
             }
         }
         Ok(loaded)
-    }
-
-    /// The tables [`Self::loaded_tables`] found a resync pending on.
-    pub(crate) fn resyncing_tables(&self) -> Vec<TableName> {
-        self.resyncing.keys().cloned().collect()
     }
 
     /// Opens the sink of `relation`'s table unless it is open.

@@ -31,6 +31,11 @@ use crate::lake::schema::{HISTORY_ONLY, KEYED, RETIRED, history_only};
 /// Bronze's properties: the latest request, and the latest one done.
 pub(crate) const REQUESTED: &str = "wal2iceberg.resync-requested";
 pub(crate) const DONE: &str = "wal2iceberg.resync-done";
+/// Bronze's property: the latest request a run under `--backfill chunked`
+/// may do by the chunked backfill (docs/backfill.md). Only the user's
+/// requests are: those a schema change or a rewrite makes need silver's
+/// schema rebuilt by a reload's one commit.
+pub(crate) const IN_CHUNKS: &str = "wal2iceberg.resync-in-chunks";
 /// The snapshot summary property of bronze's commit of a reload's rows.
 pub(crate) const RESYNCED: &str = "wal2iceberg.resynced";
 
@@ -66,6 +71,25 @@ pub(crate) async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String
     lake.update_properties(ident, &[(REQUESTED, id.clone())])
         .await?;
     Ok(id)
+}
+
+/// Records the user's request on the bronze table `ident`, which may be
+/// done in chunks ([`IN_CHUNKS`]); its id.
+pub(crate) async fn request_by_user(lake: &Lake, ident: &TableIdent) -> Result<String> {
+    let id = uuid::Uuid::new_v4().to_string();
+    lake.update_properties(ident, &[(REQUESTED, id.clone()), (IN_CHUNKS, id.clone())])
+        .await?;
+    Ok(id)
+}
+
+/// Whether request `id` on `bronze` may be done in chunks.
+pub(crate) fn in_chunks(bronze: &Table, id: &str) -> bool {
+    bronze
+        .metadata()
+        .properties()
+        .get(IN_CHUNKS)
+        .map(String::as_str)
+        == Some(id)
 }
 
 /// Records on the bronze table `ident` of a table without a primary key

@@ -476,7 +476,7 @@ async fn run_once(
     pipeline.commit_under(writer.insert(lock));
     capture_options.held_tables = Some(pipeline.loaded_tables(&capture_options.tables).await?);
     capture_options.backfill_chunked = options.run.backfill == Backfill::Chunked;
-    capture_options.reloads = pipeline.resyncing_tables();
+    capture_options.reload_whole = std::mem::take(&mut pipeline.reload_whole);
     // The lake claims a slot before it is made: its bronze tables record
     // the slot from the start, so a later run tells its own slot (one a
     // crash left before the load landed too) from another lake's.

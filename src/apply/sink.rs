@@ -129,6 +129,7 @@ impl TableSink {
             .map(Position::of)
             .transpose()?
             .flatten();
+        let progress = silver_table.as_ref().and_then(Progress::of);
         let mut silver = match silver_table {
             Some(table) => Some(SilverTable::open_with_state(silver_ident, table, state).await?),
             None => None,
@@ -137,20 +138,13 @@ impl TableSink {
         if let Some(silver) = silver.as_mut().filter(|_| resync.is_some()) {
             silver.delete_all();
         }
-        // A backfill not done goes on from what bronze records of it; a
+        // A backfill not done goes on from what silver records of it; a
         // resync's load reads the table whole, and ends it.
-        let mut bronze_writer = BronzeTable::new(bronze);
-        let backfill = match (silver.as_mut(), Progress::of(&bronze_table)) {
+        let backfill = match (silver.as_mut(), progress) {
             (Some(silver), Some(progress)) if !progress.done => match resync {
                 None => Some(Backfill::new(progress, silver, Arc::new(relation.clone()))?),
                 Some(_) => {
-                    backfill::end_with_reload(
-                        lake,
-                        (&mut bronze_writer, &bronze_table),
-                        silver,
-                        progress,
-                    )
-                    .await?;
+                    backfill::end_with_reload(lake, silver, progress).await?;
                     None
                 }
             },
@@ -166,7 +160,7 @@ impl TableSink {
             bronze_relation: None,
             silver_relation: None,
             reloading: false,
-            bronze: bronze_writer,
+            bronze: BronzeTable::new(bronze),
             bronze_at,
             silver_at: silver_at.filter(|_| resync.is_none()),
             silver,

@@ -33,9 +33,9 @@ pub struct CaptureOptions {
     /// Read each table whose key allows it by the chunked backfill
     /// (docs/backfill.md) rather than in a new slot's snapshot.
     pub(crate) backfill_chunked: bool,
-    /// Tables a resync reloads: read whole in a snapshot, never in chunks
-    /// (silver's rows are replaced in one commit).
-    pub(crate) reloads: Vec<TableName>,
+    /// Tables read whole in a snapshot even so: reloads a schema change
+    /// or a rewrite asked for, whose silver schema the reload rebuilds.
+    pub(crate) reload_whole: Vec<TableName>,
     /// Create the slot as TEMPORARY (dropped when the connection closes).
     pub temporary_slot: bool,
     /// The tables the consumer already holds a complete copy of, or `None`
@@ -81,7 +81,7 @@ impl CaptureOptions {
             streaming: false,
             messages: true,
             backfill_chunked: false,
-            reloads: Vec::new(),
+            reload_whole: Vec::new(),
             temporary_slot: false,
             held_tables: None,
             claimed: false,
@@ -473,7 +473,8 @@ pub async fn open(config: &PgConfig, options: &CaptureOptions) -> Result<Capture
 }
 
 /// `tables` parted into those the chunked backfill reads (with
-/// `backfill_chunked`, each whose key allows it and no resync reloads)
+/// `backfill_chunked`, each whose key allows it and that no reload
+/// needs whole)
 /// and those read in a snapshot; each of the latter says why.
 async fn chunked_or_snapshot(
     catalog: &Catalog,
@@ -483,7 +484,7 @@ async fn chunked_or_snapshot(
     let mut chunked = Vec::new();
     let mut snapshot = Vec::new();
     for table in tables {
-        if options.backfill_chunked && !options.reloads.contains(&table) {
+        if options.backfill_chunked && !options.reload_whole.contains(&table) {
             let described = source::describe_table(catalog.client(), &table).await?;
             match source::chunk::chunk_key(catalog.client(), &described).await? {
                 Ok(_) => {

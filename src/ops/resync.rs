@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use iceberg::{NamespaceIdent, TableIdent};
 
-use crate::apply::resync::{DONE, request_on};
+use crate::apply::backfill::INCOMPLETE;
+use crate::apply::resync::{DONE, request_by_user};
 use crate::apply::table_set;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::catalog::{Lake, LakeLocation};
@@ -42,6 +43,7 @@ pub async fn request(options: &ResyncOptions) -> Result<Resync> {
         None => table_set::recorded_name(&lake, &options.namespace, &options.table, None).await?,
     };
     let ident = TableIdent::new(options.namespace.clone(), format!("{name}_changes"));
+    let silver_ident = TableIdent::new(options.namespace.clone(), name);
     let refused = |why: &str| {
         Error::new(
             ErrorKind::Config,
@@ -62,7 +64,7 @@ pub async fn request(options: &ResyncOptions) -> Result<Resync> {
     if Position::of(&bronze)?.is_none() {
         return Err(refused("its initial load has not landed yet"));
     }
-    let id = request_on(&lake, &ident).await?;
+    let id = request_by_user(&lake, &ident).await?;
     let Some(wait) = options.wait else {
         return Ok(Resync::Requested { id, bronze: ident });
     };
@@ -70,7 +72,12 @@ pub async fn request(options: &ResyncOptions) -> Result<Resync> {
     while tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let bronze = lake.catalog_table(&ident).await?;
-        if bronze.metadata().properties().get(DONE) == Some(&id) {
+        if bronze.metadata().properties().get(DONE) != Some(&id) {
+            continue;
+        }
+        // A resync in chunks is done once its backfill is.
+        let silver = lake.catalog_table(&silver_ident).await?;
+        if !silver.metadata().properties().contains_key(INCOMPLETE.0) {
             return Ok(Resync::Done { id, bronze: ident });
         }
     }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use iceberg::TableUpdate;
 
+use super::progress::stage_progress;
 use super::{Backfill, Chunk, INCOMPLETE, Plan, Progress, Route, Window, keys};
 use crate::apply::pipeline::Pipeline;
 use crate::apply::sink::TableSink;
@@ -29,16 +30,20 @@ impl Pipeline<'_> {
     }
 
     /// Begins the backfill of `relations`' tables, which the lake lacks (a
-    /// new slot's load left them out, or they joined the table set): their
-    /// first commit records nothing applied and marks silver incomplete.
-    /// A silver that an earlier try's commit left without bronze's record
-    /// of what it holds is emptied in that commit.
+    /// new slot's load left them out, or they joined the table set) or a
+    /// resync reloads: silver is emptied and marked incomplete, recording
+    /// nothing applied, in their first commit, which also records a resync
+    /// done. Silver's rows and the record of them change in one commit,
+    /// so a silver an earlier try left is emptied too. A resync's silver
+    /// commits so at once, before bronze records the request done: a crash
+    /// between them resyncs again, never leaves old rows unrecorded.
     pub(crate) async fn begin_backfills(
         &mut self,
         relations: &[RelationInfo],
         chunk_rows: usize,
     ) -> Result<()> {
         for relation in relations {
+            let request = self.resyncing.remove(&relation.name);
             self.ensure_sink(relation).await?;
             let sink = self
                 .sinks
@@ -55,8 +60,6 @@ impl Pipeline<'_> {
                 done: false,
             };
             silver.delete_all();
-            let mut backfill = Backfill::new(progress, silver, Arc::new(relation.clone()))?;
-            backfill.changed = true;
             let table = silver.table(&self.lake).await?;
             silver.stage_schema(
                 &table,
@@ -64,6 +67,16 @@ impl Pipeline<'_> {
                     updates: [(INCOMPLETE.0.to_owned(), INCOMPLETE.1.to_owned())].into(),
                 }],
             );
+            let mut backfill = Backfill::new(progress, silver, Arc::new(relation.clone()))?;
+            match (&request, sink.silver_at) {
+                (Some(id), Some(at)) => {
+                    tracing::info!(table = %relation.name, request = %id, "resyncing in chunks: silver is emptied now and filled again, marked incomplete until done");
+                    stage_progress(&self.lake, silver, &backfill.progress).await?;
+                    silver.commit(&self.lake, at).await?;
+                }
+                _ => backfill.changed = true,
+            }
+            backfill.request = request;
             sink.backfill = Some(backfill);
         }
         Ok(())

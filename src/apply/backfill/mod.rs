@@ -32,7 +32,7 @@ use crate::lake::table::silver::SilverTable;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
 
-use progress::INCOMPLETE;
+pub(crate) use progress::INCOMPLETE;
 pub(crate) use progress::Progress;
 pub(super) use progress::end_with_reload;
 
@@ -101,6 +101,9 @@ pub(super) struct Backfill {
     started: Option<(Instant, u64)>,
     logged: Instant,
     reader: Option<Reader>,
+    /// The resync request this backfill does, for bronze to record done
+    /// in the next batch.
+    request: Option<String>,
 }
 
 /// Where a change of a key goes in silver.
@@ -148,6 +151,7 @@ impl Backfill {
             started: None,
             logged: Instant::now(),
             reader: None,
+            request: None,
         })
     }
 

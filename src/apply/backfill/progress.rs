@@ -1,4 +1,4 @@
-//! What bronze records of a table's backfill, and how it is staged
+//! What silver records of its table's backfill, and how it is staged
 //! into a batch's commits.
 
 use std::collections::VecDeque;
@@ -7,19 +7,20 @@ use iceberg::TableUpdate;
 use serde::{Deserialize, Serialize};
 
 use crate::apply::pipeline::Pipeline;
+use crate::apply::resync;
 use crate::cdc::backfill::{Bound, Range};
 use crate::error::Result;
 use crate::lake::catalog::Lake;
-use crate::lake::table::bronze::BronzeTable;
 use crate::lake::table::silver::SilverTable;
 
-/// Bronze's property recording a table's backfill ([`Progress`]).
+/// Silver's property recording its table's backfill ([`Progress`]): in
+/// the commit that holds the rows of the ranges it names.
 pub(crate) const PROGRESS: &str = "wal2iceberg.backfill";
 
 /// Silver's property while its backfill is not done.
 pub(crate) const INCOMPLETE: (&str, &str) = ("wal2iceberg.incomplete", "backfill");
 
-/// What bronze records of a table's backfill, in the commit of each
+/// What silver records of its table's backfill, in the commit of each
 /// chunk's rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Progress {
@@ -69,10 +70,9 @@ impl Progress {
 }
 
 /// Ends a backfill not done for a reload of the whole table (a resync):
-/// its commits record the backfill done and silver complete.
+/// its commit records the backfill done and silver complete.
 pub(in crate::apply) async fn end_with_reload(
     lake: &Lake,
-    (bronze, table): (&mut BronzeTable, &iceberg::table::Table),
     silver: &mut SilverTable,
     progress: Progress,
 ) -> Result<()> {
@@ -80,59 +80,56 @@ pub(in crate::apply) async fn end_with_reload(
         done: true,
         ..progress
     };
-    stage_progress(lake, (bronze, table), silver, &done).await
+    stage_progress(lake, silver, &done).await
 }
 
-/// Stages `progress` into bronze's properties, and once it is done the
-/// end of silver's mark.
-async fn stage_progress(
+/// Stages `progress` into silver's properties, and once it is done the
+/// end of its mark.
+pub(super) async fn stage_progress(
     lake: &Lake,
-    (bronze, table): (&mut BronzeTable, &iceberg::table::Table),
     silver: &mut SilverTable,
     progress: &Progress,
 ) -> Result<()> {
     let text = serde_json::to_string(progress).expect("progress serializes");
-    bronze.stage_schema(
-        table,
-        vec![TableUpdate::SetProperties {
-            updates: [(PROGRESS.to_owned(), text)].into(),
-        }],
-    );
+    let mut updates = vec![TableUpdate::SetProperties {
+        updates: [(PROGRESS.to_owned(), text)].into(),
+    }];
     if progress.done {
-        let table = silver.table(lake).await?;
-        silver.stage_schema(
-            &table,
-            vec![TableUpdate::RemoveProperties {
-                removals: vec![INCOMPLETE.0.to_owned()],
-            }],
-        );
+        updates.push(TableUpdate::RemoveProperties {
+            removals: vec![INCOMPLETE.0.to_owned()],
+        });
     }
+    let table = silver.table(lake).await?;
+    silver.stage_schema(&table, updates);
     Ok(())
 }
 
 impl Pipeline<'_> {
-    /// Stages every backfill's progress that changed into the open batch:
-    /// bronze's record, and silver's mark gone once it is complete.
+    /// Stages every backfill's progress that changed into the open batch,
+    /// with silver's mark gone once it is complete, and a resync the
+    /// backfill does recorded done in bronze.
     pub(in crate::apply) async fn stage_backfill_progress(&mut self) -> Result<()> {
         for sink in self.sinks.values_mut() {
             let (Some(backfill), Some(silver)) = (sink.backfill.as_mut(), sink.silver.as_mut())
             else {
                 continue;
             };
+            if let Some(id) = backfill.request.take() {
+                let bronze = sink.bronze.table(&self.lake).await?;
+                sink.bronze.stage_schema(
+                    &bronze,
+                    vec![TableUpdate::SetProperties {
+                        updates: [(resync::DONE.to_owned(), id)].into(),
+                    }],
+                );
+                sink.bronze_dirty = true;
+            }
             if !std::mem::take(&mut backfill.changed) {
                 continue;
             }
-            let bronze = sink.bronze.table(&self.lake).await?;
-            stage_progress(
-                &self.lake,
-                (&mut sink.bronze, &bronze),
-                silver,
-                &backfill.progress,
-            )
-            .await?;
-            sink.bronze_dirty = true;
+            stage_progress(&self.lake, silver, &backfill.progress).await?;
+            sink.silver_dirty = true;
             if backfill.progress.done {
-                sink.silver_dirty = true;
                 sink.backfill = None;
             }
         }
