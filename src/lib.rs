@@ -18,6 +18,7 @@
 //! - [`blocking`]: blocking work kept off the stream task's way.
 //! - [`shutdown`]: the stop request from SIGINT and SIGTERM.
 //! - [`failpoint`]: crash points, compiled into test builds only.
+//! - [`terminal`]: progress bars on an interactive terminal.
 
 #![forbid(unsafe_code)]
 
@@ -33,5 +34,6 @@ pub mod model;
 pub mod ops;
 pub mod pg;
 pub mod shutdown;
+pub(crate) mod terminal;
 
 pub use error::{Error, ErrorKind, Result};

@@ -317,26 +317,24 @@ fn backfill_run(
     table: &str,
     read_wait_ms: u64,
 ) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_wal2iceberg"))
-        .args([
-            "run",
-            "--source",
-            &db.config_url(),
-            "--slot",
-            slot,
-            "--lake",
-            &lake.display().to_string(),
-            "--namespace",
-            "shop",
-            "--tables",
-            table,
-            "--backfill",
-            "chunked",
-            "--backfill-chunk-rows",
-            "1000",
-            "--exit-when-idle",
-            "1s",
-        ])
+    backfill_command(
+        env!("CARGO_BIN_EXE_wal2iceberg"),
+        &backfill_args(db, slot, lake, table),
+        read_wait_ms,
+    )
+    .stdout(std::process::Stdio::null())
+    .stderr(std::process::Stdio::piped())
+    .kill_on_drop(true)
+    .spawn()
+    .unwrap()
+}
+
+/// `program` with `args`, each chunk's read waiting `read_wait_ms`, the
+/// chunks' lines logged.
+fn backfill_command(program: &str, args: &[String], read_wait_ms: u64) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
         .env(
             wal2iceberg::failpoint::STALL_VARIABLE,
             format!("chunk-read:{read_wait_ms}"),
@@ -344,12 +342,80 @@ fn backfill_run(
         .env(
             "RUST_LOG",
             "wal2iceberg=info,wal2iceberg::apply::backfill=debug",
-        )
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap()
+        );
+    command
+}
+
+/// A run's arguments: `table` by the chunked backfill, 1000 rows a
+/// chunk, until idle for 1 s.
+fn backfill_args(db: &TestDb, slot: &str, lake: &std::path::Path, table: &str) -> Vec<String> {
+    [
+        "run",
+        "--source",
+        &db.config_url(),
+        "--slot",
+        slot,
+        "--lake",
+        &lake.display().to_string(),
+        "--namespace",
+        "shop",
+        "--tables",
+        table,
+        "--backfill",
+        "chunked",
+        "--backfill-chunk-rows",
+        "1000",
+        "--exit-when-idle",
+        "1s",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// An interactive terminal gets a bar for a table under backfill, the log
+/// lines above it; a log file (a pipe here) gets the log lines only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terminal_gets_a_backfill_bar_and_a_log_file_does_not() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE big(id int8 PRIMARY KEY, v int NOT NULL);
+         INSERT INTO big SELECT i, i FROM generate_series(1, 8000) i;
+         ANALYZE big;",
+    )
+    .await;
+    // A pseudo-terminal by util-linux's `script`, which copies what the
+    // run writes to it onto its own stdout.
+    let lake = tempfile::tempdir().unwrap();
+    let args = backfill_args(&db, &unique("bar_tty"), lake.path(), "public.big");
+    let line = std::iter::once(env!("CARGO_BIN_EXE_wal2iceberg").to_owned())
+        .chain(args)
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let shown = backfill_command(
+        "script",
+        &["-qec".to_owned(), line, "/dev/null".to_owned()],
+        100,
+    )
+    .stdin(std::process::Stdio::null())
+    .output()
+    .await
+    .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("public.big backfill [") && shown.contains("8,000/8,000 rows"),
+        "{shown}"
+    );
+    assert!(shown.contains("backfill progress"), "{shown}");
+    let lake = tempfile::tempdir().unwrap();
+    let run = backfill_run(&db, &unique("bar_pipe"), lake.path(), "public.big", 100);
+    let out = run.wait_with_output().await.unwrap();
+    assert_success(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("backfill progress") && !log.contains("backfill ["),
+        "{log}"
+    );
 }
 
 /// A resync asked for (with `--wait`) while a chunked backfill runs

@@ -31,6 +31,7 @@ use crate::lake::table::key::Key;
 use crate::lake::table::silver::SilverTable;
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
+use crate::terminal;
 
 pub(crate) use progress::INCOMPLETE;
 pub(crate) use progress::Progress;
@@ -104,6 +105,8 @@ pub(super) struct Backfill {
     /// The resync request this backfill does, for bronze to record done
     /// in the next batch.
     request: Option<String>,
+    /// Its bar on an interactive terminal.
+    bar: Option<indicatif::ProgressBar>,
 }
 
 /// Where a change of a key goes in silver.
@@ -152,6 +155,7 @@ impl Backfill {
             logged: Instant::now(),
             reader: None,
             request: None,
+            bar: None,
         })
     }
 
@@ -172,6 +176,11 @@ impl Backfill {
         let mut config = config.clone();
         config.application_name = format!("{} backfill", config.application_name);
         let task = tokio::spawn(backfill::read(config, plan, asked, out));
+        self.bar = terminal::backfill_bar(
+            &table.to_string(),
+            self.progress.rows,
+            self.progress.estimate,
+        );
         self.reader = Some(Reader {
             chunks,
             again: Some(again),
@@ -304,8 +313,17 @@ impl Backfill {
     }
 
     /// A log line on the backfill's progress every few seconds, and when
-    /// it is done: rows, the estimate, rate and time left.
+    /// it is done: rows, the estimate, rate and time left; the bar at each
+    /// chunk.
     fn log_progress(&mut self, table: &TableName) {
+        if let Some(bar) = &self.bar {
+            let rows = self.progress.rows;
+            bar.set_length(self.progress.estimate.unwrap_or(0).max(rows));
+            bar.set_position(rows);
+            if self.progress.done {
+                bar.finish();
+            }
+        }
         let now = Instant::now();
         let (since, rows_then) = *self.started.get_or_insert((now, self.progress.rows));
         if !self.progress.done && now < self.logged + PROGRESS_EVERY {

@@ -349,10 +349,11 @@ pub async fn main() -> ExitCode {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| "wal2iceberg=info".into());
+    crate::terminal::init(format == LogFormat::Text);
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
+        .with_writer(|| crate::terminal::LogWriter);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
