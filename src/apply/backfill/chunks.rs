@@ -163,6 +163,10 @@ impl Pipeline<'_> {
                 });
                 if missed || moved {
                     tracing::info!(%table, chunk, missed, schema_changed = moved, "a chunk's read is void and is read again");
+                    // The next read's snapshot must see them too: this one's
+                    // check vouches for none (the reader writes the next low
+                    // watermark only after this chunk was taken).
+                    backfill.commits.extend(window.before_low);
                     backfill.read_again(window.range);
                     return Ok(());
                 }
