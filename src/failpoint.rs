@@ -10,7 +10,8 @@
 //!
 //! `WAL2ICEBERG_STALL=<name>[,<name>...]:<ms>` makes every [`stall`] of
 //! those names wait that long, the way a slow object store or catalog
-//! would, without holding up the runtime.
+//! would, without holding up the runtime; `~<ms>` waits anywhere from none
+//! to twice that, each time anew.
 
 /// The environment variable that arms a point.
 pub const VARIABLE: &str = "WAL2ICEBERG_FAILPOINT";
@@ -56,25 +57,41 @@ pub(crate) async fn stall(name: &str) {
     use std::sync::OnceLock;
     use std::time::Duration;
 
-    static STALLED: OnceLock<Option<(Vec<String>, Duration)>> = OnceLock::new();
+    static STALLED: OnceLock<Option<(Vec<String>, Duration, bool)>> = OnceLock::new();
     let stalled = STALLED.get_or_init(|| {
         let value = std::env::var(STALL_VARIABLE).ok()?;
         let (points, ms) = value
             .rsplit_once(':')
             .unwrap_or_else(|| panic!("{STALL_VARIABLE}={value}: give <points>:<ms>"));
+        let (ms, jitter) = match ms.strip_prefix('~') {
+            Some(ms) => (ms, true),
+            None => (ms, false),
+        };
         let ms = ms
             .parse()
             .unwrap_or_else(|_| panic!("{STALL_VARIABLE}={value}: the wait must be a number"));
         Some((
             points.split(',').map(str::to_owned).collect(),
             Duration::from_millis(ms),
+            jitter,
         ))
     });
-    if let Some((points, wait)) = stalled
+    if let Some((points, wait, jitter)) = stalled
         && points.iter().any(|p| p == name)
     {
+        // About the wait on average, anywhere from none to twice it.
+        let wait = match jitter {
+            true => {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .subsec_nanos();
+                wait.mul_f64(f64::from(nanos % 2000) / 1000.0)
+            }
+            false => *wait,
+        };
         tracing::debug!(point = name, ?wait, "stalled by {STALL_VARIABLE}");
-        tokio::time::sleep(*wait).await;
+        tokio::time::sleep(wait).await;
     }
 }
 

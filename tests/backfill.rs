@@ -89,8 +89,9 @@ async fn killed_five_times(mut oracle: Oracle, seed: u64) -> String {
         run = oracle.spawn();
     }
     run.kill().await.unwrap();
-    let log = std::fs::read_to_string(oracle.lake.path().join("runs.log")).unwrap();
     check(&mut oracle).await;
+    // Every run's log, the last ones' (which finished the backfill) too.
+    let log = std::fs::read_to_string(oracle.lake.path().join("runs.log")).unwrap();
     let dropped: usize = log
         .lines()
         .filter(|l| l.contains("backfill chunk taken"))
@@ -111,6 +112,12 @@ async fn killed_five_times(mut oracle: Oracle, seed: u64) -> String {
     assert!(
         resumed.iter().any(|&rows| rows > 0),
         "a run went on where the lake stood: {resumed:?}"
+    );
+    // Reads of random length on two connections: some chunk's high
+    // watermark came while an earlier chunk's window was open.
+    assert!(
+        log.contains("wait for an earlier chunk's window"),
+        "windows closed out of their high watermarks' order:\n{log}"
     );
     log
 }
@@ -247,12 +254,15 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
     let mut status = None;
     let (mut oldest, mut horizons, mut vacuumed) =
         (0.0f64, std::collections::BTreeSet::new(), None);
+    // The most reads seen at once: load_connections (2 by default) split
+    // the table's chunks.
+    let mut at_once = 0;
     while run.try_wait().unwrap().is_none() {
         assert!(
             started.elapsed() < Duration::from_secs(180),
             "the backfill of 30,000 rows never ended"
         );
-        for row in db
+        let reads = db
             .client
             .query(
                 "SELECT extract(epoch FROM now() - xact_start)::float8, backend_xmin::text \
@@ -261,8 +271,9 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
                 &[],
             )
             .await
-            .unwrap()
-        {
+            .unwrap();
+        at_once = at_once.max(reads.len());
+        for row in reads {
             oldest = oldest.max(row.get(0));
             if let Some(xmin) = row.get::<_, Option<String>>(1) {
                 horizons.insert(xmin);
@@ -283,6 +294,7 @@ async fn a_chunked_backfill_holds_no_transaction_long_and_leaves_vacuum_free_to_
         "30 chunks and the empty last one: {chunks}\n{log}"
     );
     assert!(oldest < 3.0, "a backfill transaction was {oldest} s old");
+    assert_eq!(at_once, 2, "two connections read chunks at once");
     assert!(
         horizons.len() >= 5,
         "the reader's xmin moved on: {horizons:?}"
@@ -432,7 +444,9 @@ async fn a_resync_during_a_chunked_backfill_reads_the_table_again_in_chunks() {
     .await;
     let lake = tempfile::tempdir().unwrap();
     let slot = unique("backfill_resync");
-    let run = backfill_run(&db, &slot, lake.path(), "public.big", 100);
+    // Long enough reads that the backfill still runs when the run next
+    // looks for requests (every 5 s).
+    let run = backfill_run(&db, &slot, lake.path(), "public.big", 800);
     let temporary = "SELECT count(*) FROM pg_replication_slots WHERE temporary \
                      AND database = current_database()";
     // The most temporary slots seen at once while the run goes on.

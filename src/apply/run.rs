@@ -547,7 +547,7 @@ async fn run_once(
     pipeline.mark_unmarked(pending.start_lsn()).await?;
     let mut stream = pending.start().await?;
     *started = true;
-    pipeline.start_backfills(config);
+    pipeline.start_backfills(config, options.run.load_connections);
     stream.record(stream.confirmed()).await?;
     pipeline.confirmed(stream.confirmed());
     let streamed = match beside {

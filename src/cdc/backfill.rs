@@ -1,5 +1,5 @@
 //! The chunked backfill's reader (docs/backfill.md): one table read in
-//! key-range chunks on a connection of its own, beside the stream. For
+//! key-range chunks on connections of its own, beside the stream. For
 //! each chunk it says which range comes ([`Chunk::Planned`]), writes the
 //! low watermark, reads the range in a short transaction whose snapshot
 //! sees everything committed before that watermark, hands the rows over
@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use super::relation::{Catalog, RelationInfo};
 use super::snapshot::LoadRows;
@@ -21,9 +22,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::copy::BinaryCopyReader;
-use crate::pg::source::chunk::{self, KeyColumn, ReadSnapshot};
+use crate::pg::source::chunk::{self, KeyColumn};
 /// The pipeline meets the watermarks and bounds through the domain.
-pub(crate) use crate::pg::source::chunk::{Bound, WATERMARK};
+pub(crate) use crate::pg::source::chunk::{Bound, ReadSnapshot, WATERMARK};
 use crate::pg::source::{self, CatalogTable, SourceClient};
 
 /// A key range `(after, upto]`; `None` is the table's start, or its end.
@@ -88,18 +89,39 @@ pub(crate) struct ReadPlan {
 /// Rows of a chunk handed over in runs of about this many.
 const RUN_ROWS: usize = 16 * 1024;
 
-/// Reads `plan` on a connection of its own until nothing is left and the
-/// pipeline closes `again`, or the pipeline drops `out`.
+/// A connection of the reader's, with its catalog.
+struct Connection {
+    client: Arc<SourceClient>,
+    catalog: Catalog,
+}
+
+impl Connection {
+    async fn open(config: &PgConfig) -> Result<Connection> {
+        let client = Arc::new(SourceClient::connect(config).await?);
+        let catalog = Catalog::new(client.clone());
+        Ok(Connection { client, catalog })
+    }
+}
+
+/// A chunk's read done on `connection`, for its high watermark.
+type Done = (Connection, Chunk, String);
+
+/// Reads `plan` on up to `connections` connections of its own until
+/// nothing is left and the pipeline closes `again`, or the pipeline drops
+/// `out`. Chunks are planned, their low watermarks written and their
+/// snapshots taken one after another, so that each snapshot is taken
+/// after the one before it; their reads then run at once, one per
+/// connection, and each one's high watermark follows its rows.
 pub(crate) async fn read(
     config: PgConfig,
     mut plan: ReadPlan,
     mut again: mpsc::UnboundedReceiver<Range>,
     out: mpsc::Sender<Chunk>,
+    connections: usize,
 ) -> Result<()> {
-    let client = Arc::new(SourceClient::connect(&config).await?);
-    let mut catalog = Catalog::new(client.clone());
-    let described = source::describe_table(&client, &plan.table).await?;
-    let key = match chunk::chunk_key(&client, &described).await? {
+    let first = Connection::open(&config).await?;
+    let described = source::describe_table(&first.client, &plan.table).await?;
+    let key = match chunk::chunk_key(&first.client, &described).await? {
         Ok(key) => key,
         Err(why) => {
             return Err(Error::new(
@@ -109,16 +131,36 @@ pub(crate) async fn read(
             .with_context("table", &plan.table));
         }
     };
+    let mut idle = vec![first];
+    let mut opened = 1;
+    let mut reads: JoinSet<Result<Done>> = JoinSet::new();
     let mut chunk = 0;
     loop {
+        // A connection for the next chunk: an idle one, a new one, or the
+        // first whose read ends (its high watermark written first).
+        let connection = loop {
+            if let Some(connection) = idle.pop() {
+                break connection;
+            }
+            if opened < connections {
+                opened += 1;
+                break Connection::open(&config).await?;
+            }
+            let done = reads.join_next().await.expect("a read runs");
+            match hand_over(&out, done).await? {
+                Some(connection) => idle.push(connection),
+                None => return Ok(()),
+            }
+        };
         let range = match again.try_recv() {
             Ok(range) => range,
             Err(_) => match plan.gaps.pop_front() {
                 Some(range) => range,
                 None => match plan.next.take() {
                     Some(after) => {
+                        // On the connection that reads it, idle now.
                         let upto = chunk::chunk_end(
-                            &client,
+                            &connection.client,
                             &described,
                             &key,
                             after.as_ref(),
@@ -128,12 +170,23 @@ pub(crate) async fn read(
                         plan.next = upto.clone().map(Some);
                         Range { after, upto }
                     }
-                    // Everything planned: wait for a range to read again,
-                    // until the pipeline has none left to ask for.
-                    None => match again.recv().await {
-                        Some(range) => range,
-                        None => return Ok(()),
-                    },
+                    // Everything planned: the reads in flight end, then a
+                    // range to read again is waited for, until the
+                    // pipeline has none left to ask for.
+                    None => {
+                        idle.push(connection);
+                        match reads.join_next().await {
+                            Some(done) => match hand_over(&out, done).await? {
+                                Some(connection) => idle.push(connection),
+                                None => return Ok(()),
+                            },
+                            None => match again.recv().await {
+                                Some(range) => plan.gaps.push_front(range),
+                                None => return Ok(()),
+                            },
+                        }
+                        continue;
+                    }
                 },
             },
         };
@@ -158,36 +211,54 @@ pub(crate) async fn read(
         {
             return Ok(());
         }
-        chunk::emit_watermark(&client, &watermark(false)).await?;
-        let (rows, snapshot) = read_range(&client, &mut catalog, &described, &key, &range).await?;
-        let estimate = chunk::row_estimate(&client, &described).await?;
-        let read = Chunk::Read {
-            chunk,
-            rows,
-            snapshot,
-            estimate,
-        };
-        if out.send(read).await.is_err() {
-            return Ok(());
-        }
-        chunk::emit_watermark(&client, &watermark(true)).await?;
+        chunk::emit_watermark(&connection.client, &watermark(false)).await?;
+        let snapshot = chunk::begin_read(&connection.client, &described).await?;
+        let (described, key, high) = (described.clone(), key.clone(), watermark(true));
+        reads.spawn(async move {
+            let mut connection = connection;
+            let rows = read_range(&mut connection, &described, &key, &range).await?;
+            let estimate = chunk::row_estimate(&connection.client, &described).await?;
+            let read = Chunk::Read {
+                chunk,
+                rows,
+                snapshot,
+                estimate,
+            };
+            Ok((connection, read, high))
+        });
     }
 }
 
-/// Reads `range` in a short transaction: its rows in runs, the
-/// snapshot they were read in.
+/// Hands a read's rows over and writes its high watermark; the connection
+/// it was read on, or `None` once the pipeline is gone.
+async fn hand_over(
+    out: &mpsc::Sender<Chunk>,
+    done: std::result::Result<Result<Done>, tokio::task::JoinError>,
+) -> Result<Option<Connection>> {
+    let (connection, read, high) = done.map_err(|e| {
+        Error::new(ErrorKind::Connection, "a chunk's read ended abnormally").with_source(e)
+    })??;
+    if out.send(read).await.is_err() {
+        return Ok(None);
+    }
+    chunk::emit_watermark(&connection.client, &high).await?;
+    Ok(Some(connection))
+}
+
+/// Reads `range` in the transaction [`chunk::begin_read`] began on
+/// `connection`, and ends it: its rows in runs.
 async fn read_range(
-    client: &SourceClient,
-    catalog: &mut Catalog,
+    connection: &mut Connection,
     table: &CatalogTable,
     key: &[KeyColumn],
     range: &Range,
-) -> Result<(Vec<LoadRows>, ReadSnapshot)> {
-    let snapshot = chunk::begin_read(client, table).await?;
+) -> Result<Vec<LoadRows>> {
+    let client = &connection.client;
     crate::failpoint::stall("chunk-read").await;
     // The columns as they are in the read's snapshot.
     let described = source::describe_table(client, &table.name).await?;
-    let relation: Arc<RelationInfo> = Arc::new(catalog.relation_from_table(&described).await?);
+    let relation: Arc<RelationInfo> =
+        Arc::new(connection.catalog.relation_from_table(&described).await?);
     let (wires, casts): (Vec<Wire>, Vec<bool>) = relation
         .columns
         .iter()
@@ -235,5 +306,5 @@ async fn read_range(
         .map_err(|e| Error::from(e).with_context("table", &table.name))?;
     take(&mut reader, &mut runs);
     chunk::end_read(client, &table.name).await?;
-    Ok((runs, snapshot))
+    Ok(runs)
 }

@@ -311,7 +311,7 @@ impl Oracle {
 
     /// Runs from now on load the table by the chunked backfill
     /// (docs/backfill.md), `chunk_rows` rows a chunk, each chunk's read
-    /// waiting `read_wait` between taking its snapshot and reading
+    /// waiting about `read_wait` (none to twice it, at random) between taking its snapshot and reading
     /// (`chunk-read`, src/failpoint.rs), so that the workload's changes
     /// fall inside chunks' windows after their snapshots. The table and
     /// its partitions get `REPLICA IDENTITY FULL`, which its out-of-line
@@ -336,7 +336,7 @@ impl Oracle {
         self.run_env.extend([
             (
                 wal2iceberg::failpoint::STALL_VARIABLE,
-                format!("chunk-read:{}", read_wait.as_millis()),
+                format!("chunk-read:~{}", read_wait.as_millis()),
             ),
             // Each chunk's line, which the checks read.
             (

@@ -82,18 +82,21 @@ impl Pipeline<'_> {
         Ok(())
     }
 
-    /// Starts the reader of every table whose backfill is not done.
-    pub(crate) fn start_backfills(&mut self, config: &PgConfig) {
+    /// Starts the reader of every table whose backfill is not done, each
+    /// on up to `connections` connections.
+    pub(crate) fn start_backfills(&mut self, config: &PgConfig, connections: usize) {
         for (table, sink) in &mut self.sinks {
             if let Some(backfill) = sink.backfill.as_mut().filter(|b| !b.progress.done) {
-                backfill.start(config, table);
+                backfill.start(config, table, connections);
             }
         }
     }
 
     /// A watermark of a backfill's reader: its chunk's window opens at the
-    /// low one and its rows are taken at the high one. Watermarks of
-    /// another run's reader (a replay after a restart) are passed by.
+    /// low one, and closes at the high one, its rows taken, unless an
+    /// earlier chunk's window is open still: windows close in chunk order.
+    /// Watermarks of another run's reader (a replay after a restart) are
+    /// passed by.
     pub(in crate::apply) async fn watermark(
         &mut self,
         tx: TxInfo,
@@ -117,19 +120,27 @@ impl Pipeline<'_> {
         if backfill.run != mark.run || backfill.reader.is_none() {
             return Ok(());
         }
-        let chunk = backfill.next_chunk(&table).await?;
-        match (chunk, mark.high) {
+        let mismatch = || {
+            Error::new(
+                ErrorKind::Protocol,
+                "a backfill watermark does not match its reader's chunk",
+            )
+            .with_context("table", &table)
+            .with_context("lsn", lsn)
+        };
+        match (backfill.next_chunk(&table).await?, mark.high) {
             (Chunk::Planned { chunk, range }, false) if chunk == mark.chunk => {
                 let keys = keys(silver, &backfill.relation, &range)?;
-                backfill.window = Some(Window {
-                    chunk,
+                let window = Window {
                     range,
                     keys,
                     before_low: std::mem::take(&mut backfill.commits),
                     dirty: HashSet::new(),
                     held: Vec::new(),
                     truncated: false,
-                });
+                    read: None,
+                };
+                backfill.windows.insert(chunk, window);
                 Ok(())
             }
             (
@@ -142,42 +153,63 @@ impl Pipeline<'_> {
                 true,
             ) if chunk == mark.chunk => {
                 backfill.progress.estimate = estimate.or(backfill.progress.estimate);
-                let window = backfill
-                    .window
-                    .take()
-                    .filter(|w| w.chunk == chunk)
-                    .ok_or_else(|| {
-                        Error::new(
-                            ErrorKind::Protocol,
-                            "a chunk's rows came with no window open",
-                        )
-                        .with_context("table", &table)
-                    })?;
-                let missed = window.before_low.iter().any(|&xid| snapshot.misses(xid));
-                let relation = rows.first().map(|r| r.relation.clone());
-                let moved = relation.as_ref().is_some_and(|read| {
-                    sink.silver_relation
-                        .as_ref()
-                        .is_some_and(|r| !same_columns(r, read))
-                        || window.held.iter().any(|c| !same_columns(&c.relation, read))
-                });
-                if missed || moved {
-                    tracing::info!(%table, chunk, missed, schema_changed = moved, "a chunk's read is void and is read again");
-                    // The next read's snapshot must see them too: this one's
-                    // check vouches for none (the reader writes the next low
-                    // watermark only after this chunk was taken).
-                    backfill.commits.extend(window.before_low);
-                    backfill.read_again(window.range);
-                    return Ok(());
+                if backfill
+                    .windows
+                    .first_key_value()
+                    .is_some_and(|(&first, _)| first < chunk)
+                {
+                    tracing::debug!(%table, chunk, "a chunk's rows wait for an earlier chunk's window to close");
                 }
-                self.take_chunk(&table, tx, lsn, window, rows).await
+                let window = backfill.windows.get_mut(&chunk).ok_or_else(mismatch)?;
+                window.read = Some((rows, snapshot));
+                self.close_windows(&table, tx, lsn).await
             }
-            _ => Err(Error::new(
-                ErrorKind::Protocol,
-                "a backfill watermark does not match its reader's chunk",
-            )
-            .with_context("table", &table)
-            .with_context("lsn", lsn)),
+            _ => Err(mismatch()),
+        }
+    }
+
+    /// Closes the windows of `table` whose rows came, in chunk order, up to
+    /// the first one still open, at `lsn` of `tx`: each read void is read
+    /// again, each other one taken.
+    async fn close_windows(&mut self, table: &TableName, tx: TxInfo, lsn: Lsn) -> Result<()> {
+        loop {
+            let sink = self
+                .sinks
+                .get_mut(table)
+                .expect("the watermark found the sink");
+            let backfill = sink
+                .backfill
+                .as_mut()
+                .expect("the watermark found the backfill");
+            let Some(entry) = backfill.windows.first_entry() else {
+                return Ok(());
+            };
+            if entry.get().read.is_none() {
+                return Ok(());
+            }
+            let (chunk, mut window) = entry.remove_entry();
+            let (rows, snapshot) = window.read.take().expect("looked at above");
+            let missed = window.before_low.iter().any(|&xid| snapshot.misses(xid));
+            let relation = rows.first().map(|r| r.relation.clone());
+            let moved = relation.as_ref().is_some_and(|read| {
+                sink.silver_relation
+                    .as_ref()
+                    .is_some_and(|r| !same_columns(r, read))
+                    || window.held.iter().any(|c| !same_columns(&c.relation, read))
+            });
+            if missed || moved {
+                tracing::info!(%table, chunk, missed, schema_changed = moved, "a chunk's read is void and is read again");
+                // The next snapshot must see them too: this one's check
+                // vouches for none. That is the next window's, open or not
+                // yet opened: windows close in chunk order.
+                match backfill.windows.first_entry() {
+                    Some(mut next) => next.get_mut().before_low.extend(window.before_low),
+                    None => backfill.commits.extend(window.before_low),
+                }
+                backfill.read_again(window.range);
+                continue;
+            }
+            self.take_chunk(table, tx, lsn, chunk, window, rows).await?;
         }
     }
 
@@ -189,6 +221,7 @@ impl Pipeline<'_> {
         table: &TableName,
         tx: TxInfo,
         lsn: Lsn,
+        chunk: u64,
         window: Window,
         rows: Vec<crate::cdc::snapshot::LoadRows>,
     ) -> Result<()> {
@@ -246,7 +279,7 @@ impl Pipeline<'_> {
         metrics().backfill_chunk(&table.to_string(), taken, backfill.progress.estimate);
         tracing::debug!(
             %table,
-            chunk = window.chunk,
+            chunk,
             rows = taken,
             dropped = window.dirty.len(),
             rows_so_far = backfill.progress.rows,
@@ -277,7 +310,7 @@ impl TableSink {
         change: &Arc<Change>,
     ) -> Result<()> {
         let halves = match plan {
-            Plan::Whole(Route::Hold) => vec![(Route::Hold, change.clone())],
+            Plan::Whole(Route::Hold(chunk)) => vec![(Route::Hold(chunk), change.clone())],
             Plan::Whole(_) => Vec::new(),
             Plan::Split { delete, insert } => vec![delete, insert],
         };
@@ -290,9 +323,9 @@ impl TableSink {
                         self.silver_dirty = true;
                     }
                 }
-                Route::Hold => {
+                Route::Hold(chunk) => {
                     if let Some(backfill) = self.backfill.as_mut() {
-                        backfill.hold(half);
+                        backfill.hold(chunk, half);
                     }
                 }
                 Route::Leave => {}

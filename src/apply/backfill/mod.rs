@@ -15,7 +15,7 @@
 mod chunks;
 mod progress;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +23,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::cdc::backfill::{self, Bound, Chunk, Range, ReadPlan};
+use crate::cdc::backfill::{self, Bound, Chunk, Range, ReadPlan, ReadSnapshot};
 use crate::cdc::event::{Change, Op};
 use crate::cdc::relation::RelationInfo;
+use crate::cdc::snapshot::LoadRows;
 use crate::error::{Error, ErrorKind, Result};
 use crate::lake::table::key::Key;
 use crate::lake::table::silver::SilverTable;
@@ -54,9 +55,10 @@ impl Keys {
     }
 }
 
-/// The open chunk: between its low watermark and its high one.
+/// An open chunk: from its low watermark to its high one, or on to the
+/// close of an earlier chunk's window still open then (a window may grow:
+/// the keys changed in it are dropped from its read all the same).
 struct Window {
-    chunk: u64,
     range: Range,
     keys: Keys,
     /// Transactions the stream met between the previous low watermark and
@@ -68,6 +70,9 @@ struct Window {
     held: Vec<Arc<Change>>,
     /// A TRUNCATE inside the window: no row read counts.
     truncated: bool,
+    /// The chunk's rows and the snapshot they were read in, once its high
+    /// watermark came.
+    read: Option<(Vec<LoadRows>, ReadSnapshot)>,
 }
 
 /// The reader beside the stream.
@@ -92,7 +97,8 @@ pub(super) struct Backfill {
     progress: Progress,
     /// `progress.applied` in key order.
     applied: Vec<Keys>,
-    window: Option<Window>,
+    /// The open chunks' windows, by chunk.
+    windows: BTreeMap<u64, Window>,
     /// Transactions the stream met since the last low watermark.
     commits: HashSet<u32>,
     /// The progress changed since the last commit.
@@ -113,8 +119,9 @@ pub(super) struct Backfill {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Route {
     Apply,
-    /// Into the open window, for silver at its end.
-    Hold,
+    /// Into the window of the chunk whose range holds the key, for silver
+    /// at its close.
+    Hold(u64),
     /// Nowhere: the key's range is read later.
     Leave,
 }
@@ -148,7 +155,7 @@ impl Backfill {
             relation,
             progress,
             applied,
-            window: None,
+            windows: BTreeMap::new(),
             commits: HashSet::new(),
             changed: false,
             started: None,
@@ -159,10 +166,13 @@ impl Backfill {
         })
     }
 
-    /// Starts the reader of what is left, on a connection of its own.
-    pub(super) fn start(&mut self, config: &PgConfig, table: &TableName) {
+    /// Starts the reader of what is left, on up to `connections`
+    /// connections of its own.
+    pub(super) fn start(&mut self, config: &PgConfig, table: &TableName, connections: usize) {
         let (gaps, next) = self.progress.left();
-        let (out, chunks) = mpsc::channel(1);
+        // Room for every read in flight and its range: the reader does not
+        // wait for the stream to reach a watermark before the next read.
+        let (out, chunks) = mpsc::channel(2 * connections);
         let (again, asked) = mpsc::unbounded_channel();
         let plan = ReadPlan {
             table: table.clone(),
@@ -175,7 +185,7 @@ impl Backfill {
         // Told apart in pg_stat_activity.
         let mut config = config.clone();
         config.application_name = format!("{} backfill", config.application_name);
-        let task = tokio::spawn(backfill::read(config, plan, asked, out));
+        let task = tokio::spawn(backfill::read(config, plan, asked, out, connections));
         self.bar = terminal::backfill_bar(
             &table.to_string(),
             self.progress.rows,
@@ -200,9 +210,10 @@ impl Backfill {
     }
 
     fn route(&mut self, key: Key) -> Route {
-        if let Some(window) = self.window.as_mut().filter(|w| w.keys.contains(&key)) {
+        let open = self.windows.iter_mut().find(|(_, w)| w.keys.contains(&key));
+        if let Some((&chunk, window)) = open {
             window.dirty.insert(key);
-            return Route::Hold;
+            return Route::Hold(chunk);
         }
         match self.applied.iter().any(|k| k.contains(&key)) {
             true => Route::Apply,
@@ -222,7 +233,7 @@ impl Backfill {
         };
         Ok(match (change.op, old_key, new_key) {
             (Op::Truncate, ..) => {
-                if let Some(window) = &mut self.window {
+                for window in self.windows.values_mut() {
                     window.truncated = true;
                     window.held.clear();
                 }
@@ -245,9 +256,9 @@ impl Backfill {
         })
     }
 
-    /// Holds a change of the open window for silver.
-    pub(super) fn hold(&mut self, change: Arc<Change>) {
-        if let Some(window) = &mut self.window {
+    /// Holds a change of chunk `chunk`'s window for silver.
+    pub(super) fn hold(&mut self, chunk: u64, change: Arc<Change>) {
+        if let Some(window) = self.windows.get_mut(&chunk) {
             window.held.push(change);
         }
     }
