@@ -494,7 +494,7 @@ impl Pipeline<'_> {
             };
             if let Some(id) = resync::pending(&bronze) {
                 if !resync::committed(&bronze, &id) {
-                    tracing::info!(%table, request = %id, "resyncing: silver is loaded again from a new snapshot");
+                    tracing::info!(%table, request = %id, "resyncing: silver is loaded again");
                     if !resync::in_chunks(&bronze, &id) {
                         self.reload_whole.push(table.clone());
                     }
