@@ -67,18 +67,20 @@ pub(crate) fn committed(bronze: &Table, id: &str) -> bool {
 
 /// Records a new request on the bronze table `ident`; its id.
 pub(crate) async fn request_on(lake: &Lake, ident: &TableIdent) -> Result<String> {
-    let id = uuid::Uuid::new_v4().to_string();
-    lake.update_properties(ident, &[(REQUESTED, id.clone())])
-        .await?;
-    Ok(id)
+    request(lake, ident, &[REQUESTED]).await
 }
 
 /// Records the user's request on the bronze table `ident`, which may be
 /// done in chunks ([`IN_CHUNKS`]); its id.
 pub(crate) async fn request_by_user(lake: &Lake, ident: &TableIdent) -> Result<String> {
+    request(lake, ident, &[REQUESTED, IN_CHUNKS]).await
+}
+
+/// A new request's id, recorded under each of `keys` on `ident`.
+async fn request(lake: &Lake, ident: &TableIdent, keys: &[&'static str]) -> Result<String> {
     let id = uuid::Uuid::new_v4().to_string();
-    lake.update_properties(ident, &[(REQUESTED, id.clone()), (IN_CHUNKS, id.clone())])
-        .await?;
+    let values: Vec<_> = keys.iter().map(|&k| (k, id.clone())).collect();
+    lake.update_properties(ident, &values).await?;
     Ok(id)
 }
 
