@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio::process::Command;
+use wal2iceberg::ops::scratch::ScratchPostgres;
 
 use crate::support::*;
 
@@ -199,6 +200,74 @@ async fn a_run_ending_when_idle_waits_for_what_the_server_is_still_reading() {
          UPDATE customers SET plan = 'pro' WHERE id = 1;",
     )
     .await;
+    let out = cli(&once).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_reconciled(&db, "customers", lake.path(), "shop.customers").await;
+}
+
+#[tokio::test]
+async fn a_run_ending_when_idle_waits_for_an_asynchronous_commit_not_yet_flushed() {
+    // The WAL writer flushes an asynchronous commit at most every ten
+    // seconds here, and the harness commits asynchronously.
+    let pg = ScratchPostgres::start(&[("wal_writer_delay", "'10s'")], &[])
+        .expect("a server of this test's own");
+    let db = TestDb::create_on(&pg).await;
+    db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');")
+        .await;
+    let lake = tempfile::tempdir().unwrap();
+    let lake_path = lake.path().display().to_string();
+    let url = db.config_url();
+    let slot = unique("idle");
+    let once = [
+        "run",
+        "--source",
+        &url,
+        "--slot",
+        &slot,
+        "--lake",
+        &lake_path,
+        "--namespace",
+        "shop",
+        "--tables",
+        "public.customers",
+        "--exit-when-idle",
+        "1s",
+    ];
+    let out = cli(&once).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A commit the WAL writer flushes (so it flushed just now), then the
+    // one it leaves for ten seconds.
+    db.exec("INSERT INTO customers VALUES (2, 'free')").await;
+    let flush_lsn = "SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()";
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    while !db
+        .client
+        .query_one(flush_lsn, &[])
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(
+            std::time::Instant::now() < until,
+            "the first commit was never flushed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    db.exec("UPDATE customers SET plan = 'pro' WHERE id = 1")
+        .await;
+    let flushed: bool = db.client.query_one(flush_lsn, &[]).await.unwrap().get(0);
+    assert!(
+        !flushed,
+        "the premise: the update's commit is acknowledged but not flushed"
+    );
     let out = cli(&once).await;
     assert!(
         out.status.success(),

@@ -15,6 +15,11 @@ use crate::pg::conn::ReplicationConnection;
 use crate::pg::replication::{CreatedSlot, StartOptions};
 use crate::pg::source::{self, CheckFailure, SourceClient};
 
+/// How long a stream's start waits for the WAL of commits acknowledged
+/// before it to be flushed (`exit_when_idle` waits for what was
+/// committed before the stream began; `pg::source::flushed_wal_end`).
+const FLUSH_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Default names; one slot and one publication per wal2iceberg pipeline.
 pub(crate) const DEFAULT_SLOT: &str = "wal2iceberg";
 pub(crate) const DEFAULT_PUBLICATION: &str = "wal2iceberg";
@@ -568,7 +573,7 @@ async fn begin_load(
 }
 
 async fn start_stream(
-    mut connection: ReplicationConnection,
+    connection: ReplicationConnection,
     start: StartOptions,
     catalog: Catalog,
     tables: &[TableName],
@@ -581,7 +586,9 @@ async fn start_stream(
             table.clone(),
         ));
     }
-    let source_end = connection.identify_system().await?.xlogpos;
+    let source_end = source::flushed_wal_end(catalog.client(), FLUSH_WAIT)
+        .await
+        .map_err(|e| crate::error::postgres(e, "cannot read where the source's WAL ends"))?;
     let replication = connection.start_replication(&start).await?;
     Ok(ChangeStream::new(
         replication,

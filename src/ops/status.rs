@@ -35,7 +35,7 @@ use crate::metrics::now_micros;
 use crate::pg::config::PgConfig;
 use crate::pg::pgoutput::{Decoder, Message};
 use crate::pg::replication::quote_ident;
-use crate::pg::source::SourceClient;
+use crate::pg::source::{self, SourceClient};
 
 /// How long the server may take to decode a slot's first pending
 /// transaction for [`seconds_behind`].
@@ -267,7 +267,7 @@ pub(crate) async fn oldest_pending_commit(
     active: bool,
     publication: &str,
 ) -> std::result::Result<Option<i64>, tokio_postgres::Error> {
-    wait_flushed(client).await?;
+    source::flushed_wal_end(client, FLUSH_WAIT).await?;
     client
         .batch_execute(&format!(
             "BEGIN; SET LOCAL statement_timeout = '{}s'",
@@ -314,32 +314,6 @@ pub(crate) async fn oldest_pending_commit(
         );
     ended?;
     Ok(commit)
-}
-
-/// Waits, up to [`FLUSH_WAIT`], until the server flushed the WAL it had
-/// inserted: decoding reads only flushed WAL, and a commit under
-/// `synchronous_commit = off` is flushed by the WAL writer within a few
-/// `wal_writer_delay`s. Without the wait a peek could miss it.
-async fn wait_flushed(client: &SourceClient) -> std::result::Result<(), tokio_postgres::Error> {
-    let inserted: String = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-        .await?
-        .get(0);
-    let give_up = tokio::time::Instant::now() + FLUSH_WAIT;
-    while tokio::time::Instant::now() < give_up {
-        let flushed: bool = client
-            .query_one(
-                "SELECT pg_current_wal_flush_lsn() >= $1::text::pg_lsn",
-                &[&inserted],
-            )
-            .await?
-            .get(0);
-        if flushed {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 /// Why the slot could not be peeked at, with what would let it be.

@@ -11,13 +11,14 @@
 //! types up, `snapshot` reads a table in an exported snapshot.
 
 use std::fmt;
+use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio_postgres::{Client, NoTls};
 
 use super::config::PgConfig;
 use crate::error::{Error, ErrorKind, Result, postgres};
-use crate::model::{SlotHealth, SlotInfo};
+use crate::model::{Lsn, SlotHealth, SlotInfo};
 
 mod catalog;
 pub(crate) mod chunk;
@@ -160,6 +161,51 @@ pub(crate) async fn slot_health(client: &Client, slot: &str) -> Result<Option<Sl
         safe_wal_size: row.get(3),
         wal_end: row.get::<_, i64>(4) as u64,
     }))
+}
+
+/// Where the source's flushed WAL ends once it holds every commit
+/// acknowledged before the call, waiting up to `longest` for it. Decoding
+/// reads only flushed WAL, and under `synchronous_commit = off` a commit
+/// is acknowledged before its record is flushed: the WAL writer flushes
+/// it within three `wal_writer_delay`s (up to 30 s), so the flush
+/// position alone, which `IDENTIFY_SYSTEM` reports, can stand short of
+/// it. So this waits until the flush position reaches the insert
+/// position read first, or until three `wal_writer_delay`s (at most
+/// `longest`) have passed: records of a transaction still open may stay
+/// unflushed for as long as it stays open, and the flush position then
+/// holds every commit from before. A standby reports how far it has
+/// replayed.
+pub(crate) async fn flushed_wal_end(
+    client: &Client,
+    longest: Duration,
+) -> std::result::Result<Lsn, tokio_postgres::Error> {
+    let position = |function: &str| {
+        format!(
+            "SELECT pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() \
+             THEN pg_last_wal_replay_lsn() ELSE {function} END, '0/0')::int8"
+        )
+    };
+    let first = client
+        .query_one(
+            &format!(
+                "SELECT ({})::int8 * 3, ({})",
+                "SELECT setting::int8 FROM pg_settings WHERE name = 'wal_writer_delay'",
+                position("pg_current_wal_insert_lsn()")
+            ),
+            &[],
+        )
+        .await?;
+    let delay = Duration::from_millis(first.get::<_, i64>(0).max(0) as u64);
+    let inserted: i64 = first.get(1);
+    let give_up = tokio::time::Instant::now() + delay.min(longest);
+    let flushed = position("pg_current_wal_flush_lsn()");
+    loop {
+        let end: i64 = client.query_one(&flushed, &[]).await?.get(0);
+        if end >= inserted || tokio::time::Instant::now() >= give_up {
+            return Ok(Lsn(end as u64));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The heartbeat: a logical message in the WAL.
