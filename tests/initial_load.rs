@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rand::Rng;
 use wal2iceberg::cdc::capture::{self, Capture};
 use wal2iceberg::cdc::event::{Datum, Event, Op};
+use wal2iceberg::cdc::value::Value;
 use wal2iceberg::pg::source::SourceClient;
 
 use crate::support::*;
@@ -422,6 +423,62 @@ async fn tables_load_in_parallel_on_connections_that_share_the_snapshot() {
         .collect();
     relations.sort();
     assert_eq!(relations, ["a", "b", "c"]);
+    drop(pending);
+}
+
+#[tokio::test]
+async fn a_large_keyless_table_is_read_in_block_ranges_on_every_connection_at_once() {
+    let db = TestDb::new().await;
+    // About 5,000 pages: three ranges of 1,024 pages or more, each read in
+    // several runs.
+    db.exec(
+        "CREATE TABLE k(id int NOT NULL, pad text); ALTER TABLE k REPLICA IDENTITY FULL;
+         INSERT INTO k SELECT g, repeat('x', 60) FROM generate_series(1, 400000) g;",
+    )
+    .await;
+    let Capture::Fresh { load, pending, .. } = capture::open(&db.config, &db.options(&["k"]))
+        .await
+        .unwrap()
+    else {
+        panic!("a new slot");
+    };
+    // After the snapshot: new versions in blocks past its end, old ones
+    // gone from the table but not from the snapshot.
+    db.exec(
+        "UPDATE k SET pad = 'moved' WHERE id % 3 = 0; DELETE FROM k WHERE id % 7 = 0;
+         INSERT INTO k SELECT g, 'late' FROM generate_series(400001, 460000) g;",
+    )
+    .await;
+    let lsn = load.consistent_point();
+    let mut load = load
+        .in_parallel(&db.config, 3, move |rows| {
+            let mut ids = Vec::new();
+            rows.for_each_row(lsn, |row| ids.push(row.clone()))?;
+            Ok(ids)
+        })
+        .await
+        .unwrap();
+    let ranged =
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'COPY%ctid%' AND state = 'active'";
+    let mut at_once = 0;
+    let mut rows = Vec::new();
+    while let Some(run) = load.next().await.unwrap() {
+        let active: i64 = db.client.query_one(ranged, &[]).await.unwrap().get(0);
+        at_once = at_once.max(active);
+        rows.extend(run);
+    }
+    assert!(at_once >= 2, "ranges of the table read at once: {at_once}");
+    rows.sort_by_key(|row| match &row[0] {
+        Datum::Value(Value::Int4(id)) => *id,
+        other => panic!("an id: {other:?}"),
+    });
+    let expected: Vec<Vec<Datum>> = (1..=400_000)
+        .map(|id| vec![int4(id), Datum::Value(Value::Text("x".repeat(60)))])
+        .collect();
+    assert!(
+        rows == expected,
+        "each row of the snapshot once, as it was then"
+    );
     drop(pending);
 }
 

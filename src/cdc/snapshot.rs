@@ -14,8 +14,14 @@
 //!
 //! Several tables load in parallel ([`SnapshotLoad::in_parallel`]): every
 //! further connection imports the same snapshot (`SET TRANSACTION
-//! SNAPSHOT`), as `pg_dump --jobs` does, takes the next table not yet
-//! started, and decodes its runs on a task of its own.
+//! SNAPSHOT`), as `pg_dump --jobs` does, takes the next piece not yet
+//! started, and decodes its runs on a task of its own. A piece is a whole
+//! table, or, for a table without a key (which the chunked backfill
+//! cannot read) of [`SPLIT_PAGES`] pages or more per connection, a range
+//! of its heap blocks (a TID range scan): a large keyless table is read
+//! on every connection at once. A table with a key is read whole here:
+//! `--backfill chunked` is its parallel read, and on two cores a second
+//! backend on one table took CPU from the encoding (docs/benchmarks.md).
 //!
 //! TRUNCATE and the table-rewriting forms of ALTER TABLE are not MVCC-safe
 //! (<https://www.postgresql.org/docs/current/mvcc-caveats.html>): one that
@@ -25,9 +31,9 @@
 //! with an [`crate::error::ErrorKind::Concurrent`] error instead of
 //! loading nothing.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
@@ -43,18 +49,21 @@ use crate::model::TableName;
 use crate::pg::config::PgConfig;
 use crate::pg::conn::ReplicationConnection;
 use crate::pg::copy::{BinaryCopyReader, CopyRows};
-use crate::pg::source::{self, SourceClient};
+use crate::pg::source::{self, Blocks, SourceClient};
 
 /// A run of rows ends at this many rows, or about this many bytes.
 const RUN_ROWS: usize = 64 * 1024;
 const RUN_BYTES: usize = 32 << 20;
+
+/// A table is split into block ranges, one per connection, when each range
+/// would have at least this many pages (8 MB of 8 kB pages).
+const SPLIT_PAGES: u64 = 1024;
 
 struct TableCopy {
     relation: Arc<RelationInfo>,
     wires: Arc<[Wire]>,
     stream: Pin<Box<CopyOutStream>>,
     reader: BinaryCopyReader,
-    rows: u64,
     /// `pg_class.reltuples`: the planner's estimate, -1 if never analyzed.
     estimate: i64,
 }
@@ -94,17 +103,55 @@ impl LoadRows {
     }
 }
 
-/// What the connections of one load share: the tables no connection has
-/// started yet, and the numbering of rows.
+/// What one connection reads of a table: all of it, or a range of its
+/// heap blocks.
+#[derive(Debug, Clone)]
+struct Piece {
+    table: TableName,
+    blocks: Option<Blocks>,
+}
+
+/// What the pieces of one table share.
+#[derive(Default)]
+struct Tally {
+    /// Rows read so far.
+    rows: AtomicU64,
+    /// Pieces not yet read to their end.
+    pieces: AtomicUsize,
+}
+
+/// What the connections of one load share: the pieces no connection has
+/// started yet, each table's tally, and the numbering of rows.
 struct Plan {
-    pending: Mutex<VecDeque<TableName>>,
+    pending: Mutex<VecDeque<Piece>>,
+    tallies: HashMap<TableName, Tally>,
     seq: AtomicU64,
 }
 
 impl Plan {
-    /// The tables not started yet; a queue that outlives a panicked holder.
-    fn pending(&self) -> MutexGuard<'_, VecDeque<TableName>> {
+    fn new(pieces: Vec<Piece>) -> Plan {
+        let mut tallies = HashMap::<TableName, Tally>::new();
+        for piece in &pieces {
+            tallies
+                .entry(piece.table.clone())
+                .or_default()
+                .pieces
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Plan {
+            pending: Mutex::new(pieces.into()),
+            tallies,
+            seq: AtomicU64::new(0),
+        }
+    }
+
+    /// The pieces not started yet; a queue that outlives a panicked holder.
+    fn pending(&self) -> MutexGuard<'_, VecDeque<Piece>> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn tally(&self, table: &TableName) -> &Tally {
+        &self.tallies[table]
     }
 }
 
@@ -138,10 +185,10 @@ impl TableReader {
     async fn next_rows(&mut self, plan: &Plan) -> Result<Option<LoadRows>> {
         loop {
             let Some(copy) = self.current.as_mut() else {
-                let Some(table) = plan.pending().pop_front() else {
+                let Some(piece) = plan.pending().pop_front() else {
                     return Ok(None);
                 };
-                self.current = Some(self.start_copy(&table).await?);
+                self.current = Some(self.start_copy(&piece).await?);
                 continue;
             };
             let ended = if copy.reader.rows() >= RUN_ROWS || copy.reader.bytes() >= RUN_BYTES {
@@ -163,17 +210,20 @@ impl TableReader {
                 }
             };
             let rows = copy.reader.take();
-            copy.rows += rows.len() as u64;
+            let tally = plan.tally(&copy.relation.name);
+            let taken = rows.len() as u64;
             let run = LoadRows {
                 relation: copy.relation.clone(),
                 wires: copy.wires.clone(),
-                first_seq: plan.seq.fetch_add(rows.len() as u64, Ordering::Relaxed),
-                table_rows: copy.rows,
+                first_seq: plan.seq.fetch_add(taken, Ordering::Relaxed),
+                table_rows: tally.rows.fetch_add(taken, Ordering::Relaxed) + taken,
                 estimate: u64::try_from(copy.estimate).ok(),
                 rows,
             };
             if ended {
-                tracing::info!(table = %run.relation.name, rows = copy.rows, "initial load of table done");
+                if tally.pieces.fetch_sub(1, Ordering::Relaxed) == 1 {
+                    tracing::info!(table = %run.relation.name, rows = run.table_rows, "initial load of table done");
+                }
                 self.current = None;
             }
             if !run.rows.is_empty() {
@@ -190,7 +240,8 @@ impl TableReader {
             .map_err(|e| crate::error::postgres(e, "cannot end the snapshot transaction"))
     }
 
-    async fn start_copy(&mut self, table: &TableName) -> Result<TableCopy> {
+    async fn start_copy(&mut self, piece: &Piece) -> Result<TableCopy> {
+        let table = &piece.table;
         let described = source::describe_table(&self.client, table).await?;
         source::lock_unchanged_since_snapshot(&self.client, std::slice::from_ref(table)).await?;
         let relation = Arc::new(self.catalog.relation_from_table(&described).await?);
@@ -208,15 +259,17 @@ impl TableReader {
             .iter()
             .map(|c| Wire::of(c.type_oid))
             .unzip();
-        let stream = Box::pin(source::copy_out(&self.client, &described, &casts).await?);
+        let stream =
+            Box::pin(source::copy_out(&self.client, &described, &casts, piece.blocks).await?);
         self.relations.push(relation.clone());
-        tracing::info!(table = %table, "initial load of table started");
+        if piece.blocks.is_none_or(|b| b.from == 0) {
+            tracing::info!(table = %table, "initial load of table started");
+        }
         Ok(TableCopy {
             reader: BinaryCopyReader::new(relation.columns.len()),
             relation,
             wires: wires.into(),
             stream,
-            rows: 0,
             estimate,
         })
     }
@@ -281,10 +334,15 @@ impl SnapshotLoad {
             .unwrap_or(0);
         Ok(SnapshotLoad {
             reader,
-            plan: Arc::new(Plan {
-                pending: Mutex::new(tables.iter().cloned().collect()),
-                seq: AtomicU64::new(0),
-            }),
+            plan: Arc::new(Plan::new(
+                tables
+                    .iter()
+                    .map(|table| Piece {
+                        table: table.clone(),
+                        blocks: None,
+                    })
+                    .collect(),
+            )),
             tables,
             snapshot_name: snapshot_name.to_owned(),
             exporter,
@@ -302,7 +360,12 @@ impl SnapshotLoad {
     /// Locks every table still to be read now rather than just before its
     /// COPY, for a caller that keeps the snapshot open a while first.
     pub(crate) async fn lock_tables(&self) -> Result<()> {
-        let pending: Vec<TableName> = self.plan.pending().iter().cloned().collect();
+        let pending: Vec<TableName> = self
+            .plan
+            .pending()
+            .iter()
+            .map(|p| p.table.clone())
+            .collect();
         source::lock_unchanged_since_snapshot(&self.reader.client, &pending).await
     }
 
@@ -385,24 +448,29 @@ impl SnapshotLoad {
     /// Reads the tables on up to `connections` connections at once, each
     /// in the same exported snapshot (connections beyond the first are
     /// opened with `config`), and turns each run into a `T` with `decode`
-    /// on its connection's task. A table's runs keep their order; runs of
-    /// different tables interleave. Call it before reading any run.
+    /// on its connection's task. A table without a key of [`SPLIT_PAGES`]
+    /// pages or more per connection is read in block ranges, one per
+    /// connection, at once. The runs of a table read whole keep their order; runs of
+    /// different tables, and of a split table's ranges, interleave. Call
+    /// it before reading any run.
     pub async fn in_parallel<T: Send + 'static>(
-        self,
+        mut self,
         config: &PgConfig,
         connections: usize,
         decode: impl Fn(LoadRows) -> Result<T> + Send + Sync + 'static,
     ) -> Result<ParallelLoad<T>> {
-        let tables = self.plan.pending().len();
+        let pieces = self.split(connections).await?;
+        let tables = self.tables.len();
         let client = self.reader.catalog.client().clone();
         let mut readers = vec![self.reader];
-        for _ in 1..connections.min(tables) {
+        for _ in 1..connections.min(pieces) {
             let connection = SourceClient::connect(config).await?;
             let catalog = Catalog::new(client.clone());
             readers.push(TableReader::open(connection, catalog, &self.snapshot_name).await?);
         }
         tracing::info!(
             tables,
+            pieces,
             connections = readers.len(),
             "initial load reads in one snapshot"
         );
@@ -418,6 +486,41 @@ impl SnapshotLoad {
             exporter: self.exporter,
             relations: Vec::new(),
         })
+    }
+}
+
+impl SnapshotLoad {
+    /// Plans the pieces for `connections`: each table whole, but an
+    /// ordinary table without a key of at least [`SPLIT_PAGES`] pages per
+    /// connection in one block range per connection. How many pieces there are.
+    async fn split(&mut self, connections: usize) -> Result<usize> {
+        let parts = u32::try_from(connections).unwrap_or(u32::MAX);
+        let planned: Vec<Piece> = self.plan.pending().iter().cloned().collect();
+        let mut pieces = Vec::new();
+        for piece in planned {
+            let pages = match parts {
+                0 | 1 => None,
+                _ => source::keyless_heap_blocks(&self.reader.client, &piece.table).await?,
+            };
+            match pages.filter(|&p| p >= SPLIT_PAGES * u64::from(parts)) {
+                Some(pages) => {
+                    tracing::info!(
+                        table = %piece.table,
+                        pages,
+                        ranges = parts,
+                        "initial load reads the table, which has no key, in block ranges on several connections at once"
+                    );
+                    pieces.extend(Blocks::split(pages, parts).into_iter().map(|blocks| Piece {
+                        table: piece.table.clone(),
+                        blocks: Some(blocks),
+                    }));
+                }
+                None => pieces.push(piece),
+            }
+        }
+        let count = pieces.len();
+        self.plan = Arc::new(Plan::new(pieces));
+        Ok(count)
     }
 }
 
@@ -439,7 +542,13 @@ impl<T> ParallelLoad<T> {
         }
         while let Some(joined) = self.tasks.join_next().await {
             match joined {
-                Ok(relations) => self.relations.extend(relations?),
+                Ok(relations) => {
+                    for relation in relations? {
+                        if !self.relations.iter().any(|r| r.name == relation.name) {
+                            self.relations.push(relation);
+                        }
+                    }
+                }
                 Err(e) => std::panic::resume_unwind(e.into_panic()),
             }
         }

@@ -38,7 +38,8 @@ pub(crate) use install::{
 pub use preflight::{SLOT_HELD_BY_RUN, check_table, preflight};
 pub(crate) use publication::{CREATED_BY_MARK, ensure_publication, published_tables, unpublished};
 pub(crate) use snapshot::{
-    begin_snapshot, copy_out, lock_unchanged_since_snapshot, next_copy_chunk,
+    Blocks, begin_snapshot, copy_out, keyless_heap_blocks, lock_unchanged_since_snapshot,
+    next_copy_chunk,
 };
 
 /// An ordinary connection; its background task ends when this is dropped.

@@ -142,16 +142,74 @@ pub(crate) async fn copy_out(
     client: &Client,
     table: &CatalogTable,
     casts: &[bool],
+    blocks: Option<Blocks>,
 ) -> Result<CopyOutStream> {
     let columns = select_list(table, casts);
     let only = if table.partitioned { "" } else { "ONLY " };
+    let range = blocks.map_or_else(String::new, |b| b.condition());
     client
         .copy_out(&format!(
-            "COPY (SELECT {columns} FROM {only}{}) TO STDOUT (FORMAT binary)",
+            "COPY (SELECT {columns} FROM {only}{}{range}) TO STDOUT (FORMAT binary)",
             table.name.quoted()
         ))
         .await
         .map_err(|e| postgres(e, "cannot start COPY").with_context("table", &table.name))
+}
+
+/// Heap blocks `from..to` of an ordinary table (`to` none: to its end),
+/// read by a TID range scan (PostgreSQL 14+). A row the snapshot sees
+/// lies in a block that existed when the snapshot was taken, and only a
+/// rewrite moves it (which `lock_unchanged_since_snapshot` refuses), so
+/// ranges planned from the table's size at any time after it, the last
+/// open-ended, read every row once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    pub(crate) from: u32,
+    pub(crate) to: Option<u32>,
+}
+
+impl Blocks {
+    fn condition(self) -> String {
+        let from = (self.from > 0).then(|| format!("ctid >= '({},0)'::tid", self.from));
+        let to = self.to.map(|to| format!("ctid < '({to},0)'::tid"));
+        let terms: Vec<String> = from.into_iter().chain(to).collect();
+        if terms.is_empty() {
+            String::new()
+        } else {
+            format!(" WHERE {}", terms.join(" AND "))
+        }
+    }
+
+    /// `pages` split into `parts` ranges of about equal size, the last
+    /// open-ended.
+    pub(crate) fn split(pages: u64, parts: u32) -> Vec<Blocks> {
+        let parts = u64::from(parts.max(1));
+        let bound = |i: u64| u32::try_from(pages * i / parts).unwrap_or(u32::MAX);
+        (0..parts)
+            .map(|i| Blocks {
+                from: bound(i),
+                to: (i + 1 < parts).then(|| bound(i + 1)),
+            })
+            .collect()
+    }
+}
+
+/// The heap blocks of `table` now, when it is an ordinary table (not a
+/// partitioned one, whose rows are its partitions') without a primary
+/// key or replica identity index: the table the chunked backfill cannot
+/// read, which the load reads in block ranges instead.
+pub(crate) async fn keyless_heap_blocks(client: &Client, table: &TableName) -> Result<Option<u64>> {
+    let row = client
+        .query_one(
+            "SELECT c.relkind = 'r' AND NOT EXISTS (SELECT 1 FROM pg_index i \
+                        WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident)), \
+                    pg_relation_size(c.oid) / current_setting('block_size')::int8 \
+             FROM pg_class c WHERE c.oid = $1::text::regclass",
+            &[&table.quoted()],
+        )
+        .await
+        .map_err(|e| postgres(e, "cannot read the table's size").with_context("table", table))?;
+    Ok(row.get::<_, bool>(0).then(|| row.get::<_, i64>(1) as u64))
 }
 
 /// The columns a load reads, those `casts` flags as their text output.
@@ -182,5 +240,37 @@ pub(crate) async fn next_copy_chunk(
         Some(chunk) => chunk
             .map(Some)
             .map_err(|e| postgres(e, "COPY failed").with_context("table", table)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_ranges_cover_the_table_once_and_the_last_is_open() {
+        let ranges = Blocks::split(10, 3);
+        assert_eq!(
+            ranges,
+            [
+                Blocks {
+                    from: 0,
+                    to: Some(3)
+                },
+                Blocks {
+                    from: 3,
+                    to: Some(6)
+                },
+                Blocks { from: 6, to: None },
+            ]
+        );
+        assert_eq!(ranges[0].condition(), " WHERE ctid < '(3,0)'::tid");
+        assert_eq!(
+            ranges[1].condition(),
+            " WHERE ctid >= '(3,0)'::tid AND ctid < '(6,0)'::tid"
+        );
+        assert_eq!(ranges[2].condition(), " WHERE ctid >= '(6,0)'::tid");
+        assert_eq!(Blocks::split(5, 1), [Blocks { from: 0, to: None }]);
+        assert_eq!(Blocks::split(5, 1)[0].condition(), "");
     }
 }
