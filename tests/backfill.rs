@@ -580,3 +580,105 @@ async fn the_server_orders_the_key_types_the_backfill_admits_as_the_lake_encodes
         .collect();
     assert_eq!(server, ours);
 }
+
+/// The same premise for `date`, `timestamp` and `timestamptz` keys: the
+/// server orders them as their days and microseconds since 1970, with
+/// -infinity first and infinity last (src/lake/table/key.rs tests that the
+/// encoding orders those so).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_server_orders_date_and_timestamp_keys_as_their_days_and_microseconds() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE k(d date, t timestamptz, u timestamp);
+         SELECT setseed(0.25);
+         INSERT INTO k SELECT
+           (ARRAY['-infinity', '4713-01-01 BC', '1969-12-31', '1970-01-01', '2026-12-07', 'infinity']::date[])[1 + floor(random() * 6)::int],
+           CASE floor(random() * 8)::int WHEN 0 THEN '-infinity' WHEN 1 THEN 'infinity'
+                ELSE timestamptz '1970-01-01 00:00:00+00' + (random() - 0.5) * interval '8000 years' END,
+           CASE floor(random() * 8)::int WHEN 0 THEN '-infinity' WHEN 1 THEN 'infinity'
+                ELSE timestamp '1970-01-01' + (random() - 0.5) * interval '2000 days' END
+         FROM generate_series(1, 2000);",
+    )
+    .await;
+    // Each value as (-1, 0) for -infinity, (1, 0) for infinity, else (0,
+    // days or microseconds since 1970): the lake's order.
+    let as_number = |column: &str, finite: &str| {
+        format!(
+            "CASE WHEN {column} = '-infinity' THEN -1 WHEN {column} = 'infinity' THEN 1 ELSE 0 END, \
+             CASE WHEN isfinite({column}) THEN {finite} ELSE 0 END"
+        )
+    };
+    let sql = format!(
+        "SELECT {}, {}, {} FROM k ORDER BY d, t, u",
+        as_number("d", "(d - date '1970-01-01')::int8"),
+        as_number("t", "(extract(epoch FROM t) * 1000000)::int8"),
+        as_number("u", "(extract(epoch FROM u) * 1000000)::int8"),
+    );
+    let server: Vec<[(i32, i64); 3]> = db
+        .client
+        .query(&sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            [
+                (r.get(0), r.get(1)),
+                (r.get(2), r.get(3)),
+                (r.get(4), r.get(5)),
+            ]
+        })
+        .collect();
+    let mut ours = server.clone();
+    ours.sort();
+    assert_eq!(server, ours);
+    let distinct: std::collections::BTreeSet<_> = server.iter().map(|r| r[0]).collect();
+    assert_eq!(distinct.len(), 6, "every date, both infinities among them");
+}
+
+/// A key of a `date` and a `timestamptz`, infinities among its values,
+/// backfilled in chunks while rows change inside and around the chunks
+/// being read, and move to keys of other chunks.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_date_and_timestamp_key_is_backfilled_in_chunks_under_writes() {
+    let db = TestDb::new().await;
+    db.exec(
+        "CREATE TABLE ev(d date, at timestamptz, v int NOT NULL, PRIMARY KEY (d, at));
+         SELECT setseed(0.5);
+         INSERT INTO ev SELECT DISTINCT ON (d, at) d, at, 0 FROM (SELECT
+           (ARRAY['-infinity', '1999-12-31', '2026-12-07', '2400-02-29', 'infinity']::date[])[1 + floor(random() * 5)::int] AS d,
+           CASE floor(random() * 10)::int WHEN 0 THEN '-infinity' WHEN 1 THEN 'infinity'
+                ELSE timestamptz '2000-01-01 00:00:00+00' + random() * interval '100 years' END AS at
+           FROM generate_series(1, 6000)) g;",
+    )
+    .await;
+    let lake = tempfile::tempdir().unwrap();
+    let slot = unique("backfill_dates");
+    let run = backfill_run(&db, &slot, lake.path(), "public.ev", 200);
+    // Each row's second, infinities as 3.
+    let second = "CASE WHEN isfinite(at) THEN extract(epoch FROM at)::int8 ELSE 3 END";
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        db.exec(&format!(
+            "UPDATE ev SET v = v + 1 WHERE ({second} + {round}) % 5 = 0;
+             DELETE FROM ev WHERE ({second} + {round}) % 17 = 0;
+             INSERT INTO ev VALUES ('-infinity', timestamptz '1990-01-01 00:00:00+00' + interval '1 day' * {round}, {round}),
+                                   ('infinity', '-infinity', {round})
+               ON CONFLICT (d, at) DO UPDATE SET v = excluded.v;"
+        ))
+        .await;
+    }
+    // Rows moved from one chunk's keys to another's.
+    db.exec("UPDATE ev SET d = '2026-12-08' WHERE d = '2026-12-07' AND v % 2 = 1")
+        .await;
+    let out = tokio::time::timeout(Duration::from_secs(180), run.wait_with_output())
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert_success(&out);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("backfill reads the table in chunks") && !log.contains("not in chunks"),
+        "{log}"
+    );
+    assert_success(&verify_lake(&db, &slot, lake.path(), "public.ev").await);
+}

@@ -25,9 +25,19 @@ pub(crate) struct KeyColumn {
 
 /// Key types whose btree order is the order of silver's key encoding
 /// (src/lake/table/key.rs): integers as sign-flipped big-endian bytes,
-/// `uuid` as its 16 bytes, text as its UTF-8 bytes, which is btree's
-/// order under the `C` collation only.
-const ORDERED_TYPES: [&str; 4] = ["int2", "int4", "int8", "uuid"];
+/// `uuid` as its 16 bytes, `date`, `timestamp` and `timestamptz` as their
+/// days or microseconds (infinity as the type's largest number,
+/// -infinity as its negation) in Arrow's row format, text as its UTF-8
+/// bytes, which is btree's order under the `C` collation only.
+const ORDERED_TYPES: [&str; 7] = [
+    "int2",
+    "int4",
+    "int8",
+    "uuid",
+    "date",
+    "timestamp",
+    "timestamptz",
+];
 const TEXT_TYPES: [&str; 2] = ["text", "varchar"];
 
 /// The key `table` is read by in chunks, or why it cannot be: a table
@@ -86,7 +96,8 @@ pub(crate) async fn chunk_key(
         if !ordered {
             return Ok(Err(format!(
                 "key column {name:?} is of type {sql_type}{}, whose order the lake's key \
-                 encoding does not keep (integers, uuid, and text under the C collation do)",
+                 encoding does not keep (integers, uuid, date, timestamp, timestamptz, and \
+                 text under the C collation do)",
                 collation
                     .filter(|c| !c.is_empty())
                     .map(|c| format!(" collated {c:?}"))
