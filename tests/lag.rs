@@ -160,6 +160,13 @@ async fn status_says_why_seconds_behind_is_unknown_and_what_would_tell_it() {
     .await;
 }
 
+/// A run of `public.customers` into `lake` that ends once idle for 1 s.
+async fn run_until_idle(db: &TestDb, slot: &str, lake: &std::path::Path) {
+    let more = ["--exit-when-idle", "1s"];
+    let out = at_lake_with("run", db, slot, lake, "public.customers", &more).await;
+    assert_success(&out);
+}
+
 #[tokio::test]
 async fn a_run_ending_when_idle_waits_for_what_the_server_is_still_reading() {
     let db = TestDb::new().await;
@@ -169,30 +176,8 @@ async fn a_run_ending_when_idle_waits_for_what_the_server_is_still_reading() {
     )
     .await;
     let lake = tempfile::tempdir().unwrap();
-    let lake_path = lake.path().display().to_string();
-    let url = db.config_url();
     let slot = unique("idle");
-    let once = [
-        "run",
-        "--source",
-        &url,
-        "--slot",
-        &slot,
-        "--lake",
-        &lake_path,
-        "--namespace",
-        "shop",
-        "--tables",
-        "public.customers",
-        "--exit-when-idle",
-        "1s",
-    ];
-    let out = cli(&once).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_until_idle(&db, &slot, lake.path()).await;
     // WAL the server takes some seconds to read through, none of it for
     // the run, then the change it must not end without.
     db.exec(
@@ -200,12 +185,7 @@ async fn a_run_ending_when_idle_waits_for_what_the_server_is_still_reading() {
          UPDATE customers SET plan = 'pro' WHERE id = 1;",
     )
     .await;
-    let out = cli(&once).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_until_idle(&db, &slot, lake.path()).await;
     assert_reconciled(&db, "customers", lake.path(), "shop.customers").await;
 }
 
@@ -219,30 +199,8 @@ async fn a_run_ending_when_idle_waits_for_an_asynchronous_commit_not_yet_flushed
     db.exec("CREATE TABLE customers(id int PRIMARY KEY, plan text); INSERT INTO customers VALUES (1,'free');")
         .await;
     let lake = tempfile::tempdir().unwrap();
-    let lake_path = lake.path().display().to_string();
-    let url = db.config_url();
     let slot = unique("idle");
-    let once = [
-        "run",
-        "--source",
-        &url,
-        "--slot",
-        &slot,
-        "--lake",
-        &lake_path,
-        "--namespace",
-        "shop",
-        "--tables",
-        "public.customers",
-        "--exit-when-idle",
-        "1s",
-    ];
-    let out = cli(&once).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_until_idle(&db, &slot, lake.path()).await;
     // A commit the WAL writer flushes (so it flushed just now), then the
     // one it leaves for ten seconds.
     db.exec("INSERT INTO customers VALUES (2, 'free')").await;
@@ -268,11 +226,6 @@ async fn a_run_ending_when_idle_waits_for_an_asynchronous_commit_not_yet_flushed
         !flushed,
         "the premise: the update's commit is acknowledged but not flushed"
     );
-    let out = cli(&once).await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_until_idle(&db, &slot, lake.path()).await;
     assert_reconciled(&db, "customers", lake.path(), "shop.customers").await;
 }

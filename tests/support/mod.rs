@@ -436,11 +436,24 @@ pub async fn at_lake(
     lake: &std::path::Path,
     tables: &str,
 ) -> std::process::Output {
+    at_lake_with(command, db, slot, lake, tables, &[]).await
+}
+
+/// [`at_lake`] with `more` arguments after those.
+pub async fn at_lake_with(
+    command: &str,
+    db: &TestDb,
+    slot: &str,
+    lake: &std::path::Path,
+    tables: &str,
+    more: &[&str],
+) -> std::process::Output {
     let lake = lake.display().to_string();
-    cli(&[
+    let url = db.config_url();
+    let mut args = vec![
         command,
         "--source",
-        &db.config_url(),
+        &url,
         "--slot",
         slot,
         "--lake",
@@ -449,8 +462,9 @@ pub async fn at_lake(
         "shop",
         "--tables",
         tables,
-    ])
-    .await
+    ];
+    args.extend_from_slice(more);
+    cli(&args).await
 }
 
 pub fn config_for(url: &str) -> PgConfig {
