@@ -122,6 +122,22 @@ async fn killed_five_times(mut oracle: Oracle, seed: u64) -> String {
     log
 }
 
+/// Rows the backfill's reads returned in all, from every run's log (a
+/// chunk read again after a kill counts twice).
+fn rows_read(log: &str) -> u64 {
+    log.lines()
+        .filter(|l| l.contains("backfill chunk read"))
+        .filter_map(|l| {
+            l.split(" rows=")
+                .nth(1)?
+                .split(' ')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 /// `oracle`'s table read in chunks of 1,000, each read waiting 300 ms
 /// after its snapshot so that the workload's changes fall inside windows.
 async fn in_chunks(mut oracle: Oracle) -> Oracle {
@@ -139,6 +155,30 @@ async fn a_chunked_backfill_under_a_random_workload_and_kills_loses_and_doubles_
 #[tokio::test(flavor = "multi_thread")]
 async fn a_partitioned_table_backfilled_in_chunks_while_rows_move_between_partitions() {
     killed_five_times(in_chunks(Oracle::partitioned(20_000).await).await, 12).await;
+}
+
+/// Issue 40's acceptance at scale, opt-in (docs/testing.md): ten million
+/// rows (`WAL2ICEBERG_BACKFILL_ROWS` sets another count) read in chunks of
+/// 50,000 under the workload and five kills, with the oracle's checks;
+/// the rows read in all, re-reads after the kills included, at most 1.1
+/// times the table's.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "opt-in, optimized: ten million rows (docs/testing.md)"]
+async fn ten_million_rows_backfilled_under_kills_are_read_little_more_than_once() {
+    let rows: u64 = std::env::var("WAL2ICEBERG_BACKFILL_ROWS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000_000);
+    let mut oracle = Oracle::new(rows).await;
+    oracle
+        .load_in_chunks(50_000, Duration::from_millis(300))
+        .await;
+    let log = killed_five_times(oracle, 17).await;
+    let read = rows_read(&log);
+    assert!(
+        read > rows / 2 && read as f64 <= 1.1 * rows as f64,
+        "{read} rows read for a table of {rows}"
+    );
 }
 
 /// A table that joins the table set of a lake streaming from its slot is
@@ -353,7 +393,7 @@ fn backfill_command(program: &str, args: &[String], read_wait_ms: u64) -> tokio:
         )
         .env(
             "RUST_LOG",
-            "wal2iceberg=info,wal2iceberg::apply::backfill=debug",
+            "wal2iceberg=info,wal2iceberg::apply::backfill=debug,wal2iceberg::cdc::backfill=debug",
         );
     command
 }

@@ -217,6 +217,8 @@ pub(crate) async fn read(
         reads.spawn(async move {
             let mut connection = connection;
             let rows = read_range(&mut connection, &described, &key, &range).await?;
+            let read: usize = rows.iter().map(|run| run.rows.len()).sum();
+            tracing::debug!(table = %described.name, chunk, rows = read, "backfill chunk read");
             let estimate = chunk::row_estimate(&connection.client, &described).await?;
             let read = Chunk::Read {
                 chunk,

@@ -341,7 +341,7 @@ impl Oracle {
             // Each chunk's line, which the checks read.
             (
                 "RUST_LOG",
-                "wal2iceberg=info,wal2iceberg::apply::backfill=debug".to_owned(),
+                "wal2iceberg=info,wal2iceberg::apply::backfill=debug,wal2iceberg::cdc::backfill=debug".to_owned(),
             ),
         ]);
         self.chunked = true;
