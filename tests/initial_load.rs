@@ -285,6 +285,21 @@ async fn the_load_reports_its_progress_against_the_planners_estimate() {
     drop(pending);
 }
 
+/// `err` is the load's refusal of table `b` after `ddl`, saying `said`:
+/// a concurrent change, which the run retries with a new snapshot.
+fn assert_concurrent(err: &wal2iceberg::Error, ddl: &str, said: &str) {
+    assert_eq!(
+        err.kind(),
+        wal2iceberg::ErrorKind::Concurrent,
+        "{ddl}: {err}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("public.b") && text.contains(said),
+        "{ddl}: {text}"
+    );
+}
+
 #[tokio::test]
 async fn a_truncate_or_alter_after_the_snapshot_stops_the_load_instead_of_loading_wrong_rows() {
     // Each change commits after the load's snapshot, before b is locked:
@@ -348,16 +363,56 @@ async fn a_truncate_or_alter_after_the_snapshot_stops_the_load_instead_of_loadin
                 Err(e) => break e,
             }
         };
-        assert_eq!(
-            err.kind(),
-            wal2iceberg::ErrorKind::Concurrent,
-            "{ddl}: {err}"
-        );
-        let text = err.to_string();
-        assert!(
-            text.contains("public.b") && text.contains(said),
-            "{ddl}: {text}"
-        );
+        assert_concurrent(&err, ddl, said);
+    }
+}
+
+/// The same on several connections, for a table without a key (which a
+/// parallel load looks at for block ranges before it locks anything).
+#[tokio::test]
+async fn a_table_renamed_or_dropped_before_a_parallel_load_stops_it_to_be_retried() {
+    for (ddl, said) in [
+        (
+            "ALTER TABLE b RENAME TO c",
+            "renamed or dropped after the snapshot",
+        ),
+        (
+            "ALTER TABLE b RENAME TO c; CREATE TABLE b(id int, v text)",
+            "name was given to another table",
+        ),
+        ("DROP TABLE b", "renamed or dropped after the snapshot"),
+    ] {
+        let db = TestDb::new().await;
+        db.exec(
+            "CREATE TABLE b(id int, v text); ALTER TABLE b REPLICA IDENTITY FULL;
+             INSERT INTO b VALUES (1, 'x');",
+        )
+        .await;
+        let Capture::Fresh { load, pending, .. } =
+            capture::open(&db.config, &db.options(&["public.b"]))
+                .await
+                .expect("open capture")
+        else {
+            panic!("expected a new slot");
+        };
+        db.exec(ddl).await;
+        let lsn = load.consistent_point();
+        let err = match load
+            .in_parallel(&db.config, 2, move |rows| {
+                rows.for_each_row(lsn, |_| {})?;
+                Ok(())
+            })
+            .await
+        {
+            Err(e) => e,
+            Ok(mut load) => match load.next().await {
+                Ok(Some(())) => panic!("b loaded after {ddl}"),
+                Ok(None) => panic!("the load ended as if nothing happened to b: {ddl}"),
+                Err(e) => e,
+            },
+        };
+        assert_concurrent(&err, ddl, said);
+        drop(pending);
     }
 }
 

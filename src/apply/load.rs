@@ -96,7 +96,9 @@ impl ProgressLog {
         }
         self.next = now + Self::EVERY;
         let seconds = (now - since).as_secs_f64().max(0.001);
-        let rate = (load.table_rows - rows_at_since) as f64 / seconds;
+        // The ranges of a table split over connections count its rows
+        // together, and their runs may come in another order.
+        let rate = load.table_rows.saturating_sub(rows_at_since) as f64 / seconds;
         let left = load
             .estimate
             .map(|e| e.saturating_sub(load.table_rows) as f64 / rate.max(1.0));

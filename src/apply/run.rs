@@ -545,7 +545,11 @@ async fn run_once(
     // Where the slot stands, the lake records: the check found it does,
     // or its tables record no mark yet (docs/tables.md, The table set).
     pipeline.mark_unmarked(pending.start_lsn()).await?;
-    let mut stream = pending.start().await?;
+    let mut stream = if options.run.exit_when_idle.is_some() {
+        pending.start_to_end_when_idle().await?
+    } else {
+        pending.start().await?
+    };
     *started = true;
     pipeline.start_backfills(config, options.run.load_connections);
     stream.record(stream.confirmed()).await?;

@@ -177,7 +177,16 @@ impl PendingStream {
     }
 
     pub async fn start(self) -> Result<ChangeStream> {
-        start_stream(self.connection, self.start, self.catalog, &self.tables).await
+        start_stream(self, false).await
+    }
+
+    /// [`PendingStream::start`] for a run that ends when idle: its end of
+    /// the source's WAL holds every commit acknowledged before the call,
+    /// an asynchronous one not yet flushed too
+    /// ([`source::flushed_wal_end`]), which can take three
+    /// `wal_writer_delay`s: a wait a run that goes on need not make.
+    pub(crate) async fn start_to_end_when_idle(self) -> Result<ChangeStream> {
+        start_stream(self, true).await
     }
 }
 
@@ -572,27 +581,32 @@ async fn begin_load(
     .await
 }
 
-async fn start_stream(
-    connection: ReplicationConnection,
-    start: StartOptions,
-    catalog: Catalog,
-    tables: &[TableName],
-) -> Result<ChangeStream> {
+async fn start_stream(pending: PendingStream, settle: bool) -> Result<ChangeStream> {
+    let PendingStream {
+        mut connection,
+        start,
+        catalog,
+        tables,
+    } = pending;
     let start_lsn = start.start_lsn;
     let mut oids = Vec::with_capacity(tables.len());
-    for table in tables {
+    for table in &tables {
         oids.push((
             source::table_oid(catalog.client(), table).await?,
             table.clone(),
         ));
     }
-    let source_end = source::flushed_wal_end(catalog.client(), FLUSH_WAIT)
-        .await
-        .map_err(|e| crate::error::postgres(e, "cannot read where the source's WAL ends"))?;
+    let source_end = if settle {
+        source::flushed_wal_end(catalog.client(), FLUSH_WAIT)
+            .await
+            .map_err(|e| crate::error::postgres(e, "cannot read where the source's WAL ends"))?
+    } else {
+        connection.identify_system().await?.xlogpos
+    };
     let replication = connection.start_replication(&start).await?;
     Ok(ChangeStream::new(
         replication,
-        Assembler::new(catalog, tables).with_oids(oids),
+        Assembler::new(catalog, &tables).with_oids(oids),
         start_lsn,
         source_end,
     ))

@@ -221,7 +221,7 @@ impl TableReader {
                 rows,
             };
             if ended {
-                if tally.pieces.fetch_sub(1, Ordering::Relaxed) == 1 {
+                if tally.pieces.fetch_sub(1, Ordering::AcqRel) == 1 {
                     tracing::info!(table = %run.relation.name, rows = run.table_rows, "initial load of table done");
                 }
                 self.current = None;

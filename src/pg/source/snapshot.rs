@@ -197,19 +197,25 @@ impl Blocks {
 /// The heap blocks of `table` now, when it is an ordinary table (not a
 /// partitioned one, whose rows are its partitions') without a primary
 /// key or replica identity index: the table the chunked backfill cannot
-/// read, which the load reads in block ranges instead.
+/// read, which the load reads in block ranges instead. Looked up by name
+/// in the transaction's snapshot, as `describe_table` does: a table
+/// dropped or renamed since is not split, and the lock before its COPY
+/// tells why it cannot be read.
 pub(crate) async fn keyless_heap_blocks(client: &Client, table: &TableName) -> Result<Option<u64>> {
     let row = client
-        .query_one(
-            "SELECT c.relkind = 'r' AND NOT EXISTS (SELECT 1 FROM pg_index i \
-                        WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident)), \
-                    pg_relation_size(c.oid) / current_setting('block_size')::int8 \
-             FROM pg_class c WHERE c.oid = $1::text::regclass",
-            &[&table.quoted()],
+        .query_opt(
+            "SELECT pg_relation_size(c.oid) / current_setting('block_size')::int8 \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind = 'r' \
+               AND NOT EXISTS (SELECT 1 FROM pg_index i \
+                               WHERE i.indrelid = c.oid AND (i.indisprimary OR i.indisreplident))",
+            &[&table.schema, &table.name],
         )
         .await
         .map_err(|e| postgres(e, "cannot read the table's size").with_context("table", table))?;
-    Ok(row.get::<_, bool>(0).then(|| row.get::<_, i64>(1) as u64))
+    Ok(row
+        .and_then(|r| r.get::<_, Option<i64>>(0))
+        .and_then(|pages| u64::try_from(pages).ok()))
 }
 
 /// The columns a load reads, those `casts` flags as their text output.
