@@ -217,8 +217,9 @@ pub(crate) async fn read(
         reads.spawn(async move {
             let mut connection = connection;
             let rows = read_range(&mut connection, &described, &key, &range).await?;
-            let read: usize = rows.iter().map(|run| run.rows.len()).sum();
-            tracing::debug!(table = %described.name, chunk, rows = read, "backfill chunk read");
+            // The last run counts the chunk's rows.
+            let count = rows.last().map_or(0, |run| run.table_rows);
+            tracing::debug!(table = %described.name, chunk, rows = count, "backfill chunk read");
             let estimate = chunk::row_estimate(&connection.client, &described).await?;
             let read = Chunk::Read {
                 chunk,
